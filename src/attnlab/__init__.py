@@ -1,0 +1,52 @@
+"""attnlab: attention that is exact, checkable and visible.
+
+The core is a small set of pure functions over arrays (NumPy, PyTorch or any array-API library):
+
+>>> import attnlab
+>>> attnlab.scaled_dot_product_attention([[1, 0]], [[1, 0], [0, 1]], [[10, 0], [0, 20]]).round(2).tolist()
+[[6.7, 6.6]]
+
+Shapes follow one legend everywhere: ``q [..., n_q, d_k]``, ``k [..., n_k, d_k]``, ``v [..., n_k, d_v]``,
+``out [..., n_q, d_v]``, ``mask / bias / weights [..., n_q, n_k]``, ``lse [..., n_q]``. A mask is boolean and
+True means "may attend"; :mod:`attnlab.masks` converts every other convention.
+"""
+
+from . import invariants, masks
+from .core import (
+    AttentionTrace,
+    attention_trace,
+    log_softmax,
+    masked_softmax,
+    scaled_dot_product_attention,
+    softmax,
+)
+from .errors import (
+    AttnlabError,
+    DTypeError,
+    MaskedRowError,
+    MaskError,
+    MissingExtraError,
+    NonFiniteError,
+    ShapeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionTrace",
+    "AttnlabError",
+    "DTypeError",
+    "MaskError",
+    "MaskedRowError",
+    "MissingExtraError",
+    "NonFiniteError",
+    "ShapeError",
+    "__version__",
+    "attention_trace",
+    "invariants",
+    "log_softmax",
+    "masked_softmax",
+    "masks",
+    "scaled_dot_product_attention",
+    "softmax",
+]

@@ -1,0 +1,60 @@
+"""The errors attnlab raises.
+
+Every error names the argument at fault, its shape or value, and what was expected. They all derive from
+:class:`AttnlabError`; the subclasses also derive from the built-in exception a caller would expect
+(``ValueError`` for bad values and shapes, ``TypeError`` for bad types, ``ImportError`` for missing extras), so
+``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttnlabError",
+    "DTypeError",
+    "MaskError",
+    "MaskedRowError",
+    "MissingExtraError",
+    "NonFiniteError",
+    "ShapeError",
+]
+
+
+class AttnlabError(Exception):
+    """Base class of every error attnlab raises on purpose."""
+
+
+class ShapeError(AttnlabError, ValueError):
+    """An array has a shape that does not fit the others (``k: last dim d_k=3 does not match q's d_k=2 ...``)."""
+
+
+class DTypeError(AttnlabError, TypeError):
+    """An array has a dtype attnlab does not accept here (the message names the converter to use)."""
+
+
+class MaskError(AttnlabError, ValueError):
+    """A mask is ambiguous or malformed: non-boolean, not broadcastable, or a causal alignment left unsaid."""
+
+
+class MaskedRowError(AttnlabError, ValueError):
+    """A query row may attend to no key at all, under the ``masked_rows="raise"`` policy.
+
+    Attributes:
+        rows: the index of every fully masked row, each a tuple ``(*batch_index, query_index)``.
+    """
+
+    def __init__(self, message: str, rows: tuple[tuple[int, ...], ...] = ()):
+        super().__init__(message)
+        self.rows = rows
+
+
+class NonFiniteError(AttnlabError, ValueError):
+    """An input holds NaN or infinity where only finite numbers make sense."""
+
+
+class MissingExtraError(AttnlabError, ImportError):
+    """An optional dependency is not installed; the message is the one-line ``pip install`` that fixes it."""
+
+
+def missing_extra(module: str, extra: str) -> MissingExtraError:
+    """The error for an optional ``module`` that comes with ``pip install 'attnlab[extra]'``."""
+    return MissingExtraError(f"{module} is not installed; it comes with: pip install 'attnlab[{extra}]'")
