@@ -2,7 +2,7 @@
 # Install attnlab with its test dependencies and run the whole suite (lint + tests). README command 2; CI runs it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install --quiet -c constraints.txt -e ".[dev]"
+bash scripts/install-test-deps.sh
 python -m ruff check .
 python -m ruff format --check .
 python -m pytest -q

@@ -1,69 +1,48 @@
-"""The ``attnlab`` command: parse, call library functions that return data, print."""
+"""The ``attnlab`` command: parse, call library functions that return data, print.
+
+Each subcommand lives in its own module of :mod:`attnlab.commands`; this file only wires them together.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+import importlib
 from collections.abc import Sequence
 
-import numpy as np
+from .commands import COMMANDS
 
 __all__ = ["main"]
 
 
-def _fmt(a: np.ndarray, digits: int = 4) -> str:
-    return np.array2string(np.asarray(a, dtype=np.float64), precision=digits, floatmode="maxprec", suppress_small=True)
-
-
-def demo_text() -> str:
-    """The demo: the articles' 2×2 example, full and causal, every step from scores to output."""
-    from . import masks
-    from .articles import example
-    from .core import attention_trace
-
-    lines = []
-    for name in ("2x2", "2x2-causal"):
-        ex = example(name)
-        t = attention_trace(ex.q, ex.k, ex.v, causal=ex.causal)
-        lines += [
-            f"{ex.title}  [article {ex.source}]",
-            f"Q =\n{_fmt(ex.q)}",
-            f"K =\n{_fmt(ex.k)}",
-            f"V =\n{_fmt(ex.v)}",
-            f"scores = Q Kᵀ =\n{_fmt(t.scores)}",
-            f"logits = scores / sqrt(d_k={ex.q.shape[-1]}) =\n{_fmt(t.logits)}",
-        ]
-        if ex.causal:
-            lines.append(f"mask (■ may attend, ⬚ blocked) =\n{masks.to_string(t.allowed)}")
-        lines += [
-            f"weights = softmax(logits) per row =\n{_fmt(t.weights)}",
-            f"row sums = {_fmt(t.weights.sum(axis=-1))}",
-            f"output = weights @ V =\n{_fmt(t.output, 4)}",
-            "",
-        ]
-    lines.append("(The article prints 6.604 and 13.396: it multiplies V by the weights rounded to 0.3302, 0.6698.)")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> tuple[argparse.ArgumentParser, dict]:
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="attnlab", description="Attention that is exact, checkable and visible.")
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("demo", help="the articles' 2×2 example, full and causal, step by step")
-    return parser
+    modules = {}
+    for name in COMMANDS:
+        mod = importlib.import_module(f".commands.{name}", __package__)
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=(mod.__doc__ or "").strip().splitlines()[0])
+        mod.add_arguments(p)
+        modules[mod.NAME] = mod
+    return parser, modules
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    parser = _build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        sys.stdout.write(demo_text())
-        return 0
-    parser.print_help()
-    return 2
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    Usage errors exit with 2 (argparse's convention).
+    """
+    parser, modules = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version and usage errors
+        return int(exc.code or 0)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return modules[args.command].run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,5 @@
+"""``python -m attnlab`` is the ``attnlab`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""The checker: run any attention implementation through the articles' tests and name the bug."""

@@ -1,0 +1,1 @@
+"""Kernels built on the core: tiled online-softmax attention and the KV cache."""
