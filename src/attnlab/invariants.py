@@ -75,6 +75,7 @@ def check_arrays(
     n_q, n_k = qn.shape[-2], kn.shape[-2]
     if a.shape[-2:] != (n_q, n_k):
         out.append(Violation("scores-shape", f"weights have shape {a.shape}; expected [..., n_q={n_q}, n_k={n_k}]"))
+    if out:  # the value checks below need consistent shapes
         return out
     tol = _tolerance(a.dtype)
     ok = np.ones(a.shape, dtype=bool) if allowed is None else np.broadcast_to(to_numpy(allowed), a.shape)

@@ -221,10 +221,10 @@ def query_padding(lengths: Any, n_q: int, *, ndim: int = 4) -> np.ndarray:
     """
     n_q = _check_len("n_q", n_q)
     lens = _lengths(lengths, n_q, "n_q")
-    if ndim < 2:
-        raise ShapeError(f"ndim: expected >= 2, got {ndim}")
+    if ndim < 3:
+        raise ShapeError(f"ndim: expected >= 3 ([B, n_q, 1] at least), got {ndim}")
     ok = np.arange(n_q)[None, :] < lens[:, None]  # [B, n_q]
-    return ok.reshape((len(lens),) + (1,) * (ndim - 2) + (n_q, 1))
+    return ok.reshape((len(lens),) + (1,) * (ndim - 3) + (n_q, 1))
 
 
 def zero_padded_queries(output: Any, lengths: Any) -> Any:
@@ -302,7 +302,7 @@ def from_keep(mask: Any) -> Any:
         bad = np.argwhere(~to_numpy(ok))[0]
         raise MaskError(
             f"mask: a keep mask holds only 0 and 1, but entry {tuple(int(i) for i in bad)} is "
-            f"{to_numpy(m)[tuple(bad)]!r}; for additive masks use masks.from_additive"
+            f"{to_numpy(m)[tuple(bad)].item()!r}; for additive masks use masks.from_additive"
         )
     return m == 1
 
@@ -325,7 +325,7 @@ def from_additive(mask: Any, *, threshold: float = BLOCKING_THRESHOLD) -> Any:
         mn = to_numpy(m)
         bad = tuple(int(i) for i in np.argwhere(~to_numpy(clean))[0])
         raise MaskError(
-            f"mask: additive mask {shape_of(m)} holds {mn[bad]!r} at {bad}, neither 0 nor a blocking value "
+            f"mask: additive mask {shape_of(m)} holds {mn[bad].item()!r} at {bad}, neither 0 nor a blocking value "
             f"(<= {threshold:g} or -inf); that is a bias (ALiBi, relative position): pass it as bias=, and "
             f"only its blocking part as mask="
         )

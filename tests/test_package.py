@@ -1,0 +1,63 @@
+"""The package itself: the public API, import cost, the CLI demo."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import attnlab
+from attnlab.cli import main
+
+SRC = Path(attnlab.__file__).parent
+
+
+def test_all_is_sorted_and_complete():
+    assert list(attnlab.__all__) == sorted(attnlab.__all__)
+    tree = ast.parse((SRC / "__init__.py").read_text())
+    imported = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            imported |= {a.asname or a.name for a in node.names}
+    public = {n for n in imported if not n.startswith("_")}
+    assert public <= set(attnlab.__all__), public - set(attnlab.__all__)
+    for name in attnlab.__all__:
+        assert hasattr(attnlab, name), name
+
+
+def test_import_is_light():
+    code = (
+        "import sys, attnlab, attnlab.cli, attnlab.masks, attnlab.invariants; "
+        "heavy = {'matplotlib', 'torch', 'rich', 'transformers', 'marimo', 'jax', 'array_api_compat', 'scipy'}; "
+        "print(sorted(heavy & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_py_typed_ships():
+    assert (SRC / "py.typed").exists()
+
+
+def test_demo_prints_the_2x2_example(capsys):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "weights = softmax(logits) per row =\n[[0.6698 0.3302]\n [0.3302 0.6698]]" in out
+    assert "output = weights @ V =\n[[ 6.6976  6.6048]\n [ 3.3024 13.3952]]" in out
+    assert "mask (■ may attend, ⬚ blocked) =\n■ ⬚\n■ ■" in out
+    assert "[[1.     0.    ]\n [0.3302 0.6698]]" in out
+    assert "[[10.      0.    ]\n [ 3.3024 13.3952]]" in out
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "demo" in capsys.readouterr().out
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    assert main(["nope"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "attnlab", "demo"], capture_output=True, text=True, check=True)
+    assert "0.6698" in out.stdout
