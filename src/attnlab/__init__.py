@@ -19,6 +19,20 @@ from .core import (
     masked_softmax,
     scaled_dot_product_attention,
     softmax,
+    weights_io,
+)
+from .core.backward import AttentionGrads, attention_backward
+from .core.dropout import Dropout
+from .core.multihead import (
+    MultiHeadGrads,
+    MultiHeadResult,
+    MultiHeadWeights,
+    init_multi_head,
+    merge_heads,
+    multi_head_attention,
+    multi_head_backward,
+    repeat_kv,
+    split_heads,
 )
 from .errors import (
     AttnlabError,
@@ -33,20 +47,33 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionGrads",
     "AttentionTrace",
     "AttnlabError",
     "DTypeError",
+    "Dropout",
     "MaskError",
     "MaskedRowError",
     "MissingExtraError",
+    "MultiHeadGrads",
+    "MultiHeadResult",
+    "MultiHeadWeights",
     "NonFiniteError",
     "ShapeError",
     "__version__",
+    "attention_backward",
     "attention_trace",
+    "init_multi_head",
     "invariants",
     "log_softmax",
     "masked_softmax",
     "masks",
+    "merge_heads",
+    "multi_head_attention",
+    "multi_head_backward",
+    "repeat_kv",
     "scaled_dot_product_attention",
     "softmax",
+    "split_heads",
+    "weights_io",
 ]

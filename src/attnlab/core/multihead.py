@@ -1,0 +1,549 @@
+"""Multi-head attention (MHA, GQA, MQA) over the core: projections, heads, the core attention, the output projection.
+
+``MultiHead(X_q, X_kv) = Concat(head_1, ..., head_h) W_O + b_O`` with
+``head_r = softmax(Q_r K_{r // n_rep}ᵀ / sqrt(head_dim) + M) V_{r // n_rep}`` and ``Q = X_q W_Q + b_Q``,
+``K = X_kv W_K + b_K``, ``V = X_kv W_V + b_V`` (the articles' ``x @ W`` convention: every ``W`` is
+``[d_in, d_out]``). With ``num_kv_heads < num_heads`` (GQA; 1 = MQA) query head ``i`` reads key/value head
+``i // (num_heads // num_kv_heads)``, the ``repeat_interleave`` convention of PyTorch ``enable_gqa``,
+FlashAttention and Hugging Face.
+
+Shapes: ``x_q [B, n_q, d_model]``, ``x_kv [B, n_k, d_kv]``, per-head ``q [B, h, n_q, head_dim]``,
+``k, v [B, h_kv, n_k, head_dim]``, ``weights [B, h, n_q, n_k]``, ``output [B, n_q, d_model]``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._arrays import compute_dtype, device_of, namespace, shape_of
+from ..errors import DTypeError, ShapeError
+from .attention import AttentionTrace, attention_trace
+from .backward import attention_backward
+from .dropout import Dropout, apply_dropout, make_dropout
+from .inputs import Causal, MaskedRows, check_finite
+
+__all__ = [
+    "MultiHeadGrads",
+    "MultiHeadResult",
+    "MultiHeadWeights",
+    "init_multi_head",
+    "merge_heads",
+    "multi_head_attention",
+    "multi_head_backward",
+    "repeat_kv",
+    "split_heads",
+    "sum_kv_groups",
+]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# heads
+
+
+def _int(name: str, n: Any, minimum: int = 1) -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < minimum:
+        raise ShapeError(f"{name}: expected an int >= {minimum}, got {n!r}")
+    return int(n)
+
+
+def split_heads(x: Any, num_heads: int) -> Any:
+    """Split the last axis into heads and move them before the sequence axis.
+
+    Shapes: ``x [..., n, h * d] -> [..., h, n, d]`` (usually ``[B, n, h*d] -> [B, h, n, d]``).
+
+    >>> split_heads(np.arange(8).reshape(1, 2, 4), 2)[0].tolist()  # head 0 holds columns 0-1, head 1 columns 2-3
+    [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
+    """
+    num_heads = _int("num_heads", num_heads)
+    xp = namespace(x)
+    s = shape_of(x)
+    if len(s) < 2:
+        raise ShapeError(f"x: expected [..., n, h * d] with at least 2 dims, got shape {s}")
+    if s[-1] % num_heads:
+        raise ShapeError(f"x: last dim {s[-1]} (shape {s}) is not divisible by num_heads={num_heads}")
+    d = s[-1] // num_heads
+    y = xp.reshape(x, (*s[:-1], num_heads, d))  # [..., n, h, d]
+    nd = len(s) + 1
+    return xp.permute_dims(y, (*range(nd - 3), nd - 2, nd - 3, nd - 1))  # [..., h, n, d]
+
+
+def merge_heads(x: Any) -> Any:
+    """Concatenate the heads along the feature axis: the inverse of :func:`split_heads`.
+
+    Shapes: ``x [..., h, n, d] -> [..., n, h * d]``.
+
+    >>> x = np.arange(24.0).reshape(2, 3, 4)
+    >>> bool((merge_heads(split_heads(x, 2)) == x).all())
+    True
+    """
+    xp = namespace(x)
+    s = shape_of(x)
+    if len(s) < 3:
+        raise ShapeError(f"x: expected [..., h, n, d] with at least 3 dims, got shape {s}")
+    nd = len(s)
+    y = xp.permute_dims(x, (*range(nd - 3), nd - 2, nd - 3, nd - 1))  # [..., n, h, d]
+    return xp.reshape(y, (*s[:-3], s[-2], s[-3] * s[-1]))
+
+
+def repeat_kv(x: Any, n_rep: int) -> Any:
+    """Repeat each key/value head ``n_rep`` times, so query head ``i`` reads kv head ``i // n_rep``.
+
+    The ``repeat_interleave`` convention (PyTorch ``enable_gqa``, FlashAttention, Hugging Face ``repeat_kv``):
+    kv heads ``[a, b]`` with ``n_rep=2`` become ``[a, a, b, b]``, not ``[a, b, a, b]``.
+
+    Shapes: ``x [..., h_kv, n, d] -> [..., h_kv * n_rep, n, d]``.
+
+    >>> repeat_kv(np.array([[[[1]], [[2]]]]), 2)[0, :, 0, 0].tolist()
+    [1, 1, 2, 2]
+    """
+    n_rep = _int("n_rep", n_rep)
+    xp = namespace(x)
+    s = shape_of(x)
+    if len(s) < 3:
+        raise ShapeError(f"x: expected [..., h_kv, n, d] with at least 3 dims, got shape {s}")
+    if n_rep == 1:
+        return x
+    y = xp.broadcast_to(x[..., None, :, :], (*s[:-2], n_rep, s[-2], s[-1]))  # [..., h_kv, n_rep, n, d]
+    return xp.reshape(y, (*s[:-3], s[-3] * n_rep, s[-2], s[-1]))
+
+
+def sum_kv_groups(x: Any, num_kv_heads: int) -> Any:
+    """The adjoint of :func:`repeat_kv`: sum the gradients of the ``n_rep`` query heads that share a kv head.
+
+    Shapes: ``x [..., h, n, d] -> [..., h_kv, n, d]``.
+    """
+    xp = namespace(x)
+    s = shape_of(x)
+    n_rep = s[-3] // num_kv_heads
+    if n_rep == 1:
+        return x
+    return xp.sum(xp.reshape(x, (*s[:-3], num_kv_heads, n_rep, s[-2], s[-1])), axis=-3)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# weights
+
+
+@dataclass(frozen=True)
+class MultiHeadWeights:
+    """The parameters of one multi-head attention layer, in the ``x @ W`` convention (``W [d_in, d_out]``).
+
+    Shapes:
+        * ``w_q [d_model, num_heads * head_dim]``, ``b_q [num_heads * head_dim]``;
+        * ``w_k, w_v [d_kv, num_kv_heads * head_dim]``, ``b_k, b_v [num_kv_heads * head_dim]``;
+        * ``w_o [num_heads * head_dim, d_model]``, ``b_o [d_model]``.
+
+    ``num_kv_heads`` defaults to ``num_heads`` and must divide it (1 = MQA); ``head_dim`` defaults to
+    ``w_q``'s width / ``num_heads``. Biases are optional (``None``). Construction checks every shape.
+    """
+
+    w_q: Any
+    w_k: Any
+    w_v: Any
+    w_o: Any
+    b_q: Any = None
+    b_k: Any = None
+    b_v: Any = None
+    b_o: Any = None
+    _: KW_ONLY
+    num_heads: int
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        h = _int("num_heads", self.num_heads)
+        h_kv = h if self.num_kv_heads is None else _int("num_kv_heads", self.num_kv_heads)
+        if h % h_kv:
+            raise ShapeError(f"num_kv_heads={h_kv} must divide num_heads={h} (GQA groups query heads evenly)")
+        for name in ("w_q", "w_k", "w_v", "w_o"):
+            w = getattr(self, name)
+            if w is None or not hasattr(w, "shape") or len(shape_of(w)) != 2:
+                shown = shape_of(w) if hasattr(w, "shape") else type(w).__name__
+                raise ShapeError(f"{name}: expected a 2-D array [d_in, d_out], got {shown}")
+        wq = shape_of(self.w_q)
+        if self.head_dim is None:
+            if wq[1] % h:
+                raise ShapeError(f"w_q: width {wq[1]} (shape {wq}) is not divisible by num_heads={h}")
+            d = wq[1] // h
+        else:
+            d = _int("head_dim", self.head_dim)
+        object.__setattr__(self, "num_heads", h)
+        object.__setattr__(self, "num_kv_heads", h_kv)
+        object.__setattr__(self, "head_dim", d)
+        d_model = wq[0]
+        expect = {
+            "w_q": (d_model, h * d),
+            "w_k": (self.d_kv, h_kv * d),
+            "w_v": (self.d_kv, h_kv * d),
+            "w_o": (h * d, d_model),
+        }
+        for name, want in expect.items():
+            got = shape_of(getattr(self, name))
+            if got != want:
+                raise ShapeError(
+                    f"{name}: shape {got}, expected {want} (d_model={d_model}, d_kv={self.d_kv}, num_heads={h}, "
+                    f"num_kv_heads={h_kv}, head_dim={d}; weights are [d_in, d_out], Q = X W_Q)"
+                )
+        for name, width in (("b_q", h * d), ("b_k", h_kv * d), ("b_v", h_kv * d), ("b_o", d_model)):
+            b = getattr(self, name)
+            if b is not None and (not hasattr(b, "shape") or shape_of(b) != (width,)):
+                shown = shape_of(b) if hasattr(b, "shape") else type(b).__name__
+                raise ShapeError(f"{name}: expected shape ({width},), got {shown}")
+
+    @property
+    def d_model(self) -> int:
+        """Width of the queries' input and of the output."""
+        return shape_of(self.w_q)[0]
+
+    @property
+    def d_kv(self) -> int:
+        """Width of the keys'/values' input (``d_model`` for self attention)."""
+        return shape_of(self.w_k)[0]
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per key/value head (``num_heads // num_kv_heads``)."""
+        return self.num_heads // self.num_kv_heads
+
+    def arrays(self) -> dict[str, Any]:
+        """The parameters by name (``w_q ... b_o``), biases that are ``None`` left out."""
+        names = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def astype(self, dtype: Any) -> MultiHeadWeights:
+        """A copy with every array converted to ``dtype`` (NumPy dtypes, or the arrays' own library's)."""
+        xp = namespace(*self.arrays().values())
+        conv = {n: xp.astype(a, dtype) for n, a in self.arrays().items()}
+        return MultiHeadWeights(
+            **conv, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim
+        )
+
+
+def init_multi_head(
+    d_model: int,
+    num_heads: int,
+    *,
+    num_kv_heads: int | None = None,
+    head_dim: int | None = None,
+    bias: bool = True,
+    rng: np.random.Generator,
+    d_kv: int | None = None,
+    dtype: Any = np.float64,
+) -> MultiHeadWeights:
+    """Seeded Xavier/Glorot-uniform weights (``U(±sqrt(6 / (d_in + d_out)))`` per matrix), zero biases.
+
+    Args:
+        d_model: width of the queries' input and of the output.
+        num_heads: query heads ``h``.
+        num_kv_heads: key/value heads (default ``h``; 1 = MQA); must divide ``h``.
+        head_dim: width of one head (default ``d_model / h``, which must then be an integer).
+        bias: whether the four projections have biases (initialised to 0, as ``nn.MultiheadAttention``).
+        rng: the ``numpy.random.Generator`` to draw from (required: same seed, same weights).
+        d_kv: width of the keys'/values' input for cross attention (default ``d_model``).
+        dtype: NumPy dtype of the arrays.
+
+    >>> w = init_multi_head(512, 8, rng=np.random.default_rng(0))  # the articles' d_model=512, 8 heads
+    >>> w.head_dim, w.w_q.shape, w.w_o.shape
+    (64, (512, 512), (512, 512))
+    >>> init_multi_head(512, 8, num_kv_heads=2, rng=np.random.default_rng(0)).w_k.shape  # GQA
+    (512, 128)
+    """
+    d_model = _int("d_model", d_model)
+    h = _int("num_heads", num_heads)
+    h_kv = h if num_kv_heads is None else _int("num_kv_heads", num_kv_heads)
+    if not isinstance(rng, np.random.Generator):
+        raise DTypeError(f"rng: expected a numpy.random.Generator (np.random.default_rng(seed)), got {rng!r}")
+    if h % h_kv:
+        raise ShapeError(f"num_kv_heads={h_kv} must divide num_heads={h} (GQA groups query heads evenly)")
+    if head_dim is None:
+        if d_model % h:
+            raise ShapeError(
+                f"head_dim: d_model={d_model} is not divisible by num_heads={h}; pass head_dim= explicitly "
+                f"(then the heads' width h * head_dim need not equal d_model)"
+            )
+        head_dim = d_model // h
+    d = _int("head_dim", head_dim)
+    d_kv = d_model if d_kv is None else _int("d_kv", d_kv)
+
+    def xavier(d_in: int, d_out: int) -> np.ndarray:
+        limit = math.sqrt(6.0 / (d_in + d_out))
+        return rng.uniform(-limit, limit, size=(d_in, d_out)).astype(dtype)
+
+    w_q, w_k, w_v = xavier(d_model, h * d), xavier(d_kv, h_kv * d), xavier(d_kv, h_kv * d)
+    w_o = xavier(h * d, d_model)
+    biases = [np.zeros(n, dtype=dtype) for n in (h * d, h_kv * d, h_kv * d, d_model)] if bias else [None] * 4
+    return MultiHeadWeights(w_q, w_k, w_v, w_o, *biases, num_heads=h, num_kv_heads=h_kv, head_dim=d)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# forward
+
+
+@dataclass(frozen=True)
+class MultiHeadResult:
+    """What :func:`multi_head_attention` returns, including everything :func:`multi_head_backward` needs.
+
+    Shapes:
+        * ``output [B, n_q, d_model]`` in the input dtype;
+        * ``weights [B, h, n_q, n_k]`` per head (``[B, n_q, n_k]`` if averaged), or ``None`` unless requested;
+          these are the softmax weights *before* dropout (rows sum to 1);
+        * ``trace``: the core :class:`~attnlab.core.AttentionTrace` of the heads (``q [B, h, n_q, head_dim]``,
+          ``k, v [B, h, n_k, head_dim]`` after :func:`repeat_kv`), in the compute dtype;
+        * ``dropout``: the :class:`~attnlab.core.dropout.Dropout` applied (keep mask ``[B, h, n_q, n_k]``), or
+          ``None`` when off (evaluation, or ``dropout_p=0``);
+        * ``heads [B, n_q, h * head_dim]``: the concatenated head outputs (the input of ``W_O``), compute dtype;
+        * ``x_q``, ``x_kv``: the inputs in the compute dtype (``x_kv`` is ``None`` for self attention).
+    """
+
+    output: Any
+    weights: Any | None
+    trace: AttentionTrace = field(repr=False)
+    dropout: Dropout | None = field(repr=False)
+    heads: Any = field(repr=False)
+    x_q: Any = field(repr=False)
+    x_kv: Any | None = field(repr=False)
+    params: MultiHeadWeights = field(repr=False)
+
+
+def _check_x(xp: Any, x: Any, name: str, width: int, wname: str) -> tuple[int, ...]:
+    s = shape_of(x)
+    if len(s) != 3:
+        raise ShapeError(f"{name}: expected 3 dims [B, n, {wname}], got shape {s}")
+    if 0 in s:
+        raise ShapeError(f"{name}: shape {s} has a zero-length axis")
+    if s[-1] != width:
+        raise ShapeError(f"{name}: last dim {s[-1]} (shape {s}) does not match the weights' {wname}={width}")
+    return s
+
+
+def _project(x: Any, w: Any, b: Any) -> Any:
+    y = x @ w
+    return y if b is None else y + b
+
+
+def multi_head_attention(
+    x_q: Any,
+    x_kv: Any | None,
+    weights: MultiHeadWeights,
+    mask: Any = None,
+    *,
+    causal: Causal = False,
+    attn_bias: Any = None,
+    scale: float | None = None,
+    masked_rows: MaskedRows = "raise",
+    dropout_p: float = 0.0,
+    rng: np.random.Generator | None = None,
+    training: bool = False,
+    return_weights: bool = False,
+    average_weights: bool = False,
+) -> MultiHeadResult:
+    """Multi-head attention (MHA, GQA or MQA), self or cross, with every mask option of the core.
+
+    Args:
+        x_q: queries' input ``[B, n_q, d_model]`` (NumPy, PyTorch or any array-API array).
+        x_kv: keys'/values' input ``[B, n_k, d_kv]`` for cross attention, or ``None`` for self attention.
+        weights: the layer's :class:`MultiHeadWeights`.
+        mask: boolean, True = may attend, broadcastable to ``[B, h, n_q, n_k]``: ``[n_q, n_k]``,
+            ``[B, 1, 1, n_k]`` (``masks.key_padding``, ``masks.from_hf``), ``[B, h, n_q, n_k]``... A 3-D mask is
+            refused as ambiguous (``[B, n_q, n_k]`` would broadcast against the heads axis): add the head axis.
+        causal: as in :func:`~attnlab.scaled_dot_product_attention` (``True``, ``"top_left"``, ``"bottom_right"``).
+        attn_bias: additive scores (ALiBi, relative position) broadcastable to ``[B, h, n_q, n_k]``.
+        scale: multiplies ``Q_r K_rᵀ``; default ``1 / sqrt(head_dim)`` (never ``1 / sqrt(d_model)``).
+        masked_rows: policy for query rows that may attend to no key: ``"raise"``, ``"zero"`` or ``"nan"``.
+        dropout_p: probability of dropping each attention weight, active only with ``training=True``; kept
+            weights are scaled by ``1 / (1 - dropout_p)`` (inverted dropout).
+        rng: the ``numpy.random.Generator`` dropout draws from (required when dropout is active).
+        training: dropout is applied only in training mode; evaluation is deterministic.
+        return_weights: also return the attention weights (before dropout).
+        average_weights: return them averaged over heads, ``[B, n_q, n_k]`` (default: per head).
+
+    Returns:
+        a :class:`MultiHeadResult` (``.output [B, n_q, d_model]``, ``.weights``, and the trace for the backward).
+
+    >>> rng = np.random.default_rng(0)
+    >>> w = init_multi_head(8, 4, num_kv_heads=2, rng=rng)
+    >>> x = rng.standard_normal((2, 5, 8))
+    >>> r = multi_head_attention(x, None, w, causal=True, return_weights=True)
+    >>> r.output.shape, r.weights.shape
+    ((2, 5, 8), (2, 4, 5, 5))
+    >>> bool(np.allclose(r.weights.sum(-1), 1.0)), float(r.weights[0, 0, 0, 1])
+    (True, 0.0)
+    """
+    if not isinstance(weights, MultiHeadWeights):
+        raise DTypeError(f"weights: expected a MultiHeadWeights (see init_multi_head), got {type(weights).__name__}")
+    if isinstance(x_q, (list, tuple)):
+        x_q = np.asarray(x_q)
+    if isinstance(x_kv, (list, tuple)):
+        x_kv = np.asarray(x_kv)
+    params = weights.arrays()
+    xp = namespace(x_q, x_kv, *params.values())
+    sq = _check_x(xp, x_q, "x_q", weights.d_model, "d_model")
+    if x_kv is not None:
+        sk = _check_x(xp, x_kv, "x_kv", weights.d_kv, "d_kv")
+        if sk[0] != sq[0]:
+            raise ShapeError(f"x_kv: batch size {sk[0]} (shape {sk}) does not match x_q's {sq[0]} (shape {sq})")
+    elif weights.d_kv != weights.d_model:
+        raise ShapeError(
+            f"x_kv: None (self attention) needs d_kv == d_model, but the weights have d_kv={weights.d_kv}, "
+            f"d_model={weights.d_model}; pass the keys'/values' input"
+        )
+    if mask is not None and hasattr(mask, "shape") and len(shape_of(mask)) == 3:
+        raise ShapeError(
+            f"mask: 3-D shape {shape_of(mask)} is ambiguous for multi-head scores [B, h, n_q, n_k]; "
+            f"give [n_q, n_k], or add the head axis: mask[:, None] -> [B, 1, n_q, n_k]"
+        )
+    if not isinstance(training, bool):
+        raise DTypeError(f"training: expected True or False, got {training!r}")
+
+    dtypes = [x_q.dtype] + ([x_kv.dtype] if x_kv is not None else []) + [a.dtype for a in params.values()]
+    cdt, out_dtype = compute_dtype(xp, xp.result_type(*dtypes), "x_q, x_kv, weights")
+    for name, x in (("x_q", x_q), ("x_kv", x_kv), *params.items()):
+        if x is not None:
+            compute_dtype(xp, x.dtype, name)
+            check_finite(xp, x, name)
+    cast = {n: xp.astype(a, cdt) for n, a in params.items()}
+    xq = xp.astype(x_q, cdt)
+    xkv = None if x_kv is None else xp.astype(x_kv, cdt)
+    src = xq if xkv is None else xkv
+
+    h, h_kv = weights.num_heads, weights.num_kv_heads
+    q = split_heads(_project(xq, cast["w_q"], cast.get("b_q")), h)  # [B, h, n_q, d]
+    k = split_heads(_project(src, cast["w_k"], cast.get("b_k")), h_kv)  # [B, h_kv, n_k, d]
+    v = split_heads(_project(src, cast["w_v"], cast.get("b_v")), h_kv)  # [B, h_kv, n_k, d]
+    k, v = repeat_kv(k, weights.n_rep), repeat_kv(v, weights.n_rep)  # [B, h, n_k, d]
+    trace = attention_trace(q, k, v, mask, bias=attn_bias, causal=causal, scale=scale, masked_rows=masked_rows)
+
+    drop = None
+    if training:
+        drop = make_dropout(shape_of(trace.weights), dropout_p, rng)
+    elif not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
+        make_dropout((1,), dropout_p, None)  # validates and raises with the usual message
+    a = trace.weights if drop is None else apply_dropout(trace.weights, drop)  # [B, h, n_q, n_k]
+    heads = merge_heads(a @ trace.v)  # [B, n_q, h * d]
+    out = _project(heads, cast["w_o"], cast.get("b_o"))  # [B, n_q, d_model]
+
+    w = None
+    if return_weights or average_weights:
+        w = xp.mean(trace.weights, axis=1) if average_weights else trace.weights
+        w = xp.astype(w, out_dtype)
+    return MultiHeadResult(
+        output=xp.astype(out, out_dtype),
+        weights=w,
+        trace=trace,
+        dropout=drop,
+        heads=heads,
+        x_q=xq,
+        x_kv=xkv,
+        params=weights,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# backward
+
+
+@dataclass(frozen=True)
+class MultiHeadGrads:
+    """Gradients of a scalar loss through one multi-head attention layer.
+
+    Shapes:
+        * ``dx_q [B, n_q, d_model]``; for self attention (``x_kv=None``) it holds the whole gradient of ``x``
+          (through queries, keys and values);
+        * ``dx_kv [B, n_k, d_kv]`` for cross attention, ``None`` for self attention;
+        * ``weights``: a :class:`MultiHeadWeights` of gradients (``dW_Q`` in ``.w_q`` ..., ``dB_O`` in ``.b_o``;
+          a bias gradient is ``None`` where the layer has no bias);
+        * ``dattn_bias``: as the forward's ``attn_bias`` (``None`` without one);
+        * ``heads``: the core's :class:`~attnlab.core.backward.AttentionGrads` of the heads
+          (``dq [B, h, n_q, d]``, ``dk, dv [B, h, n_k, d]`` before the kv groups are summed).
+    """
+
+    dx_q: Any
+    dx_kv: Any | None
+    weights: MultiHeadWeights
+    dattn_bias: Any | None = None
+    heads: Any = field(default=None, repr=False)
+
+
+def _flat(xp: Any, x: Any) -> Any:
+    s = shape_of(x)
+    return xp.reshape(x, (-1, s[-1]))  # [B * n, d]
+
+
+def multi_head_backward(result: MultiHeadResult, d_out: Any) -> MultiHeadGrads:
+    """Backward pass of :func:`multi_head_attention`: gradients for the inputs, every weight and bias.
+
+    Uses the forward's trace and dropout mask: ``dW_O = Hᵀ dO``, ``dH = dO W_Oᵀ``, the core's
+    :func:`~attnlab.core.backward.attention_backward` per head, the kv-group sums of GQA, then
+    ``dW_Q = X_qᵀ dQ``, ``dX_q = dQ W_Qᵀ`` (and likewise for K and V from ``X_kv``).
+
+    Args:
+        result: what :func:`multi_head_attention` returned for this forward pass.
+        d_out: ``∂L/∂output``, ``[B, n_q, d_model]``.
+
+    Returns:
+        :class:`MultiHeadGrads` in the compute dtype (float64, or float32 for lower precisions).
+
+    >>> rng = np.random.default_rng(0)
+    >>> w = init_multi_head(4, 2, rng=rng)
+    >>> r = multi_head_attention(rng.standard_normal((1, 3, 4)), None, w, causal=True)
+    >>> g = multi_head_backward(r, np.ones((1, 3, 4)))
+    >>> g.dx_q.shape, g.weights.w_q.shape, g.dx_kv is None
+    ((1, 3, 4), (4, 4), True)
+    """
+    if not isinstance(result, MultiHeadResult):
+        raise DTypeError(f"result: expected the MultiHeadResult of multi_head_attention, got {type(result).__name__}")
+    w = result.params
+    xp = namespace(result.heads)
+    if isinstance(d_out, (list, tuple)):
+        d_out = np.asarray(d_out)
+    want = shape_of(result.output)
+    if not hasattr(d_out, "shape") or shape_of(d_out) != want:
+        got = shape_of(d_out) if hasattr(d_out, "shape") else type(d_out).__name__
+        raise ShapeError(f"d_out: shape {got}, expected the output's shape {want} [B, n_q, d_model]")
+    if xp is not np and isinstance(d_out, np.ndarray):
+        d_out = xp.asarray(d_out, device=device_of(result.heads))
+    check_finite(xp, d_out, "d_out")
+    cdt = result.heads.dtype
+    d_o = xp.astype(d_out, cdt)  # [B, n_q, d_model]
+    p = {n: xp.astype(a, cdt) for n, a in w.arrays().items()}
+
+    dw_o = xp.matrix_transpose(_flat(xp, result.heads)) @ _flat(xp, d_o)  # [h*d, d_model]
+    db_o = xp.sum(_flat(xp, d_o), axis=0) if w.b_o is not None else None
+    d_heads = split_heads(d_o @ xp.matrix_transpose(p["w_o"]), w.num_heads)  # [B, h, n_q, d]
+    g = attention_backward(result.trace, d_heads, dropout=result.dropout)
+    d_q = merge_heads(g.dq)  # [B, n_q, h*d]
+    d_k = merge_heads(sum_kv_groups(g.dk, w.num_kv_heads))  # [B, n_k, h_kv*d]
+    d_v = merge_heads(sum_kv_groups(g.dv, w.num_kv_heads))  # [B, n_k, h_kv*d]
+
+    x_q = result.x_q
+    x_kv = x_q if result.x_kv is None else result.x_kv
+    fq, fkv = _flat(xp, x_q), _flat(xp, x_kv)
+    dw_q = xp.matrix_transpose(fq) @ _flat(xp, d_q)
+    dw_k = xp.matrix_transpose(fkv) @ _flat(xp, d_k)
+    dw_v = xp.matrix_transpose(fkv) @ _flat(xp, d_v)
+    db = {
+        name: (xp.sum(_flat(xp, d), axis=0) if getattr(w, name) is not None else None)
+        for name, d in (("b_q", d_q), ("b_k", d_k), ("b_v", d_v))
+    }
+    dx_q = d_q @ xp.matrix_transpose(p["w_q"])  # [B, n_q, d_model]
+    dx_kv = d_k @ xp.matrix_transpose(p["w_k"]) + d_v @ xp.matrix_transpose(p["w_v"])  # [B, n_k, d_kv]
+    if result.x_kv is None:
+        dx_q, dx_kv = dx_q + dx_kv, None
+    grads = MultiHeadWeights(
+        dw_q,
+        dw_k,
+        dw_v,
+        dw_o,
+        db["b_q"],
+        db["b_k"],
+        db["b_v"],
+        db_o,
+        num_heads=w.num_heads,
+        num_kv_heads=w.num_kv_heads,
+        head_dim=w.head_dim,
+    )
+    return MultiHeadGrads(dx_q=dx_q, dx_kv=dx_kv, weights=grads, dattn_bias=g.dbias, heads=g)
