@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["EXAMPLES", "Example", "example"]
+__all__ = ["EXAMPLES", "EXTRA_EXAMPLES", "Example", "example"]
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,8 @@ class Example:
     """One worked example: q ``[n_q, d_k]``, k ``[n_k, d_k]``, v ``[n_k, d_v]`` and how it is computed.
 
     ``weights`` is set for the one example that starts from given weights (the weighted average); ``logits`` for
-    the one about softmax alone (saturation).
+    the one about softmax alone (saturation). ``mask`` (bool ``[n_q, n_k]``, True = may attend) and ``scale``
+    (``None`` = 1/sqrt(d_k)) are set where the article fixes them.
     """
 
     name: str
@@ -30,6 +31,8 @@ class Example:
     causal: bool = False
     weights: np.ndarray | None = None
     logits: tuple[np.ndarray, ...] = field(default_factory=tuple)
+    mask: np.ndarray | None = None
+    scale: float | None = None
 
 
 def _a(x) -> np.ndarray:
@@ -88,9 +91,29 @@ EXAMPLES: dict[str, Example] = {
 }
 
 
+#: Further worked numbers the articles use to make a point (kept apart from the six lesson examples above).
+EXTRA_EXAMPLES: dict[str, Example] = {
+    e.name: e
+    for e in (
+        Example(
+            "mask-order",
+            "Mask before softmax: scores [1, 2] with the second key masked",
+            "001 §7.4",
+            q=_a([[1]]),
+            k=_a([[1], [2]]),
+            v=_a(_V2),
+            mask=_a([[True, False]]),
+            scale=1.0,
+        ),
+    )
+}
+
+
 def example(name: str) -> Example:
-    """The worked example called ``name`` (one of ``EXAMPLES``), with a list of the names on a typo."""
-    try:
+    """The worked example called ``name`` (in ``EXAMPLES`` or ``EXTRA_EXAMPLES``), with the names on a typo."""
+    if name in EXAMPLES:
         return EXAMPLES[name]
-    except KeyError:
-        raise KeyError(f"no worked example {name!r}; choose one of {', '.join(EXAMPLES)}") from None
+    if name in EXTRA_EXAMPLES:
+        return EXTRA_EXAMPLES[name]
+    names = ", ".join([*EXAMPLES, *EXTRA_EXAMPLES])
+    raise KeyError(f"no worked example {name!r}; choose one of {names}")

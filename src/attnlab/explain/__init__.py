@@ -1,0 +1,50 @@
+"""Attention by hand: every step as data (:func:`explain`), the classic mistakes next to it (:func:`compare`), and
+renderers for terminals, pipes, markdown and JSON.
+
+>>> from attnlab.explain import explain_example, to_text
+>>> e = explain_example("2x2-causal")
+>>> e.weights.round(4).tolist()
+[[1.0, 0.0], [0.3302, 0.6698]]
+>>> e.output.round(3).tolist()
+[[10.0, 0.0], [3.302, 13.395]]
+"""
+
+from .inputs import load_inputs, load_mask, load_matrix, parse_mask, parse_matrix, parse_tokens
+from .mistakes import MISTAKES, Mistake, compare
+from .render import print_rich, to_dict, to_markdown, to_text
+from .steps import (
+    Explanation,
+    Setup,
+    Step,
+    explain,
+    explain_example,
+    explain_setup,
+    explain_softmax,
+    explain_weighted_average,
+    setup_from_example,
+)
+
+__all__ = [
+    "MISTAKES",
+    "Explanation",
+    "Mistake",
+    "Setup",
+    "Step",
+    "compare",
+    "explain",
+    "explain_example",
+    "explain_setup",
+    "explain_softmax",
+    "explain_weighted_average",
+    "load_inputs",
+    "load_mask",
+    "load_matrix",
+    "parse_mask",
+    "parse_matrix",
+    "parse_tokens",
+    "print_rich",
+    "setup_from_example",
+    "to_dict",
+    "to_markdown",
+    "to_text",
+]

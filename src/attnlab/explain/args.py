@@ -1,0 +1,150 @@
+"""Command-line inputs shared by ``attnlab explain`` and ``attnlab heatmap``: a named example or your matrices.
+
+Kept light (NumPy only) because the CLI builds its parser from it before any command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import numpy as np
+
+from ..articles import EXAMPLES, EXTRA_EXAMPLES
+from ..errors import ShapeError
+
+__all__ = ["EXAMPLE_NAMES", "add_input_arguments", "examples_listing", "setup_from_args"]
+
+EXAMPLE_NAMES: tuple[str, ...] = (*EXAMPLES, *EXTRA_EXAMPLES)
+
+
+def examples_listing() -> str:
+    """One line per named example: name, title, source."""
+    from ..articles import example
+
+    return "\n".join(f"{n:<18} {example(n).title}  [article {example(n).source}]" for n in EXAMPLE_NAMES) + "\n"
+
+
+def add_input_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that say what to compute (shared by ``explain`` and ``heatmap``)."""
+    p.add_argument(
+        "example",
+        nargs="?",
+        metavar="EXAMPLE",
+        help=f"a worked example of the articles: {', '.join(EXAMPLE_NAMES)} (or give --q, --k, --v)",
+    )
+    p.add_argument("--list", action="store_true", help="list the named examples and exit")
+    g = p.add_argument_group(
+        "your own matrices",
+        "inline '1,0;0,1' or '[[1,0],[0,1]]', or a .json/.csv/.npy file; a matrix that starts with a minus sign "
+        "needs '=': --q='-1,0;0,1'",
+    )
+    g.add_argument("-q", "--q", metavar="Q", help="queries [n_q, d_k]")
+    g.add_argument("-k", "--k", metavar="K", help="keys [n_k, d_k]")
+    g.add_argument("-v", "--v", metavar="V", help="values [n_k, d_v]")
+    g.add_argument("--inputs", metavar="FILE", help="one .json object {q, k, v, mask?, tokens?} or an .npz archive")
+    g.add_argument("--tokens", help="labels for the positions ('the cat sat' or 'the,cat,sat'); self-attention")
+    g.add_argument("--query-tokens", help="labels for the queries (cross-attention)")
+    g.add_argument("--key-tokens", help="labels for the keys (cross-attention)")
+    m = p.add_argument_group("masks and options")
+    m.add_argument("--mask", help="a boolean mask [n_q, n_k]: '1 0; 1 1' (■/⬚ and true/false work too)")
+    m.add_argument(
+        "--mask-convention",
+        choices=("allow", "block"),
+        default="allow",
+        help="what 1/True means in --mask: allow (attnlab, PyTorch SDPA) or block (nn.MultiheadAttention)",
+    )
+    m.add_argument("--causal", action="store_true", help="query i sees keys j <= i")
+    m.add_argument("--padding", type=int, metavar="N", help="only N key positions are real tokens; the rest is padding")
+    m.add_argument("--padding-side", choices=("right", "left"), default="right", help="where the padding sits")
+    m.add_argument("--temperature", type=float, default=1.0, metavar="T", help="divide the logits by T (default 1)")
+    m.add_argument("--shift", type=float, default=0.0, metavar="C", help="add C to every score after scaling")
+    m.add_argument("--scale", type=float, metavar="S", help="multiply Q Kᵀ by S instead of 1/sqrt(d_k)")
+    m.add_argument(
+        "--masked-rows",
+        choices=("raise", "zero", "nan"),
+        default="raise",
+        help="a query row with no legal key: an error (default), zeros (as FlashAttention) or NaN (naive code)",
+    )
+
+
+def _labels(args: argparse.Namespace, n_q: int, n_k: int, tokens: Any) -> tuple[Any, Any]:
+    from .inputs import parse_tokens
+
+    ql = kl = None
+    if tokens is not None:
+        toks = tuple(tokens)
+        if n_q == n_k and len(toks) == n_q:
+            ql = kl = toks
+        elif len(toks) == n_k:
+            kl = toks
+        else:
+            raise ShapeError(f"tokens: {len(toks)} token(s) for n_q={n_q} queries and n_k={n_k} keys")
+    if args.tokens is not None:
+        if n_q != n_k:
+            raise ShapeError(f"--tokens: n_q={n_q} != n_k={n_k}; use --query-tokens and --key-tokens")
+        ql = kl = parse_tokens(args.tokens, n_q, "--tokens")
+    if args.query_tokens is not None:
+        ql = parse_tokens(args.query_tokens, n_q, "--query-tokens")
+    if args.key_tokens is not None:
+        kl = parse_tokens(args.key_tokens, n_k, "--key-tokens")
+    return ql, kl
+
+
+def setup_from_args(args: argparse.Namespace) -> Any:
+    """A :class:`~attnlab.explain.Setup`, or the name of an example that has none (weighted-average, saturation).
+
+    Raises :class:`ValueError` subclasses with a message naming the option at fault.
+    """
+    from ..articles import example
+    from .inputs import load_inputs, load_mask, load_matrix
+    from .steps import Setup, setup_from_example
+
+    own = [a for a in ("q", "k", "v") if getattr(args, a) is not None]
+    if args.example is not None and (own or args.inputs):
+        raise ShapeError(
+            f"give either an example ({args.example!r}) or your own matrices (--q/--k/--v/--inputs), not both"
+        )
+    options: dict[str, Any] = {
+        "causal": bool(args.causal),
+        "padding": args.padding,
+        "padding_side": args.padding_side,
+        "temperature": args.temperature,
+        "shift": args.shift,
+        "scale": args.scale,
+        "masked_rows": args.masked_rows,
+    }
+    mask = None if args.mask is None else load_mask(args.mask, "--mask", convention=args.mask_convention)
+    if args.example is not None:
+        try:
+            ex = example(args.example)
+        except KeyError as err:
+            raise ShapeError(f"EXAMPLE: {err.args[0]}") from None
+        if ex.q is None:
+            return args.example
+        setup = setup_from_example(args.example, **options)
+        if mask is not None:
+            setup = setup.with_options(mask=mask)
+        ql, kl = _labels(args, setup.n_q, setup.n_k, None)
+        return setup.with_options(query_labels=ql, key_labels=kl)
+    data: dict[str, Any] = {}
+    if args.inputs:
+        data = load_inputs(args.inputs)
+    for a in ("q", "k", "v"):
+        src = getattr(args, a)
+        if src is not None:
+            data[a] = load_matrix(src, f"--{a}")
+    missing = [f"--{a}" for a in ("q", "k", "v") if a not in data]
+    if missing:
+        raise ShapeError(
+            f"missing {', '.join(missing)}: give a named example ({', '.join(EXAMPLE_NAMES)}) or all of --q, --k, --v"
+        )
+    q, k, v = data["q"], data["k"], data["v"]
+    if q.shape[1] != k.shape[1]:
+        raise ShapeError(f"--k: d_k={k.shape[1]} columns but --q has d_k={q.shape[1]}; Q and K need the same width")
+    if v.shape[0] != k.shape[0]:
+        raise ShapeError(f"--v: {v.shape[0]} rows but --k has n_k={k.shape[0]}; one value row per key")
+    if mask is None and data.get("mask") is not None:
+        mask = np.asarray(data["mask"], dtype=bool)
+    ql, kl = _labels(args, q.shape[0], k.shape[0], data.get("tokens"))
+    return Setup(q, k, v, mask, query_labels=ql, key_labels=kl, **options)

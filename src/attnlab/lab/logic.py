@@ -1,0 +1,629 @@
+"""What the lab notebook computes and shows, as plain functions (tested without a browser).
+
+The notebook only wires marimo widgets to these functions. Everything here takes the learner's raw input (text
+typed into a box, slider values) and never raises on bad input: :func:`compute` returns a :class:`LabResult` whose
+``message`` says what is wrong, and the page shows it instead of a traceback.
+
+>>> r = compute(LabState(q="1, 0", k="1, 0; 0, 1", v="10, 0; 0, 20"))
+>>> r.ok, r.weights.round(4).tolist()
+(True, [[0.6698, 0.3302]])
+>>> compute(LabState(q="1, x", k="1, 0", v="1")).message
+"Q: 'x' at row 0, column 1 is not a number"
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import AttnlabError, MaskedRowError
+from ..explain import Explanation, Setup, compare, explain_setup
+from ..explain.fmt import num, vec
+from ..explain.inputs import parse_matrix
+
+__all__ = [
+    "DEFAULT",
+    "FOUR_PAIRS",
+    "MAX_D",
+    "MAX_N",
+    "LabResult",
+    "LabState",
+    "compute",
+    "error_html",
+    "exp_shift",
+    "exp_temperature",
+    "exp_value",
+    "four_pairs",
+    "heatmap_png",
+    "heatmap_svg",
+    "last_row_svg",
+    "mask_conventions",
+    "masked_row_trap",
+    "matrix_html",
+    "pictures_html",
+    "prediction_feedback",
+    "result_html",
+    "reveal",
+    "steps_html",
+]
+
+#: Bounds that keep the page responsive: at most MAX_N positions and MAX_D features per vector.
+MAX_N = 8
+MAX_D = 8
+
+
+@dataclass(frozen=True)
+class LabState:
+    """The learner's inputs: Q, K, V as typed text and the settings of the controls.
+
+    ``padded`` is the number of padding key positions (0 = none), at the end (``padding_side="right"``) or the
+    start. ``value_row``/``value_text`` replace one value vector (``"100, 0"``) without retyping V.
+    """
+
+    q: str
+    k: str
+    v: str
+    causal: bool = False
+    padded: int = 0
+    padding_side: str = "right"
+    temperature: float = 1.0
+    shift: float = 0.0
+    masked_rows: str = "raise"
+    value_row: int = 0
+    value_text: str = ""
+    tokens: str = ""
+
+
+#: The four-position example of article 000 (also ``attnlab explain causal-4``).
+DEFAULT = LabState(q="1, 0\n0, 1\n1, 1\n1, -1", k="1, 0\n0, 1\n1, 1\n-1, 1", v="1, 0\n0, 1\n1, 1\n2, 0")
+
+#: Four 2-D query/key pairs for the mask-and-temperature experiment (the rows of DEFAULT's Q and K).
+FOUR_PAIRS = (np.array([[1.0, 0], [0, 1], [1, 1], [1, -1]]), np.array([[1.0, 0], [0, 1], [1, 1], [-1, 1]]))
+
+
+@dataclass(frozen=True)
+class LabResult:
+    """The outcome of :func:`compute`: ``ok`` and the explanation, or not ``ok`` and a ``message`` for the page.
+
+    Shapes: ``weights``/``allowed`` ``[n_q, n_k]``, ``output [n_q, d_v]`` (None when not ok).
+    """
+
+    ok: bool
+    message: str
+    state: LabState
+    explanation: Explanation | None = None
+    setup: Setup | None = None
+
+    @property
+    def weights(self) -> np.ndarray | None:
+        return None if self.explanation is None else self.explanation.weights
+
+    @property
+    def output(self) -> np.ndarray | None:
+        return None if self.explanation is None else self.explanation.output
+
+    @property
+    def allowed(self) -> np.ndarray | None:
+        return None if self.explanation is None else np.asarray(self.explanation.trace.allowed)
+
+
+def _bounded(text: str, name: str) -> np.ndarray:
+    m = parse_matrix(text, name)
+    if m.shape[0] > MAX_N or m.shape[1] > MAX_D:
+        raise AttnlabError(
+            f"{name}: {m.shape[0]}×{m.shape[1]} is larger than the lab allows ({MAX_N} rows × {MAX_D} columns); "
+            f"use `attnlab explain` or the library for bigger inputs"
+        )
+    return m
+
+
+def setup_of(state: LabState) -> Setup:
+    """The :class:`~attnlab.explain.Setup` for ``state``; raises the library's errors on bad input."""
+    q, k, v = _bounded(state.q, "Q"), _bounded(state.k, "K"), _bounded(state.v, "V")
+    if q.shape[1] != k.shape[1]:
+        raise AttnlabError(f"K: rows have {k.shape[1]} number(s) but Q's have {q.shape[1]}; q·k needs equal lengths")
+    if v.shape[0] != k.shape[0]:
+        raise AttnlabError(f"V: {v.shape[0]} row(s) but K has {k.shape[0]}; every key needs one value row")
+    if state.value_text.strip():
+        row = int(state.value_row)
+        if not 0 <= row < v.shape[0]:
+            raise AttnlabError(f"value row: {row} is not a key position (0 … {v.shape[0] - 1})")
+        new = parse_matrix(state.value_text, f"v{row}")
+        if new.shape != (1, v.shape[1]):
+            raise AttnlabError(f"v{row}: expected one row of {v.shape[1]} number(s), got {new.shape[0]}×{new.shape[1]}")
+        v = v.copy()
+        v[row] = new[0]
+    n_q, n_k = q.shape[0], k.shape[0]
+    if state.causal and n_q != n_k:
+        raise AttnlabError(f"causal: Q has {n_q} rows and K has {n_k}; the causal mask here needs n_q = n_k")
+    padded = int(state.padded)
+    if not 0 <= padded <= n_k:
+        raise AttnlabError(f"padding: {padded} padded key(s) but there are only {n_k} keys")
+    labels = None
+    if state.tokens.strip():
+        toks = tuple(t for t in state.tokens.replace(",", " ").split() if t)
+        if len(toks) != n_k or n_q != n_k:
+            raise AttnlabError(f"tokens: {len(toks)} token(s) for {n_k} positions (tokens label self-attention)")
+        labels = toks
+    return Setup(
+        q,
+        k,
+        v,
+        causal=bool(state.causal),
+        padding=None if padded == 0 else n_k - padded,
+        padding_side=state.padding_side,
+        temperature=float(state.temperature),
+        shift=float(state.shift),
+        masked_rows=state.masked_rows,
+        query_labels=labels,
+        key_labels=labels,
+        title="Your attention",
+    )
+
+
+def compute(state: LabState) -> LabResult:
+    """Explain ``state``; a message instead of an exception for anything the learner typed or set."""
+    try:
+        setup = setup_of(state)
+        e = explain_setup(setup)
+    except MaskedRowError as err:
+        rows = ", ".join(str(r[-1]) for r in err.rows)
+        return LabResult(
+            False,
+            f"Query row(s) {rows} may attend to no key at all (every key is masked), so softmax would divide 0 by 0. "
+            f"This is the fully-masked-row trap: padding AND causal often empties a row. Switch 'fully masked rows' "
+            f"to 'zero' (FlashAttention's choice) or 'nan' (what naive code gives) to see it.",
+            state,
+        )
+    except (AttnlabError, ValueError) as err:
+        return LabResult(False, str(err), state)
+    return LabResult(True, "", state, e, setup)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# HTML
+
+
+_PAD = "padding:2px 8px"
+
+
+def _cell(x: float, allowed: bool = True, shade_weights: bool = False) -> str:
+    if not allowed:
+        if math.isnan(x):  # a row with no legal key under the 'nan' policy: show the NaN, not "masked"
+            return f'<td data-value="nan" style="background:#fcbba1;color:#a50f15;{_PAD};text-align:right">nan</td>'
+        return f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#777;{_PAD}">masked</td>'
+    shade = ""
+    if shade_weights and math.isfinite(x) and 0 <= x <= 1:
+        shade = f"background:rgba(49,130,189,{0.08 + 0.6 * x:.3f});"
+    return f'<td data-value="{float(x)!r}" style="{shade}text-align:right;padding:2px 8px">{num(x)}</td>'
+
+
+def matrix_html(
+    m: np.ndarray,
+    rows: tuple[str, ...],
+    cols: tuple[str, ...],
+    *,
+    table_id: str = "",
+    allowed: np.ndarray | None = None,
+    caption: str = "",
+    attrs: str = "",
+    shade: bool | None = None,
+) -> str:
+    """An HTML table of ``m [r, c]``; each cell carries its exact value in ``data-value`` (tests read it).
+
+    Cells are shaded by value when ``shade`` (default: when a mask is given, i.e. for weights); masked cells are
+    grey and say "masked".
+    """
+    m = np.asarray(m, dtype=np.float64)
+    shade = allowed is not None if shade is None else shade
+    ident = f' id="{table_id}" data-testid="{table_id}"' if table_id else ""
+    out = [
+        f'<table class="al-table"{ident} {attrs} '
+        'style="border-collapse:collapse;font-family:monospace;width:auto;align-self:flex-start;margin:4px 0">'
+    ]
+    if caption:
+        out.append(f"<caption style='text-align:left;font-weight:bold'>{html.escape(caption)}</caption>")
+    out.append("<tr><th></th>" + "".join(f"<th style='padding:2px 8px'>{html.escape(c)}</th>" for c in cols) + "</tr>")
+    for i, r in enumerate(rows):
+        cells = "".join(
+            _cell(m[i, j], True if allowed is None else bool(allowed[i, j]), shade) for j in range(m.shape[1])
+        )
+        out.append(f"<tr><th style='padding:2px 8px'>{html.escape(r)}</th>{cells}</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def error_html(message: str, testid: str = "al-error") -> str:
+    """A message box for the page (bad input, masked rows): never a traceback."""
+    return (
+        f'<div class="al-error" data-testid="{testid}" style="border-left:4px solid #e34a33;background:#fff5f0;'
+        f'padding:8px 12px;margin:6px 0">⚠ {html.escape(message)}</div>'
+    )
+
+
+def _state_attrs(s: LabState) -> str:
+    return (
+        f'data-temperature="{num(s.temperature)}" data-causal="{str(bool(s.causal)).lower()}" '
+        f'data-shift="{num(s.shift)}" data-padded="{int(s.padded)}" data-value-text="{html.escape(s.value_text)}"'
+    )
+
+
+def result_html(result: LabResult) -> str:
+    """The weights (table id ``al-weights``) with row sums, and the output (``al-output``); or the error message.
+
+    Both tables carry the settings they were computed with (``data-temperature``, ``data-causal``, ...).
+    """
+    if not result.ok:
+        return error_html(result.message, "al-input-error")
+    st = result.setup
+    attrs = _state_attrs(result.state)
+    w = result.weights
+    sums = np.where(result.allowed, w, 0.0).sum(axis=-1)
+    dcols = tuple(f"d{c}" for c in range(result.output.shape[1]))
+    return (
+        "<div style='display:flex;gap:32px;flex-wrap:wrap;align-items:flex-start'><div>"
+        + matrix_html(
+            w,
+            st.qlabels,
+            st.klabels,
+            table_id="al-weights",
+            allowed=result.allowed,
+            attrs=attrs,
+            caption="weights A = softmax(masked scores)",
+        )
+        + "<div style='font-size:13px'>row sums: "
+        + ", ".join(num(x) for x in sums)
+        + "</div></div><div>"
+        + matrix_html(result.output, st.qlabels, dcols, table_id="al-output", attrs=attrs, caption="output O = A V")
+        + "</div></div>"
+        + "".join(error_html(n) for n in result.explanation.notes)
+    )
+
+
+def steps_html(result: LabResult) -> str:
+    """Every step as a table with the arithmetic written out (no ids: :func:`result_html` holds those)."""
+    if not result.ok:
+        return error_html(result.message)
+    e = result.explanation
+    allowed = result.allowed
+    parts = []
+    for i, step in enumerate(e.steps, 1):
+        parts.append(
+            f"<h4 style='margin:10px 0 2px'>{i}. {html.escape(step.title)}: "
+            f"<code>{html.escape(step.formula)}</code></h4>"
+        )
+        for name, m, r, c in step.extra:
+            parts.append(matrix_html(m, r, c, caption=name))
+        if step.matrix is not None:
+            mask = allowed if step.key in ("weights", "exp") else None
+            parts.append(matrix_html(step.matrix, step.rows, step.cols, allowed=mask))
+        if step.lines and step.key not in ("mask",):
+            parts.append(
+                "<pre style='margin:2px 0;font-size:12px'>" + html.escape("\n".join(step.lines[:8])) + "</pre>"
+            )
+        if step.note:
+            parts.append(f"<div style='color:#31a354;font-size:13px'>{html.escape(step.note)}</div>")
+    return "\n".join(parts)
+
+
+def _blue(x: float) -> str:
+    """A white-to-blue colour for a weight in [0, 1] (the same ramp as the colour bar)."""
+    x = min(max(x, 0.0), 1.0)
+    r, g, b = (round(255 + (c - 255) * x) for c in (8, 48, 107))
+    return f"rgb({r},{g},{b})"
+
+
+def heatmap_svg(
+    weights: np.ndarray,
+    allowed: np.ndarray,
+    rows: tuple[str, ...],
+    cols: tuple[str, ...],
+    *,
+    title: str = "weights A: rows = queries, columns = keys",
+) -> str:
+    """An SVG heatmap drawn directly (fast enough to redraw on every slider move; files use :mod:`attnlab.plot`).
+
+    Masked cells are hatched grey and never look like small weights; NaN cells are red; row sums at the right;
+    a colour bar from 0 to 1.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    n_q, n_k = w.shape
+    cell, left, top = 46, 90, 40
+    width = left + n_k * cell + 150
+    height = top + n_q * cell + 70
+    esc = html.escape
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        f'font-size="12" data-testid="al-heatmap" role="img" aria-label="attention heatmap">',
+        '<defs><pattern id="al-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#e0e0e0"/>'
+        '<line x1="0" y1="0" x2="0" y2="6" stroke="#9e9e9e" stroke-width="2"/></pattern>'
+        '<linearGradient id="al-ramp" x1="0" y1="1" x2="0" y2="0">'
+        f'<stop offset="0" stop-color="{_blue(0)}"/><stop offset="1" stop-color="{_blue(1)}"/></linearGradient></defs>',
+        f'<text x="{left}" y="16" font-weight="bold">{esc(title)}</text>',
+    ]
+    for j, c in enumerate(cols):
+        out.append(f'<text x="{left + j * cell + cell / 2}" y="{top - 6}" text-anchor="middle">{esc(c[:8])}</text>')
+    for i, r in enumerate(rows):
+        y = top + i * cell
+        out.append(f'<text x="{left - 8}" y="{y + cell / 2 + 4}" text-anchor="end">{esc(r[:10])}</text>')
+        for j in range(n_k):
+            x = left + j * cell
+            if not allowed[i, j]:
+                out.append(
+                    f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="url(#al-hatch)" stroke="#fff"/>'
+                )
+                continue
+            v = w[i, j]
+            fill = _blue(v) if math.isfinite(v) else "#e34a33"
+            ink = "white" if (math.isfinite(v) and v > 0.55) or not math.isfinite(v) else "black"
+            out.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="#fff"/>')
+            out.append(
+                f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" text-anchor="middle" fill="{ink}" font-size="11">'
+                f"{'nan' if not math.isfinite(v) else f'{v:.2f}'}</text>"
+            )
+        ssum = float(np.where(allowed[i], w[i], 0.0).sum())
+        out.append(f'<text x="{left + n_k * cell + 8}" y="{y + cell / 2 + 4}" font-size="11">Σ={num(ssum, 3)}</text>')
+    bx = left + n_k * cell + 70
+    bh = n_q * cell
+    out.append(f'<rect x="{bx}" y="{top}" width="14" height="{bh}" fill="url(#al-ramp)" stroke="#999"/>')
+    out.append(f'<text x="{bx + 18}" y="{top + 10}" font-size="10">1</text>')
+    out.append(f'<text x="{bx + 18}" y="{top + bh}" font-size="10">0</text>')
+    ly = top + n_q * cell + 22
+    out.append(f'<text x="{left}" y="{ly}" font-size="11">key (column): read from</text>')
+    out.append(
+        f'<rect x="{left}" y="{ly + 10}" width="14" height="14" fill="url(#al-hatch)"/>'
+        f'<text x="{left + 20}" y="{ly + 21}" font-size="11">masked (never attended), unlike a small weight</text>'
+    )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def last_row_svg(weights: np.ndarray, allowed: np.ndarray, cols: tuple[str, ...], row_label: str) -> str:
+    """The last query's real weights as an SVG bar chart; masked keys hatched."""
+    w = np.asarray(weights, dtype=np.float64)[-1]
+    ok = np.asarray(allowed)[-1]
+    bw, gap, h, left, top = 40, 10, 160, 30, 30
+    width = left + len(w) * (bw + gap) + 20
+    esc = html.escape
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + h + 40}" font-family="sans-serif" '
+        f'font-size="11" data-testid="al-last-row" role="img" aria-label="last query weights">',
+        f'<text x="{left}" y="16" font-weight="bold" font-size="12">'
+        f"last query {esc(row_label)}: its real weights</text>",
+        f'<line x1="{left}" y1="{top + h}" x2="{width - 10}" y2="{top + h}" stroke="#555"/>',
+    ]
+    for j, v in enumerate(w):
+        x = left + j * (bw + gap)
+        if not ok[j]:
+            out.append(f'<rect x="{x}" y="{top}" width="{bw}" height="{h}" fill="url(#al-hatch)" opacity="0.6"/>')
+            out.append(f'<text x="{x + bw / 2}" y="{top + h / 2}" text-anchor="middle">masked</text>')
+        else:
+            bh = h * (v if math.isfinite(v) else 0.0)
+            out.append(f'<rect x="{x}" y="{top + h - bh}" width="{bw}" height="{bh}" fill="#3182bd"/>')
+            out.append(f'<text x="{x + bw / 2}" y="{top + h - bh - 4}" text-anchor="middle">{num(v, 3)}</text>')
+        out.append(f'<text x="{x + bw / 2}" y="{top + h + 14}" text-anchor="middle">{esc(cols[j][:8])}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def pictures_html(result: LabResult) -> str:
+    """The heatmap and the last row's bar chart, side by side (or nothing when the input is not ok)."""
+    if not result.ok:
+        return ""
+    st = result.setup
+    return (
+        "<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
+        + heatmap_svg(result.weights, result.allowed, st.qlabels, st.klabels)
+        + last_row_svg(result.weights, result.allowed, st.klabels, st.qlabels[-1])
+        + "</div>"
+    )
+
+
+def heatmap_png(result: LabResult) -> bytes | None:
+    """The matplotlib heatmap (:func:`attnlab.plot.heatmap`) as PNG bytes, for saving; None when not ok."""
+    if not result.ok:
+        return None
+    from .. import plot
+
+    st = result.setup
+    fig = plot.heatmap(
+        result.weights,
+        result.allowed,
+        query_labels=st.qlabels,
+        key_labels=st.klabels,
+        title="weights A (rows = queries)",
+    )
+    return plot.to_bytes(fig, "png", dpi=90)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# experiments: each returns (numbers, html) so the notebook can reveal them after the learner's prediction
+
+
+def reveal(prediction: str | None, correct: str, body: str) -> str:
+    """The experiment's result after a prediction; without one, only the request to predict first."""
+    if not prediction:
+        return prediction_feedback(prediction, correct)
+    return prediction_feedback(prediction, correct) + body
+
+
+def prediction_feedback(prediction: str | None, correct: str) -> str:
+    """What to say after the reveal: right, wrong (and the answer), or 'predict first'."""
+    if not prediction:
+        return "<b>Make a prediction first</b> (pick one above), then reveal: the result stays hidden until then."
+    if prediction == correct:
+        return f"<b style='color:#31a354'>Your prediction was right:</b> {html.escape(correct)}."
+    return (
+        f"<b style='color:#e34a33'>Not quite.</b> You predicted “{html.escape(prediction)}”; the answer is "
+        f"“{html.escape(correct)}”."
+    )
+
+
+def _ok_setup(state: LabState) -> Setup | None:
+    r = compute(state)
+    return r.setup if r.ok else None
+
+
+def exp_shift(state: LabState, c: float = 10.0) -> tuple[float, str]:
+    """Add ``c`` to every legal score: the weights do not change (softmax ignores a shift of a whole row)."""
+    setup = _ok_setup(state)
+    if setup is None:
+        return float("nan"), error_html("Fix the inputs above first.")
+    a = np.asarray(setup.trace().weights)
+    b = np.asarray(setup.with_options(shift=setup.shift + c).trace().weights)
+    d = float(np.max(np.abs(a - b)))
+    rows, cols = setup.qlabels, setup.klabels
+    allowed = np.asarray(setup.trace().allowed)
+    return d, (
+        matrix_html(a, rows, cols, allowed=allowed, caption="weights before")
+        + matrix_html(b, rows, cols, allowed=allowed, caption=f"weights after adding {num(c)} to every legal score")
+        + f"<p>Largest change of any weight: <b data-testid='al-shift-diff'>{num(d)}</b>"
+        + (" (0 up to float64 rounding)" if d < 1e-9 else "")
+        + ". softmax(x + c) = softmax(x): "
+        "the shift cancels between numerator and denominator. Adding <i>different</i> amounts to different columns "
+        "would change the weights.</p>"
+    )
+
+
+def _entropy(w: np.ndarray) -> np.ndarray:
+    p = np.where(w > 0, w, 1.0)
+    return -(w * np.log(p)).sum(axis=-1)
+
+
+def exp_temperature(state: LabState, t: float = 3.0) -> tuple[np.ndarray, str]:
+    """Raise the temperature to ``t``: each row flattens toward uniform over its legal keys; nothing leaks."""
+    setup = _ok_setup(state)
+    if setup is None:
+        return np.array([]), error_html("Fix the inputs above first.")
+    a = np.asarray(setup.trace().weights)
+    b = np.asarray(setup.with_options(temperature=t).trace().weights)
+    allowed = np.asarray(setup.trace().allowed)
+    rows, cols = setup.qlabels, setup.klabels
+    ent = np.stack([_entropy(a), _entropy(b)], axis=-1)
+    return b, (
+        matrix_html(a, rows, cols, allowed=allowed, caption=f"T = {num(setup.temperature)}")
+        + matrix_html(b, rows, cols, allowed=allowed, caption=f"T = {num(t)}")
+        + "<p>Entropy per row (higher = flatter): "
+        + ", ".join(f"{r}: {num(x0, 3)} → {num(x1, 3)}" for r, (x0, x1) in zip(rows, ent, strict=True))
+        + ". The weights spread over the legal keys; masked keys stay exactly 0, and a row with one legal key stays "
+        "[1, 0, …] at every temperature.</p>"
+    )
+
+
+def exp_value(state: LabState, row: int = 0, new: tuple[float, ...] = (100.0, 0.0)) -> tuple[float, float, str]:
+    """Change v_row to ``new``: the weights stay, the output moves (where to read vs what is read)."""
+    setup = _ok_setup(state)
+    if setup is None:
+        return float("nan"), float("nan"), error_html("Fix the inputs above first.")
+    v = np.asarray(setup.v, dtype=np.float64).copy()
+    if len(new) != v.shape[1] or not 0 <= row < v.shape[0]:
+        return (
+            float("nan"),
+            float("nan"),
+            error_html(f"This experiment needs V with {len(new)} columns and a row {row}."),
+        )
+    t0 = setup.trace()
+    v[row] = new
+    t1 = setup.with_options(v=v).trace()
+    dw = float(np.max(np.abs(np.asarray(t0.weights) - np.asarray(t1.weights))))
+    do = float(np.max(np.abs(np.asarray(t0.output) - np.asarray(t1.output))))
+    rows = setup.qlabels
+    dcols = tuple(f"d{c}" for c in range(v.shape[1]))
+    return (
+        dw,
+        do,
+        (
+            f"<p>v{row} := {vec(new)}. Largest weight change: <b>{num(dw)}</b>; "
+            f"largest output change: <b>{num(do)}</b>.</p>"
+            + matrix_html(np.asarray(t0.output), rows, dcols, caption="output before")
+            + matrix_html(np.asarray(t1.output), rows, dcols, caption="output after")
+            + "<p>The weights depend only on Q and K (where to read); V is what is read.</p>"
+        ),
+    )
+
+
+def four_pairs(temperature: float = 1.0) -> tuple[dict[str, np.ndarray], str]:
+    """The four 2-D Q/K pairs with and without the causal mask at ``temperature``."""
+    q, k = FOUR_PAIRS
+    v = np.eye(4)
+    base = Setup(q, k, v, temperature=temperature)
+    out = {
+        "causal": np.asarray(base.with_options(causal=True).trace().weights),
+        "full": np.asarray(base.trace().weights),
+    }
+    allowed = np.tril(np.ones((4, 4), dtype=bool))
+    rows, cols = base.qlabels, base.klabels
+    return out, (
+        f"<p>q = {', '.join(vec(x) for x in q)}; k = {', '.join(vec(x) for x in k)}; T = {num(temperature)}</p>"
+        + matrix_html(out["causal"], rows, cols, allowed=allowed, caption="causal", table_id="al-four-causal")
+        + matrix_html(out["full"], rows, cols, caption="no mask", table_id="al-four-full")
+        + f"<p>First row with the causal mask: {vec(out['causal'][0])}: one legal key gets everything, at any "
+        f"temperature. Without the mask it reads {vec(out['full'][0])}, future keys included.</p>"
+    )
+
+
+def masked_row_trap() -> tuple[dict[str, object], str]:
+    """Left padding AND causal: the first query may attend to nothing. What 'raise', 'nan' and 'zero' give."""
+    q, k = FOUR_PAIRS
+    setup = Setup(
+        q,
+        k,
+        np.eye(4),
+        causal=True,
+        padding=3,
+        padding_side="left",
+        query_labels=("PAD", "a", "b", "c"),
+        key_labels=("PAD", "a", "b", "c"),
+    )
+    res: dict[str, object] = {}
+    try:
+        setup.trace()
+        res["raise"] = "no error"
+    except MaskedRowError as err:
+        res["raise"] = str(err)
+    res["nan"] = np.asarray(setup.trace(masked_rows="nan").weights)
+    res["zero"] = np.asarray(setup.trace(masked_rows="zero").weights)
+    allowed = np.asarray(setup.trace(masked_rows="zero").allowed)
+    rows = setup.qlabels
+    return res, (
+        "<p>Left padding (key PAD) combined with the causal mask: query PAD may only see key PAD, which is padding. "
+        "Its row has no legal key: softmax over nothing is 0/0.</p>"
+        + matrix_html(
+            res["nan"], rows, rows, allowed=allowed, caption="naive: NaN (and NaN spreads to every later layer)"
+        )
+        + matrix_html(
+            res["zero"], rows, rows, allowed=allowed, caption="policy 'zero' (FlashAttention): weights and output 0"
+        )
+        + error_html("policy 'raise' (attnlab's default): " + str(res["raise"]))
+    )
+
+
+def mask_conventions() -> tuple[dict[str, np.ndarray], str]:
+    """The same boolean causal mask read as True = may attend and as True = blocked."""
+    q, k = FOUR_PAIRS
+    setup = Setup(q, k, np.eye(4), causal=True)
+    m = compare(setup, "inverted-mask")
+    rows, cols = setup.qlabels, setup.klabels
+    mask = np.tril(np.ones((4, 4), dtype=bool))
+    grid = "".join(
+        "<tr>" + "".join(f"<td style='padding:0 6px'>{'1' if x else '0'}</td>" for x in r) + "</tr>" for r in mask
+    )
+    return {"right": m.right_weights, "inverted": m.wrong_weights}, (
+        f"<p>One boolean mask:</p><table style='font-family:monospace;width:auto;align-self:flex-start'>{grid}</table>"
+        + matrix_html(
+            m.right_weights, rows, cols, allowed=mask, caption="read as True = may attend (attnlab, PyTorch SDPA)"
+        )
+        + matrix_html(
+            m.wrong_weights, rows, cols, allowed=~mask, caption="read as True = blocked (nn.MultiheadAttention)"
+        )
+        + f"<p>{html.escape(m.explanation)}</p>"
+    )
+
+
+def with_state(state: LabState, **changes: object) -> LabState:
+    """A copy of ``state`` with ``changes``."""
+    return replace(state, **changes)
