@@ -1,0 +1,516 @@
+"""Meeting attention implementations as they are: framework, signature, mask convention, layout, return value.
+
+The checker builds every test case as float64 NumPy arrays in attnlab's canonical form (heads before the sequence
+axis, ``q [..., h, n_q, d_k]``, boolean masks with True = may attend) and an :class:`Adapter` translates each case
+into the call the user's function expects, and its return value back. Conversions happen here and only here.
+
+>>> spec = Spec(mask_convention="block")
+>>> spec.mask_convention
+'block'
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .. import masks as _masks
+from ..errors import AttnlabError, MissingExtraError, missing_extra
+
+__all__ = [
+    "CAPABILITIES",
+    "DTYPES",
+    "Adapter",
+    "Spec",
+    "UsageError",
+    "bfloat16_round",
+    "detect_framework",
+    "round_to",
+]
+
+FRAMEWORKS = ("auto", "numpy", "torch", "jax")
+SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
+CONVENTIONS = ("allow", "block", "additive", "keep")
+LAYOUTS = ("bhnd", "bnhd")
+RETURNS = ("auto", "output", "output+weights")
+ALIGNS = (None, "top_left", "bottom_right")
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+#: Capabilities a probe may need; each can be declared unsupported (``unsupported=`` / ``--unsupported``).
+CAPABILITIES = (
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "mask",
+    "causal",
+    "scale",
+    "cross",
+    "dv",
+    "rank",
+    "gqa",
+    "causal-cross",
+)
+
+_MASK_NAMES = ("mask", "attn_mask", "attention_mask")
+_CAUSAL_NAMES = ("is_causal", "causal")
+_SCALE_NAMES = ("scale", "softmax_scale", "sm_scale")
+
+
+class UsageError(AttnlabError, ValueError):
+    """The checker was told something inconsistent about the function (an option value, a missing library)."""
+
+
+def _choice(name: str, value: Any, allowed: tuple) -> Any:
+    if value not in allowed:
+        raise UsageError(f"{name}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What the function under test is and supports. Every field has a safe default ("auto" detects).
+
+    Attributes:
+        framework: ``"numpy"``, ``"torch"``, ``"jax"`` or ``"auto"`` (from the function's module and globals).
+        signature: ``"plain"`` ``fn(q, k, v, mask=None)``; ``"sdpa"`` ``fn(q, k, v, attn_mask=, is_causal=,
+            scale=)``; ``"jax"`` ``fn(q, k, v, mask=, is_causal=, scale=)``; ``"qkv"`` ``fn(q, k, v)`` only;
+            ``"auto"`` reads the parameter names.
+        mask_convention: ``"allow"`` (bool, True = may attend), ``"block"`` (bool, True = blocked),
+            ``"additive"`` (float, 0 or ``finfo(dtype).min``), ``"keep"`` (int 1 = keep, 0 = masked).
+        layout: ``"bhnd"`` (``[B, h, n, d]``, heads first; any leading dims) or ``"bnhd"`` (``[B, n, h, d]``).
+        returns: ``"output"``, ``"output+weights"`` (a pair ``(out, weights)``) or ``"auto"`` (a pair is a pair).
+        causal_only: the function always applies a causal mask (it takes no causal flag).
+        causal_align: the causal alignment you rely on when ``n_q != n_k``: ``"top_left"``, ``"bottom_right"``,
+            or None (either is accepted; the report says which one the function uses).
+        causal_value: what the causal argument receives: ``"bool"`` (True) or ``"align"`` (the alignment string,
+            ``"top_left"`` / ``"bottom_right"``, as attnlab's own functions take).
+        gqa: K and V may have fewer heads than Q (grouped-query attention; query head i uses K/V head
+            ``i // (h_q / h_kv)``).
+        dtypes: the dtypes to try (unsupported ones are reported as such, not as bugs).
+        unsupported: capabilities declared unsupported (see :data:`CAPABILITIES`).
+        mask_arg, causal_arg, scale_arg: parameter names, when ``signature="auto"`` guesses wrong.
+    """
+
+    framework: str = "auto"
+    signature: str = "auto"
+    mask_convention: str = "allow"
+    layout: str = "bhnd"
+    returns: str = "auto"
+    causal_only: bool = False
+    causal_align: str | None = None
+    causal_value: str = "bool"
+    gqa: bool = False
+    dtypes: tuple[str, ...] = DTYPES
+    unsupported: frozenset[str] = field(default_factory=frozenset)
+    mask_arg: str | None = None
+    causal_arg: str | None = None
+    scale_arg: str | None = None
+
+    def __post_init__(self) -> None:
+        _choice("framework", self.framework, FRAMEWORKS)
+        _choice("signature", self.signature, SIGNATURES)
+        _choice("mask_convention", self.mask_convention, CONVENTIONS)
+        _choice("layout", self.layout, LAYOUTS)
+        _choice("returns", self.returns, RETURNS)
+        _choice("causal_align", self.causal_align, ALIGNS)
+        _choice("causal_value", self.causal_value, ("bool", "align"))
+        object.__setattr__(self, "dtypes", tuple(self.dtypes))
+        for d in self.dtypes:
+            _choice("dtypes", d, DTYPES)
+        object.__setattr__(self, "unsupported", frozenset(self.unsupported))
+        for c in self.unsupported:
+            _choice("unsupported", c, CAPABILITIES)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "signature": self.signature,
+            "mask_convention": self.mask_convention,
+            "layout": self.layout,
+            "returns": self.returns,
+            "causal_only": self.causal_only,
+            "causal_align": self.causal_align,
+            "causal_value": self.causal_value,
+            "gqa": self.gqa,
+            "dtypes": list(self.dtypes),
+            "unsupported": sorted(self.unsupported),
+            "mask_arg": self.mask_arg,
+            "causal_arg": self.causal_arg,
+            "scale_arg": self.scale_arg,
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# precision
+
+
+def bfloat16_round(x: Any) -> np.ndarray:
+    """``x`` rounded to the nearest bfloat16 (ties to even), returned as float32."""
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    b = a.view(np.uint32).astype(np.uint64)
+    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    return b.astype(np.uint32).view(np.float32).reshape(a.shape)
+
+
+def round_to(x: Any, dtype: str) -> np.ndarray:
+    """``x`` rounded to ``dtype`` and returned in a NumPy dtype that holds it exactly (bfloat16 -> float32)."""
+    if dtype == "bfloat16":
+        return bfloat16_round(x)
+    return np.asarray(x).astype(dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# detection
+
+
+def _module_root(obj: Any) -> str:
+    mod = getattr(obj, "__module__", None) or getattr(type(obj), "__module__", "") or ""
+    return mod.split(".")[0]
+
+
+def _code_names(target: Any, glb: dict, depth: int = 3, seen: set | None = None) -> set[str]:
+    """Global names a function uses, following the module's own helper functions ``depth`` levels deep."""
+    seen = set() if seen is None else seen
+    code = getattr(target, "__code__", None)
+    if code is None or id(code) in seen:
+        return set()
+    seen.add(id(code))
+    codes, names = [code], set()
+    while codes:
+        c = codes.pop()
+        names.update(c.co_names)
+        codes.extend(x for x in c.co_consts if inspect.iscode(x))
+    if depth > 0:
+        for n in list(names):
+            helper = glb.get(n)
+            if inspect.isfunction(helper) and helper.__globals__ is glb:
+                names |= _code_names(helper, glb, depth - 1, seen)
+    return names
+
+
+def detect_framework(fn: Any) -> str:
+    """Guess the array library ``fn`` works on: its module, then the modules its code (and helpers) refer to."""
+    root = _module_root(fn)
+    if root in ("torch", "jax", "jaxlib", "flax"):
+        return "jax" if root != "torch" else "torch"
+    target = inspect.unwrap(fn) if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(fn, "__call__", fn)  # noqa: B004
+    target = getattr(target, "__func__", target)
+    glb = getattr(target, "__globals__", {}) or {}
+    names = _code_names(target, glb)
+    seen = set()
+    for name in names:
+        if name not in glb:
+            continue
+        value = glb[name]
+        seen.add(value.__name__.split(".")[0] if inspect.ismodule(value) else _module_root(value))
+    if "torch" in seen:
+        return "torch"
+    if "jax" in seen or "jaxlib" in seen:
+        return "jax"
+    return "numpy"
+
+
+def _is_torch_sdpa(fn: Any) -> bool:
+    return getattr(fn, "__name__", "") == "scaled_dot_product_attention" and _module_root(fn) == "torch"
+
+
+def _params(fn: Any) -> dict[str, inspect.Parameter] | None:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The spec after detection: concrete framework and argument names (None = not accepted)."""
+
+    framework: str
+    mask_arg: str | None
+    causal_arg: str | None
+    scale_arg: str | None
+    gqa_arg: str | None
+    mask_positional: bool
+
+    def describe(self) -> str:
+        parts = [a for a in (self.mask_arg, self.causal_arg, self.scale_arg, self.gqa_arg) if a]
+        return f"fn(q, k, v{''.join(', ' + p + '=' for p in parts)})"
+
+
+def resolve(fn: Any, spec: Spec) -> Resolved:
+    """Work out the framework and the argument names ``fn`` takes, from ``spec`` and its signature."""
+    framework = spec.framework if spec.framework != "auto" else detect_framework(fn)
+    params = _params(fn)
+    mask_arg = causal_arg = scale_arg = gqa_arg = None
+    positional = False
+    sig = spec.signature
+    if sig == "auto" and params is None and _is_torch_sdpa(fn):
+        sig = "sdpa"
+    if sig == "sdpa":
+        mask_arg, causal_arg, scale_arg = "attn_mask", "is_causal", "scale"
+        if _is_torch_sdpa(fn) or (params and "enable_gqa" in params):
+            gqa_arg = "enable_gqa"
+    elif sig == "jax":
+        mask_arg, causal_arg, scale_arg = "mask", "is_causal", "scale"
+    elif sig == "plain":
+        mask_arg = "mask"
+        if params is not None and "mask" not in params:
+            pos = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            if len(pos) >= 4:
+                mask_arg, positional = pos[3].name, pos[3].kind == inspect.Parameter.POSITIONAL_ONLY
+    elif sig == "auto" and params is not None:
+        names = list(params)
+        mask_arg = next((n for n in _MASK_NAMES if n in params), None)
+        causal_arg = next((n for n in _CAUSAL_NAMES if n in params), None)
+        scale_arg = next((n for n in _SCALE_NAMES if n in params), None)
+        gqa_arg = "enable_gqa" if "enable_gqa" in params else None
+        if mask_arg is None:
+            pos = [
+                params[n]
+                for n in names
+                if params[n].kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            ]
+            if len(pos) >= 4 and pos[3].name not in (causal_arg, scale_arg, gqa_arg):
+                mask_arg, positional = pos[3].name, pos[3].kind == inspect.Parameter.POSITIONAL_ONLY
+    mask_arg = spec.mask_arg or mask_arg
+    causal_arg = spec.causal_arg or causal_arg
+    scale_arg = spec.scale_arg or scale_arg
+    if spec.causal_only:
+        causal_arg = None
+    return Resolved(framework, mask_arg, causal_arg, scale_arg, gqa_arg, positional)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the adapter
+
+
+def _import(framework: str) -> Any:
+    try:
+        if framework == "torch":
+            import torch
+
+            return torch
+        if framework == "jax":
+            import jax
+            import jax.numpy as jnp
+
+            return jax, jnp
+    except ImportError:
+        raise missing_extra(framework, framework) from None
+    return np
+
+
+def framework_dtype_name(x: Any) -> str:
+    """``'float32'`` for a float32 array of any library."""
+    return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+
+
+@dataclass
+class Returned:
+    """One return value, translated back: canonical NumPy arrays, or why that was impossible."""
+
+    out: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    out_dtype: str | None = None
+    problem: str | None = None
+
+
+class Adapter:
+    """Translate canonical float64 cases into the calls ``fn`` expects, and its results back."""
+
+    def __init__(self, fn: Any, spec: Spec):
+        self.fn = fn
+        self.spec = spec
+        self.resolved = resolve(fn, spec)
+        self.framework = self.resolved.framework
+        if self.framework not in ("numpy", "torch", "jax"):
+            raise UsageError(f"framework: could not use {self.framework!r}")
+        try:
+            self._lib = _import(self.framework)
+        except MissingExtraError as err:
+            raise UsageError(str(err)) from None
+
+    # -- what the function can take at all (before trying) --------------------------------------------------
+    def structural_unsupported(self) -> dict[str, str]:
+        """Capabilities the function cannot be given at all, with the reason."""
+        r, spec = self.resolved, self.spec
+        out: dict[str, str] = {}
+        if r.mask_arg is None:
+            out["mask"] = "the function takes no mask argument"
+        if r.causal_arg is None and not spec.causal_only and r.mask_arg is None:
+            out["causal"] = "the function takes no causal flag and no mask"
+        if r.scale_arg is None:
+            out["scale"] = "the function takes no scale argument"
+        if not spec.gqa:
+            out["gqa"] = "not declared (gqa=True / --gqa)"
+        if spec.layout == "bnhd":
+            out["rank"] = "layout [B, n, h, d] is 4-D only"
+        if self.framework == "numpy":
+            out["bfloat16"] = "NumPy has no bfloat16"
+        if self.framework == "jax":
+            jax, _ = self._lib
+            if not jax.config.jax_enable_x64:
+                out["float64"] = "JAX runs with jax_enable_x64 off, so float64 arrays become float32"
+        for d in DTYPES:
+            if d not in spec.dtypes:
+                out.setdefault(d, "not in the dtypes to try")
+        for c in spec.unsupported:
+            out[c] = "declared unsupported"
+        return out
+
+    # -- conversions ------------------------------------------------------------------------------------------
+    def to_framework(self, x: np.ndarray, dtype: str) -> Any:
+        """A fresh array of ``fn``'s library holding ``x`` in ``dtype`` (never a view of the checker's data)."""
+        if self.framework == "numpy":
+            return np.array(x, dtype=dtype)
+        if self.framework == "torch":
+            torch = self._lib
+            t = torch.from_numpy(np.array(x, dtype=np.float64 if dtype == "float64" else np.float32))
+            return t.to(getattr(torch, dtype)).clone()
+        _, jnp = self._lib
+        return jnp.asarray(np.asarray(x, dtype=np.float32 if dtype != "float64" else np.float64), dtype=dtype)
+
+    def mask_to_framework(self, allowed: np.ndarray, dtype: str) -> Any:
+        """attnlab's mask (True = may attend) in the declared convention, as an array of ``fn``'s library."""
+        conv = self.spec.mask_convention
+        if conv == "allow":
+            m = np.array(allowed, dtype=bool)
+        elif conv == "block":
+            m = np.asarray(_masks.to_blocked(allowed))
+        elif conv == "keep":
+            m = np.asarray(allowed).astype(np.int64)
+        else:
+            fill = -3.3895313892515355e38 if dtype == "bfloat16" else float(np.finfo(dtype).min)
+            m = np.where(allowed, 0.0, fill)
+            if self.framework == "numpy":
+                return m.astype(dtype)
+            return self.to_framework(m, dtype)
+        if self.framework == "numpy":
+            return m
+        if self.framework == "torch":
+            return self._lib.from_numpy(m.copy())
+        _, jnp = self._lib
+        return jnp.asarray(m)
+
+    def to_layout(self, x: np.ndarray) -> np.ndarray:
+        return np.swapaxes(x, -2, -3) if self.spec.layout == "bnhd" else x
+
+    def from_layout(self, x: np.ndarray) -> np.ndarray:
+        return np.swapaxes(x, -2, -3) if self.spec.layout == "bnhd" else x
+
+    def host(self, x: Any) -> np.ndarray:
+        """``x`` as a NumPy array (float32 for bfloat16), for comparisons."""
+        if isinstance(x, np.ndarray):
+            return x
+        if self.framework == "torch" and _module_root(x) == "torch":
+            t = x.detach().cpu()
+            if t.dtype == self._lib.bfloat16:
+                t = t.float()
+            return t.numpy()
+        a = np.asarray(x)
+        if a.dtype.kind == "V" or "bfloat16" in str(a.dtype):
+            a = a.astype(np.float32)
+        return a
+
+    def is_array(self, x: Any) -> bool:
+        if isinstance(x, np.ndarray):
+            return True
+        return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (str, bytes))
+
+    def build_call(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        *,
+        dtype: str,
+        mask: np.ndarray | None,
+        causal: bool | str,
+        scale: float | None,
+        gqa: bool,
+    ) -> tuple[tuple, dict]:
+        """The positional and keyword arguments of one call."""
+        args = tuple(self.to_framework(self.to_layout(x), dtype) for x in (q, k, v))
+        kwargs: dict[str, Any] = {}
+        r = self.resolved
+        if mask is not None:
+            m = self.mask_to_framework(mask, dtype)
+            if r.mask_positional:
+                args = (*args, m)
+            else:
+                kwargs[r.mask_arg] = m
+        if causal and r.causal_arg is not None:
+            kwargs[r.causal_arg] = causal
+        if scale is not None:
+            kwargs[r.scale_arg] = scale
+        if gqa and r.gqa_arg is not None:
+            kwargs[r.gqa_arg] = True
+        return args, kwargs
+
+    def interpret(self, value: Any) -> Returned:
+        """Translate a return value: an array, or a pair ``(out, weights)``; anything else is a problem."""
+        weights = None
+        if (
+            not self.is_array(value)
+            and not isinstance(value, (tuple, list))
+            and self.is_array(getattr(value, "output", None))
+        ):  # a result object (attnlab's AttentionTrace, FlashResult): .output and maybe .weights
+            w = getattr(value, "weights", None)
+            value = (value.output, w) if self.is_array(w) else value.output
+        if isinstance(value, (tuple, list)) and self.spec.returns != "output":
+            if len(value) != 2:
+                return Returned(
+                    problem=f"returned a {type(value).__name__} of {len(value)} items; expected an "
+                    "array, or a pair (out, weights)"
+                )
+            value, weights = value
+        elif self.spec.returns == "output+weights":
+            return Returned(
+                problem=f"returned a {type(value).__name__}; declared returns='output+weights' "
+                "expects a pair (out, weights)"
+            )
+        if not self.is_array(value):
+            return Returned(problem=f"returned {_describe(value)}, not an array")
+        if weights is not None and not self.is_array(weights):
+            return Returned(problem=f"returned weights that are {_describe(weights)}, not an array")
+        try:
+            out = self.from_layout(np.array(self.host(value)))
+            w = None if weights is None else np.array(self.host(weights))  # [B, h, n_q, n_k] in every layout
+        except Exception as err:  # garbage that looks like an array
+            return Returned(problem=f"returned something that could not be read as an array ({err})")
+        if out.dtype.kind not in "fc":
+            return Returned(problem=f"returned an array of dtype {out.dtype}, not floating point")
+        return Returned(out=out, weights=w, out_dtype=framework_dtype_name(value))
+
+    def snapshot(self, args: tuple, kwargs: dict) -> list[tuple[str, np.ndarray]]:
+        """Copies of every array argument, to detect writes into the caller's inputs."""
+        names = ["q", "k", "v", "mask"]
+        out = []
+        for i, a in enumerate(args):
+            out.append((names[i] if i < len(names) else f"arg{i}", np.array(self.host(a), copy=True)))
+        for key, a in kwargs.items():
+            if self.is_array(a):
+                out.append((key, np.array(self.host(a), copy=True)))
+        return out
+
+    def mutated(self, args: tuple, kwargs: dict, before: list[tuple[str, np.ndarray]]) -> list[str]:
+        after = self.snapshot(args, kwargs)
+        changed = []
+        for (name, a), (_, b) in zip(before, after, strict=True):
+            if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
+                changed.append(name)
+        return changed
+
+    def with_spec(self, **changes: Any) -> Adapter:
+        return Adapter(self.fn, replace(self.spec, **changes))
+
+
+def _describe(x: Any) -> str:
+    if x is None:
+        return "None"
+    text = repr(x)
+    return f"a {type(x).__name__} ({text[:40]}{'...' if len(text) > 40 else ''})"

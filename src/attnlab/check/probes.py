@@ -1,0 +1,958 @@
+"""The probes: small experiments on the function under test, each diagnosing one class of bug by its code.
+
+Every probe builds canonical cases (float64 NumPy, heads before the sequence axis, True = may attend), calls the
+function through the :class:`~attnlab.check.adapters.Adapter` and compares with attnlab's float64 reference under
+the tolerance rule of :mod:`attnlab.check.tolerance`. When an output is wrong, the probe tests hypotheses (scale
+missing, softmax over the wrong axis, mask inverted, ...) and names the one that explains it.
+
+The probes, in the order they run (``probes=`` selects a subset):
+
+========================  ===========================================================================  ===========
+probe                     experiment                                                                   needs
+========================  ===========================================================================  ===========
+``reference``             a grid of shapes (n_q != n_k, d_v != d_k, odd sizes, rank 2-4, GQA) and      --
+                          dtypes, compared with the float64 reference; mismatches are diagnosed
+``invariants``            the §21 invariants on returned weights (rows sum to 1, masked weights 0)     weights
+``normalization``         V = ones: every output must be exactly a convex combination, i.e. 1          --
+``causal``                change future tokens; earlier outputs must not move                          causal
+``padding``               1e10 / random / NaN in the K and V of padded keys; valid outputs must not    mask
+                          move
+``masked-rows``           a query row with no allowed key: error, zeros, uniform (documented) or NaN   mask
+``large-logits``          logits of about ±1000: exp overflows or underflows unless the row maximum    --
+                          is subtracted
+``batch``                 change one batch element / head; the others must not move                    --
+``determinism``           the same call three times; outputs must be bitwise equal                     --
+========================  ===========================================================================  ===========
+
+``crash``, ``timeout``, ``dtype`` (output dtype = input dtype) and ``mutates-input`` are checked on every call.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import masks as _masks
+from ..invariants import check_arrays
+from .adapters import Adapter, round_to
+from .report import Finding, ProbeResult, Unsupported
+from .runner import Case, Outcome, Runner
+from .tolerance import FLOORS, Comparison, _expand_kv, bound, compare, golden_output, naive_output
+
+__all__ = ["FIXES", "PROBES", "Battery"]
+
+PROBES = (
+    "reference",
+    "invariants",
+    "normalization",
+    "causal",
+    "padding",
+    "masked-rows",
+    "large-logits",
+    "batch",
+    "determinism",
+)
+
+#: How to fix each bug, in one or two sentences.
+FIXES: dict[str, str] = {
+    "reference-mismatch": "compute softmax(Q Kᵀ / sqrt(d_k) + mask) V in a precision at least as good as the "
+    "inputs'; compare one failing case with attnlab.attention_trace to see which step differs",
+    "scale-missing": "multiply Q Kᵀ by 1/sqrt(d_k), where d_k = q.shape[-1] is the per-head key dimension",
+    "scale-wrong": "use scale = 1/sqrt(d_k) with d_k the per-head dimension q.shape[-1] (not d_model, not d_v), "
+    "and honour a scale argument when one is passed",
+    "softmax-axis": "take the softmax over the last axis (the keys): softmax(scores, axis=-1) / dim=-1",
+    "mask-inverted": "convert the mask at the boundary: with True = may attend, fill where ~mask "
+    "(masked_fill(~mask, -inf)); attnlab.masks.from_blocked / to_blocked convert between the conventions",
+    "mask-after-softmax": "apply the mask to the scores before the softmax (fill -inf where blocked), never "
+    "multiply the weights by the mask afterwards; the softmax then renormalizes over the allowed keys",
+    "causal-leak": "block key j for query i when j > i (+ n_k - n_q for bottom-right alignment), before the "
+    "softmax; attnlab.masks.causal(n_q, n_k, align=...) draws the intended mask",
+    "padding-leak": "mask the padded keys (columns), not the queries, and apply the mask before the softmax "
+    "with -inf or finfo(dtype).min, never a fill value the scores can exceed",
+    "masked-row-nan": "give rows with no allowed key a defined value: zeros (as FlashAttention and PyTorch "
+    "SDPA), or raise; e.g. where(row has no allowed key, 0, softmax)",
+    "unstable-softmax": "subtract the row maximum before exp (stable softmax), and compute exp and the sum in "
+    "float32 or better",
+    "not-normalized": "divide exp(logits - max) by its row sum over the keys (axis -1) before multiplying by V",
+    "batch-leak": "keep batch and head axes separate: use transpose/permute before reshape/view, and never "
+    "reduce (max, sum, mean) over the batch or head axes",
+    "nondeterministic": "make the computation order fixed (no random key order, no unseeded dropout at "
+    "inference); PyTorch: torch.use_deterministic_algorithms(True)",
+    "crash": "make the function accept every input of the supported capabilities, or refuse a capability with "
+    "a clear exception on every call (then it is reported as unsupported, not as a bug)",
+    "dtype": "return the output in the input dtype (cast back after computing in higher precision)",
+    "mutates-input": "never write into the caller's arrays: use out-of-place operations (q = q * scale, not "
+    "q *= scale / q.mul_())",
+    "timeout": "make sure the function returns for every input; the per-call limit is the timeout option",
+}
+
+
+@dataclass(frozen=True)
+class _Geom:
+    b: int | None
+    h: int
+    n_q: int
+    n_k: int
+    d_k: int
+    d_v: int
+    h_kv: int | None = None
+
+    def lead(self, heads: int) -> tuple[int, ...]:
+        return (heads,) if self.b is None else (self.b, heads)
+
+
+class _Abort(Exception):
+    """A call timed out; nothing more is called."""
+
+
+# the grid: (label, geometry, required capabilities, extra)
+_GRID = [
+    ("base", _Geom(2, 2, 5, 5, 8, 8), (), {}),
+    ("base-2", _Geom(1, 3, 4, 4, 6, 6), (), {}),
+    ("mask", _Geom(2, 3, 9, 9, 4, 4), ("mask",), {"mask": True}),
+    ("mask-2", _Geom(1, 2, 6, 6, 8, 8), ("mask",), {"mask": True}),
+    ("causal", _Geom(2, 2, 6, 6, 8, 8), ("causal",), {"causal": True}),
+    ("causal-2", _Geom(1, 1, 7, 7, 4, 4), ("causal",), {"causal": True}),
+    ("scale", _Geom(1, 2, 5, 5, 8, 8), ("scale",), {"scale": 0.37}),
+    ("scale-2", _Geom(2, 1, 3, 3, 4, 4), ("scale",), {"scale": 1.7}),
+    ("cross", _Geom(1, 2, 7, 11, 16, 16), ("cross",), {}),
+    ("cross-2", _Geom(2, 1, 5, 3, 4, 4), ("cross",), {}),
+    ("d_v", _Geom(1, 2, 5, 5, 8, 6), ("dv",), {}),
+    ("d_v-2", _Geom(2, 1, 3, 3, 4, 7), ("dv",), {}),
+    ("rank-3", _Geom(None, 3, 6, 6, 4, 4), ("rank",), {}),
+    ("rank-3b", _Geom(None, 1, 5, 5, 3, 3), ("rank",), {}),
+    ("gqa", _Geom(2, 4, 6, 6, 8, 8, h_kv=2), ("gqa",), {}),
+    ("gqa-2", _Geom(1, 6, 5, 5, 4, 4, h_kv=3), ("gqa",), {}),
+    ("causal+cross", _Geom(1, 2, 4, 9, 8, 8), ("causal-cross", "causal", "cross"), {"causal": True}),
+    ("causal+cross-2", _Geom(2, 1, 3, 7, 4, 4), ("causal-cross", "causal", "cross"), {"causal": True}),
+]
+_COMBOS = [
+    ("causal+mask", _Geom(1, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
+    ("mask+cross", _Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
+    ("long", _Geom(1, 2, 113, 203, 64, 64), ("cross",), {"mask": False}),
+    ("long-causal", _Geom(1, 1, 97, 97, 32, 32), ("causal",), {"causal": True}),
+    ("single", _Geom(2, 1, 1, 1, 3, 3), (), {}),
+    ("odd", _Geom(1, 3, 11, 11, 5, 5), (), {}),
+]
+
+
+def _softmax(logits: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax along ``axis`` where ``-inf`` entries get 0 and empty slices give 0 (never NaN)."""
+    m = np.max(logits, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(logits - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+class Battery:
+    """One run of the probes on one function."""
+
+    def __init__(self, adapter: Adapter, *, timeout: float, seed: int, probes: tuple[str, ...]):
+        self.ad = adapter
+        self.spec = adapter.spec
+        self.runner = Runner(adapter, timeout=timeout)
+        self.rng = np.random.default_rng(seed)
+        self.selected = probes
+        self.findings: dict[str, Finding] = {}
+        self.notes: list[Finding] = []
+        self.unsupported: dict[str, str] = {}
+        self.caps: set[str] = set()
+        self.primary = "float64"
+        self.dtypes: list[str] = []
+        self.probe_results: list[ProbeResult] = []
+        self.current = "preflight"
+        self.grid: list[Outcome] = []
+        self.align: str | None = self.spec.causal_align
+        self.align_seen: str | None = None
+        self.returns_weights = False
+        self.base_ok: dict[str, bool] = {}
+        r = adapter.resolved
+        if self.spec.causal_only:
+            self.causal_mode = "only"
+        elif r.causal_arg is not None:
+            self.causal_mode = "flag"
+        elif r.mask_arg is not None:
+            self.causal_mode = "mask"
+        else:
+            self.causal_mode = None
+
+    # ------------------------------------------------------------------------------------------------ findings
+    def bug(self, code: str, message: str, evidence: str) -> None:
+        if code not in self.findings:
+            self.findings[code] = Finding(code, message, evidence, FIXES[code], self.current)
+
+    def note(self, code: str, message: str, evidence: str, fix: str = "") -> None:
+        if not any(n.code == code and n.message == message for n in self.notes):
+            self.notes.append(Finding(code, message, evidence, fix, self.current, severity="note"))
+
+    # ------------------------------------------------------------------------------------------------ cases
+    def make(
+        self,
+        g: _Geom,
+        dtype: str,
+        *,
+        label: str,
+        mask: bool | np.ndarray = False,
+        causal: bool = False,
+        scale: float | None = None,
+        std: float = 1.0,
+    ) -> Case:
+        """A random case of geometry ``g`` in ``dtype`` (values rounded to it, kept as float64)."""
+        rng = self.rng
+        h_kv = g.h_kv or g.h
+        q = rng.normal(0, std, (*g.lead(g.h), g.n_q, g.d_k))
+        k = rng.normal(0, std, (*g.lead(h_kv), g.n_k, g.d_k))
+        v = rng.normal(0, 1, (*g.lead(h_kv), g.n_k, g.d_v))
+        q, k, v = (round_to(x, dtype).astype(np.float64) for x in (q, k, v))
+        m = None
+        if isinstance(mask, np.ndarray):
+            m = np.broadcast_to(mask, (*g.lead(g.h), g.n_q, g.n_k)).copy()
+        elif mask:
+            m = rng.random((*g.lead(g.h), g.n_q, g.n_k)) < 0.6
+            m[..., 0] = True
+            if g.n_k > 1:
+                m[..., g.n_k - 1] = False
+        causal = causal or self.spec.causal_only
+        align = None
+        if causal:
+            align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
+        return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
+
+    def allowed(self, case: Case, *, causal: str | None = "same") -> np.ndarray:
+        """The full boolean mask of ``case`` ``[..., h, n_q, n_k]`` (user mask AND causal)."""
+        n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+        full = (*case.q.shape[:-2], n_q, n_k)
+        a = np.ones(full, bool) if case.mask is None else np.broadcast_to(case.mask, full)
+        c = case.causal if causal == "same" else causal
+        if c is not None:
+            a = a & _masks.causal(n_q, n_k, align=c)
+        return a
+
+    def call(self, case: Case) -> Outcome:
+        """Call the function on ``case`` and check what every call must satisfy (crash, timeout, dtype, writes)."""
+        passed = case
+        if case.causal is not None and (
+            self.causal_mode == "mask" or (self.causal_mode == "flag" and case.mask is not None)
+        ):
+            # no causal flag, or a flag and a mask (PyTorch SDPA refuses both): the causal part goes in the mask
+            passed = Case(case.q, case.k, case.v, case.dtype, self.allowed(case), None, case.scale, case.label)
+        flag: bool | str = passed.causal is not None
+        if flag and self.spec.causal_value == "align":
+            flag = passed.causal
+        out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
+        out.case = case
+        if out.timed_out:
+            self.bug(
+                "timeout",
+                f"the function did not return within {self.runner.timeout:g} s",
+                f"case {case.label}: {case.shapes()}; no further calls were made (a Python thread cannot be "
+                "killed; it may still be running)",
+            )
+            raise _Abort
+        if out.mutated:
+            self.bug(
+                "mutates-input",
+                f"your function writes into its input{'s' if len(out.mutated) > 1 else ''} {', '.join(out.mutated)}",
+                f"case {case.label}: {case.shapes()}; {', '.join(out.mutated)} differ after the call",
+            )
+        if out.returned.problem is not None:
+            self.bug("crash", f"your function {out.returned.problem}", f"case {case.label}: {case.shapes()}")
+        if out.ok and out.returned.out_dtype is not None and out.returned.out_dtype != case.dtype:
+            self.bug(
+                "dtype",
+                f"your function returns {out.returned.out_dtype} for {case.dtype} inputs",
+                f"case {case.label}: {case.shapes()}; output dtype {out.returned.out_dtype}",
+            )
+        if out.ok and out.weights is not None:
+            self.returns_weights = True
+        return out
+
+    def crash(self, out: Outcome) -> None:
+        if out.error is not None:
+            self.bug(
+                "crash",
+                f"your function raised {type(out.error).__name__} on an input it otherwise supports",
+                f"case {out.case.label}: {out.case.shapes()}: {out.error_text.splitlines()[0][:300]}",
+            )
+
+    # ------------------------------------------------------------------------------------------------ expected
+    def expected(self, case: Case, *, causal: str | None = "same") -> tuple[np.ndarray, float, np.ndarray]:
+        """The golden output, its bound under the tolerance rule, and which rows to compare ``[..., n_q]``."""
+        c = case.causal if causal == "same" else causal
+        golden = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=c)
+        allowed = self.allowed(case, causal=c)
+        naive = naive_output(case.q, case.k, case.v, allowed, dtype=case.dtype, scale=case.scale)
+        return golden, bound(case.dtype, golden, naive), allowed.any(axis=-1)
+
+    def _hypotheses(self, case: Case) -> list[tuple[str, str, np.ndarray]]:
+        """Outputs of plausible wrong implementations of ``case``: (code, what it does, its output)."""
+        q, k, v = case.q, _expand_kv(case.q, case.k), _expand_kv(case.q, case.v)
+        d_k, d_v = q.shape[-1], v.shape[-1]
+        h = q.shape[-3] if q.ndim >= 3 else 1
+        allowed = self.allowed(case)
+        s0 = case.scale if case.scale is not None else 1 / math.sqrt(d_k)
+        scores = q @ np.swapaxes(k, -1, -2)
+
+        def attend(scale: float, a: np.ndarray | None = allowed) -> np.ndarray:
+            lg = scores * scale
+            if a is not None:
+                lg = np.where(a, lg, -np.inf)
+            return _softmax(lg, -1) @ v
+
+        out: list[tuple[str, str, np.ndarray]] = []
+        if case.scale is None:
+            out.append(("scale-missing", "your function does not scale the scores by 1/sqrt(d_k)", attend(1.0)))
+        else:
+            out.append(
+                (
+                    "scale-wrong",
+                    f"your function ignores the scale argument ({case.scale}) and uses 1/sqrt(d_k)",
+                    attend(1 / math.sqrt(d_k)),
+                )
+            )
+            out.append(
+                (
+                    "scale-wrong",
+                    "your function divides by the scale argument instead of multiplying by it",
+                    attend(1 / s0),
+                )
+            )
+        if d_k > 1:
+            out.append(
+                (
+                    "scale-wrong",
+                    f"your function scales the scores by 1/d_k = 1/{d_k} instead of 1/sqrt(d_k)",
+                    attend(1 / d_k),
+                )
+            )
+            out.append(
+                (
+                    "scale-wrong",
+                    "your function multiplies the scores by sqrt(d_k) instead of dividing by it",
+                    attend(math.sqrt(d_k)),
+                )
+            )
+        if h > 1:
+            out.append(
+                (
+                    "scale-wrong",
+                    f"your function scales by 1/sqrt(d_model), d_model = h·d_k = {h * d_k}, instead of the "
+                    f"per-head 1/sqrt(d_k = {d_k})",
+                    attend(1 / math.sqrt(h * d_k)),
+                )
+            )
+        if d_v != d_k:
+            out.append(
+                (
+                    "scale-wrong",
+                    f"your function scales by 1/sqrt(d_v) = 1/sqrt({d_v}) instead of 1/sqrt(d_k)",
+                    attend(1 / math.sqrt(d_v)),
+                )
+            )
+        lg = np.where(allowed, scores * s0, -np.inf)
+        out.append(
+            (
+                "softmax-axis",
+                "your function takes the softmax over the queries (axis -2) instead of the keys (axis -1)",
+                _softmax(lg, -2) @ v,
+            )
+        )
+        if case.mask is not None:
+            inv = ~np.broadcast_to(case.mask, allowed.shape)
+            if case.causal is not None:
+                inv = inv & _masks.causal(q.shape[-2], k.shape[-2], align=case.causal)
+            out.append(("mask-inverted", self._inverted_text(), attend(s0, inv)))
+            out.append(
+                (
+                    "padding-leak",
+                    "your function ignores the mask",
+                    attend(s0, self.allowed(Case(q, k, v, mask=None, causal=case.causal))),
+                )
+            )
+        out.append(
+            (
+                "mask-after-softmax",
+                "your function applies the mask after the softmax, so the weights of the allowed keys no "
+                "longer sum to 1",
+                (_softmax(scores * s0, -1) * allowed) @ v,
+            )
+        )
+        if case.causal is not None:
+            out.append(
+                ("causal-leak", "your function ignores the causal mask", attend(s0, self.allowed(case, causal=None)))
+            )
+            out.append(
+                (
+                    "mask-after-softmax",
+                    "your function applies the mask after the (causal) softmax, so the allowed weights no longer "
+                    "sum to 1",
+                    (
+                        _softmax(np.where(self.allowed(Case(q, k, v, causal=case.causal)), scores * s0, -np.inf), -1)
+                        * allowed
+                    )
+                    @ v,
+                )
+            )
+        row_max = np.max(np.where(allowed, lg, -1e300), axis=-1, keepdims=True)
+        e = np.where(allowed, np.exp(np.where(allowed, lg, row_max) - row_max), 0.0)
+        out.append(
+            (
+                "not-normalized",
+                "your function does not divide exp(logits) by its row sum (the weights are not normalized)",
+                e @ v,
+            )
+        )
+        if case.gqa:
+            g = q.shape[-3] // case.k.shape[-3]
+            kt = np.tile(case.k, (1,) * (case.k.ndim - 3) + (g, 1, 1))
+            vt = np.tile(case.v, (1,) * (case.v.ndim - 3) + (g, 1, 1))
+            st = q @ np.swapaxes(kt, -1, -2) * s0
+            out.append(
+                (
+                    "reference-mismatch",
+                    "query head i uses K/V head i mod h_kv (tile / repeat) instead of "
+                    "i // (h_q / h_kv) (repeat_interleave)",
+                    _softmax(np.where(allowed, st, -np.inf), -1) @ vt,
+                )
+            )
+        return out
+
+    def _inverted_text(self) -> str:
+        return {
+            "allow": "your function treats True as 'blocked' (the mask is read inverted; declared True = may attend)",
+            "block": "your function treats True as 'may attend' (the mask is read inverted; declared True = blocked)",
+            "keep": "your function treats 1 as 'masked' (the keep mask is read inverted)",
+            "additive": "your function reads the additive mask inverted (0 blocks, the large negative value allows)",
+        }[self.spec.mask_convention]
+
+    def diagnose(self, case: Case, out: np.ndarray, cmp: Comparison, rows: np.ndarray) -> None:
+        """Name the bug behind a mismatching output, or report ``reference-mismatch`` with the evidence."""
+        evidence = f"case {case.label}: {case.shapes()}"
+        if case.mask is not None:
+            evidence += ", with a mask"
+        if case.causal is not None:
+            evidence += f", causal ({case.causal.replace('_', '-')})"
+        if cmp.max_error == math.inf:
+            exp_shape = (*case.q.shape[:-1], case.v.shape[-1])
+            self.bug(
+                "reference-mismatch",
+                f"your function returns shape {out.shape}; expected {exp_shape}",
+                evidence + f"; layout {self.spec.layout}",
+            )
+            return
+        what = (
+            f"; {cmp.nonfinite} non-finite value(s) in rows that have allowed keys"
+            if cmp.nonfinite
+            else f"; max |out - reference| = {cmp.max_error:.3g} at {cmp.where} (tolerance {cmp.bound:.2g})"
+        )
+        evidence += what
+        for code, text, alt in self._hypotheses(case):
+            if alt.shape != out.shape:
+                continue
+            c = compare(out, alt, cmp.bound, rows)
+            if c.ok and (cmp.nonfinite > 0 or c.max_error * 10 <= cmp.max_error):
+                message = text if code != "reference-mismatch" else f"K/V heads are mapped wrongly: {text}"
+                self.bug(code, message, evidence + f"; the output matches that explanation to {c.max_error:.2g}")
+                return
+        self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
+
+    def compare_case(self, out: Outcome) -> bool:
+        """Compare one outcome with the reference; on a mismatch diagnose it. Returns True when it matches."""
+        case = out.case
+        if not out.ok:
+            return False
+        golden, tol, rows = self.expected(case)
+        cmp = compare(out.out, golden, tol, rows)
+        if cmp.ok:
+            return True
+        n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+        if case.causal is not None and n_q != n_k and self.causal_mode in ("flag", "only"):
+            other = "top_left" if case.causal == "bottom_right" else "bottom_right"
+            g2, tol2, rows2 = self.expected(case, causal=other)
+            if compare(out.out, g2, tol2, rows2 & rows).ok:
+                self.align_seen = other
+                names = {
+                    "top_left": "top-left (PyTorch is_causal, JAX)",
+                    "bottom_right": "bottom-right (FlashAttention, KV-cache decoding)",
+                }
+                if self.spec.causal_align is None:
+                    self.note(
+                        "causal-alignment",
+                        f"the causal mask is aligned {names[other]}",
+                        f"case {case.label}: n_q={n_q}, n_k={n_k}; output matches causal='{other}'",
+                        "declare causal_align to hold the function to one alignment",
+                    )
+                else:
+                    self.note(
+                        "causal-alignment",
+                        f"documented difference: the function aligns its causal mask {names[other]}, "
+                        f"not {names[case.causal]} as declared",
+                        f"case {case.label}: n_q={n_q}, n_k={n_k}; query i sees keys "
+                        + ("j <= i" if other == "top_left" else f"j <= i + {n_k - n_q}")
+                        + f"; the function's mask (first rows and keys):\n{_indent(_drawn(n_q, n_k, other))}",
+                        "for the declared alignment pass an explicit mask instead of the causal flag "
+                        f"(attnlab.masks.causal(n_q, n_k, align='{case.causal}'))",
+                    )
+                return True
+        self.diagnose(case, out.out, cmp, rows)
+        return False
+
+    # ------------------------------------------------------------------------------------------------ preflight
+    def preflight(self) -> None:
+        """Find the dtypes and capabilities the function supports, with two attempts each."""
+        self.unsupported = dict(self.ad.structural_unsupported())
+        base = [(lbl, g, req, ex) for lbl, g, req, ex in _GRID if not req]
+        for dtype in ("float64", "float32", "float16", "bfloat16"):
+            if dtype in self.unsupported:
+                continue
+            outs = [self.call(self.make(g, dtype, label=f"{lbl} {dtype}")) for lbl, g, _, _ in base]
+            self._classify(dtype, outs, is_dtype=True)
+        if not self.dtypes:
+            raise _Abort
+        self.primary = self.dtypes[0]
+        for cap in ("mask", "causal", "scale", "cross", "dv", "rank", "gqa", "causal-cross"):
+            if cap in self.unsupported:
+                continue
+            cases = [(lbl, g, ex) for lbl, g, req, ex in _GRID if req and req[0] == cap]
+            if any(r not in self.caps for lbl, g, req, ex in _GRID if req and req[0] == cap for r in req[1:]):
+                continue
+            outs = [self.call(self.make(g, self.primary, label=lbl, **ex)) for lbl, g, ex in cases]
+            self._classify(cap, outs)
+
+    def _classify(self, cap: str, outs: list[Outcome], *, is_dtype: bool = False) -> None:
+        errs = [o for o in outs if o.error is not None]
+        bad = [o for o in outs if o.returned.problem is not None]
+        if not errs and not bad:
+            if is_dtype:
+                self.dtypes.append(cap)
+            else:
+                self.caps.add(cap)
+            self.grid.extend(outs)
+            return
+        if len(errs) == len(outs):
+            self.unsupported[cap] = f"refused on every attempt: {errs[0].error_text.splitlines()[0][:200]}"
+            return
+        if len(bad) == len(outs):
+            self.unsupported[cap] = "no usable return value (see the crash finding)"
+            return
+        for o in errs:
+            self.crash(o)
+        # it works on some inputs of this capability: keep testing it (the crash is reported)
+        if is_dtype:
+            self.dtypes.append(cap)
+        else:
+            self.caps.add(cap)
+        self.grid.extend(o for o in outs if o.error is None)
+
+    # ------------------------------------------------------------------------------------------------ probes
+    def p_reference(self) -> None:
+        for lbl, g, req, ex in _COMBOS:
+            if all(r in self.caps for r in req):
+                self.grid.append(self.call(self.make(g, self.primary, label=lbl, **ex)))
+        for dtype in self.dtypes[1:]:
+            if "causal" in self.caps:
+                g = _GRID[4][1]
+                self.grid.append(self.call(self.make(g, dtype, label=f"causal {dtype}", causal=True)))
+            if "mask" in self.caps:
+                g = _GRID[2][1]
+                self.grid.append(self.call(self.make(g, dtype, label=f"mask {dtype}", mask=True)))
+        for out in self.grid:
+            if out.error is not None:
+                self.crash(out)
+                continue
+            ok = self.compare_case(out)
+            if out.case.label.startswith("base"):
+                self.base_ok[out.case.dtype] = self.base_ok.get(out.case.dtype, True) and ok
+
+    def p_invariants(self) -> None:
+        if not self.returns_weights:
+            raise _Skip("the function returns no weights")
+        wanted = ("causal+mask", "mask", "causal", "base")
+        pick = None
+        for w in wanted:
+            pick = next((o for o in self.grid if o.case.label == w and o.ok and o.weights is not None), None)
+            if pick is not None:
+                break
+        if pick is None:
+            raise _Skip("no call returned weights")
+        case = pick.case
+        allowed = self.allowed(case)
+        q, k, v = case.q, _expand_kv(case.q, case.k), _expand_kv(case.q, case.v)
+        w = pick.weights
+        if w.shape != allowed.shape:
+            self.bug(
+                "reference-mismatch",
+                f"the returned weights have shape {w.shape}; expected {allowed.shape}",
+                f"case {case.label}: {case.shapes()}",
+            )
+            return
+        for viol in check_arrays(q, k, v, w, pick.out, allowed):
+            ev = f"case {case.label}: {case.shapes()}; {viol.message}; at {list(viol.positions[:4])}"
+            if viol.name == "masked-weight":
+                future = case.causal is not None and any(
+                    not _masks.causal(q.shape[-2], k.shape[-2], align=case.causal)[p[-2], p[-1]] for p in viol.positions
+                )
+                if future:
+                    self.bug("causal-leak", "your function gives weight to keys in a query's future", ev)
+                else:
+                    self.bug("padding-leak", "your function gives weight to keys the mask blocks", ev)
+            elif viol.name == "row-sum":
+                s0 = case.scale if case.scale is not None else 1 / math.sqrt(q.shape[-1])
+                after = _softmax(q @ np.swapaxes(k, -1, -2) * s0, -1) * allowed
+                if np.allclose(w, after, atol=1e-4):
+                    self.bug(
+                        "mask-after-softmax",
+                        "the mask is applied after the softmax: the weights of valid keys are not renormalized",
+                        ev,
+                    )
+                else:
+                    self.bug("not-normalized", "the returned weights of a row do not sum to 1", ev)
+            else:
+                self.bug("reference-mismatch", f"invariant {viol.name} does not hold", ev)
+
+    def p_normalization(self) -> None:
+        g = _Geom(2, 2, 6, 6, 8, 5)
+        dv = "dv" in self.caps
+        if not dv:
+            g = _Geom(2, 2, 6, 6, 8, 8)
+        case = self.make(g, self.primary, label="V = ones")
+        case = Case(case.q, case.k, np.ones_like(case.v), case.dtype, None, case.causal, None, case.label)
+        out = self.call(case)
+        if not out.ok:
+            self.crash(out)
+            return
+        rows = self.allowed(case).any(axis=-1)
+        coarse = max(FLOORS[case.dtype], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
+        cmp = compare(out.out, np.ones(out.out.shape), coarse * 4, rows)
+        if not cmp.ok and out.out.shape == (*case.q.shape[:-1], case.v.shape[-1]):
+            sums = out.out[..., 0]
+            self.bug(
+                "not-normalized",
+                "with V = ones every output must be 1 (the weights of a row sum to 1); yours is not",
+                f"case {case.label}: {case.shapes()}; outputs range {np.nanmin(sums):.4g} .. {np.nanmax(sums):.4g}",
+            )
+
+    def _perturbed(self, case: Case, sel: Any, *, what: str = "qkv", value: float | None = None) -> Case:
+        """``case`` with new values at index ``sel`` of q (queries), k and v (keys)."""
+        q, k, v = case.q.copy(), case.k.copy(), case.v.copy()
+        for name, arr in (("q", q), ("k", k), ("v", v)):
+            if name not in what:
+                continue
+            idx = sel[name] if isinstance(sel, dict) else sel
+            shape = arr[idx].shape
+            new = self.rng.normal(0, 3, shape) if value is None else np.full(shape, value)
+            arr[idx] = round_to(new, case.dtype).astype(np.float64)
+        return Case(q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label)
+
+    def p_causal(self) -> None:
+        if "causal" not in self.caps:
+            raise _Skip("needs causal")
+        n = 8
+        case = self.make(_Geom(1, 2, n, n, 4, 4), self.primary, label="future", causal=True)
+        base = self.call(case)
+        if not base.ok:
+            self.crash(base)
+            return
+        tol = FLOORS[case.dtype] * max(1.0, float(np.max(np.abs(base.out)))) * 4
+        for t in (1, 4):
+            sel = {
+                "q": (..., slice(t + 1, None), slice(None)),
+                "k": (..., slice(t + 1, None), slice(None)),
+                "v": (..., slice(t + 1, None), slice(None)),
+            }
+            out = self.call(self._perturbed(case, sel))
+            if not out.ok:
+                self.crash(out)
+                continue
+            diff = np.abs(out.out[..., : t + 1, :] - base.out[..., : t + 1, :])
+            if not np.all(diff <= tol):
+                idx = np.argwhere(~(diff <= tol))[0]
+                self.bug(
+                    "causal-leak",
+                    f"query {int(idx[-2])} changes when tokens {t + 1}..{n - 1} (its future) change",
+                    f"case {case.label}: {case.shapes()}, causal; max change {float(np.nanmax(diff)):.3g} in "
+                    f"outputs of queries 0..{t} (tolerance {tol:.2g})",
+                )
+                return
+
+    def p_padding(self) -> None:
+        if "mask" not in self.caps:
+            raise _Skip("needs mask")
+        n = 6
+        lengths = np.array([n, 3])
+        kp = _masks.key_padding(lengths, n)  # [B, 1, 1, n_k]
+        case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="key padding", mask=kp)
+        base = self.call(case)
+        if not base.ok:
+            self.crash(base)
+            return
+        rows = self.allowed(case).any(axis=-1)
+        padded = (1, slice(None), slice(3, None), slice(None))  # batch 1, keys 3..5
+        big = 1e10 if case.dtype in ("float64", "float32") else 1e3
+        tol = FLOORS[case.dtype] * max(1.0, float(np.max(np.abs(base.out)))) * 4
+        for what, value in (("large", big), ("random", None)):
+            out = self.call(self._perturbed(case, {"k": padded, "v": padded}, what="kv", value=value))
+            if not out.ok:
+                self.crash(out)
+                continue
+            cmp = compare(out.out[1], base.out[1], tol, rows[1])  # the padded sequence's own valid outputs
+            if not cmp.ok:
+                self.bug(
+                    "padding-leak",
+                    f"the output of valid positions changes when the K/V of padded (masked) keys change ({what} "
+                    "values)",
+                    f"case {case.label}: {case.shapes()}, key lengths {lengths.tolist()}, padded K/V set to "
+                    f"{f'{value:g}' if value is not None else 'random values'}; "
+                    + (
+                        f"{cmp.nonfinite} non-finite outputs"
+                        if cmp.nonfinite
+                        else f"max change {cmp.max_error:.3g} at {cmp.where} (tolerance {tol:.2g})"
+                    ),
+                )
+                return
+        out = self.call(self._perturbed(case, {"k": padded, "v": padded}, what="kv", value=math.nan))
+        if out.ok and not np.all(np.isfinite(out.out[1][rows[1]])):
+            self.note(
+                "padding-nan",
+                "NaN in the K/V of padded keys spreads into valid outputs (0 × NaN = NaN in weights @ V)",
+                f"case {case.label}: {case.shapes()}, padded K/V set to NaN; PyTorch SDPA and NumPy behave the same",
+                "make padded inputs finite (e.g. zeros) before attention; masking cannot remove a NaN from V",
+            )
+
+    def p_masked_rows(self) -> None:
+        if "mask" not in self.caps:
+            raise _Skip("needs mask")
+        g = _Geom(1, 2, 4, 6, 4, 4) if "cross" in self.caps else _Geom(1, 2, 6, 6, 4, 4)
+        case = self.make(g, self.primary, label="fully masked row", mask=True)
+        m = case.mask.copy()
+        m[..., 2, :] = False
+        case = Case(case.q, case.k, case.v, case.dtype, m, case.causal, None, case.label)
+        out = self.call(case)
+        ev = f"case {case.label}: {case.shapes()}; query 2 may attend to no key"
+        if out.error is not None:
+            self.note(
+                "masked-row",
+                "a fully masked row raises an error (a documented policy)",
+                ev + f"; {out.error_text.splitlines()[0][:200]}",
+            )
+            return
+        if not out.ok:
+            return
+        row = out.out[..., 2, :]
+        rows = self.allowed(case).any(axis=-1)
+        if not np.all(np.isfinite(row)):
+            self.bug(
+                "masked-row-nan",
+                "a query row whose keys are all masked comes back as NaN/inf",
+                ev + f"; output row 2 holds {row.ravel()[~np.isfinite(row.ravel())][0]}",
+            )
+        else:
+            tol = FLOORS[case.dtype] * 8
+            vexp = _expand_kv(case.q, case.v)
+            uniform = np.mean(vexp, axis=-2)
+            if np.all(np.abs(row) <= tol):
+                kind = "zeros (as FlashAttention and PyTorch SDPA)"
+            elif np.all(np.abs(row - uniform) <= tol * max(1.0, np.max(np.abs(uniform))) * 10):
+                kind = "the uniform average of V (as a finfo.min additive mask gives)"
+            else:
+                kind = "values that are neither zeros nor a uniform average (it attends as if that row were unmasked)"
+            self.note("masked-row", f"a fully masked row comes back as {kind}; a documented behaviour, not a bug", ev)
+        golden, tol_g, _ = self.expected(case)
+        cmp = compare(out.out, golden, tol_g, rows)
+        if not cmp.ok and cmp.nonfinite:
+            self.bug(
+                "masked-row-nan",
+                "a fully masked row spreads NaN/inf into rows that have allowed keys",
+                ev + f"; {cmp.nonfinite} non-finite values in other rows",
+            )
+
+    def p_large_logits(self) -> None:
+        dts = [self.primary] + (["float32"] if "float32" in self.dtypes and self.primary != "float32" else [])
+        for dtype in dts:
+            if self.base_ok.get(dtype) is False:
+                continue
+            g = _Geom(1, 2, 6, 6, 8, 8)
+            pos = self.make(g, dtype, label="logits ~ +1000", std=20.0)
+            neg = self.make(g, dtype, label="logits ~ -1000")
+            qn = round_to(np.abs(self.rng.normal(0, 1, neg.q.shape)) * 20 + 5, dtype).astype(np.float64)
+            kn = round_to(-np.abs(self.rng.normal(0, 1, neg.k.shape)) * 20 - 5, dtype).astype(np.float64)
+            neg = Case(qn, kn, neg.v, dtype, None, neg.causal, None, neg.label)
+            for case in (pos, neg):
+                out = self.call(case)
+                if not out.ok:
+                    self.crash(out)
+                    continue
+                golden, tol, rows = self.expected(case)
+                # rounding the inputs moves logits of ~1000 by ~1000·eps: only gross errors count here
+                tol = max(tol, 1e-3 * max(1.0, float(np.max(np.abs(golden)))))
+                cmp = compare(out.out, golden, tol, rows)
+                if not cmp.ok:
+                    lg = golden_logit_range(case)
+                    self.bug(
+                        "unstable-softmax",
+                        "large logits break your softmax (exp overflows to inf or underflows to 0)",
+                        f"case {case.label}: {case.shapes()}; logits in [{lg[0]:.0f}, {lg[1]:.0f}]; "
+                        + (
+                            f"{cmp.nonfinite} non-finite outputs"
+                            if cmp.nonfinite
+                            else f"max |out - reference| = {cmp.max_error:.3g} (tolerance {cmp.bound:.2g})"
+                        ),
+                    )
+                    return
+
+    def p_batch(self) -> None:
+        g = _Geom(3, 2, 5, 5, 4, 4)
+        case = self.make(g, self.primary, label="batch")
+        base = self.call(case)
+        if not base.ok:
+            self.crash(base)
+            return
+        if base.out.shape != (*case.q.shape[:-1], case.v.shape[-1]):
+            return
+        tol = FLOORS[case.dtype] * max(1.0, float(np.max(np.abs(base.out)))) * 4
+        for what, sel, keep in (
+            ("batch element 1", (1,), [(0,), (2,)]),
+            ("head 1", (slice(None), 1), [(slice(None), 0)]),
+        ):
+            out = self.call(self._perturbed(case, sel))
+            if not out.ok:
+                self.crash(out)
+                continue
+            for kidx in keep:
+                diff = np.abs(out.out[kidx] - base.out[kidx])
+                if not np.all(diff <= tol):
+                    other = "batch element" if what.startswith("batch") else "head"
+                    self.bug(
+                        "batch-leak",
+                        f"the output of {other} {kidx[-1]} changes when only {what} changes",
+                        f"case {case.label}: {case.shapes()} (layout {self.spec.layout}); max change "
+                        f"{float(np.nanmax(diff)):.3g} (tolerance {tol:.2g})",
+                    )
+                    return
+
+    def p_determinism(self) -> None:
+        first = next((o for o in self.grid if o.ok and o.case.label.startswith("base")), None)
+        if first is None:
+            raise _Skip("no successful base call")
+        for _ in range(2):
+            out = self.call(first.case)
+            if not out.ok:
+                self.crash(out)
+                return
+            if out.out.shape != first.out.shape or not np.array_equal(out.out, first.out, equal_nan=True):
+                diff = np.abs(out.out - first.out) if out.out.shape == first.out.shape else np.array([np.inf])
+                self.bug(
+                    "nondeterministic",
+                    "the same inputs give different outputs from one call to the next",
+                    f"case {first.case.label}: {first.case.shapes()}; max difference {float(np.nanmax(diff)):.3g} "
+                    "between two identical calls",
+                )
+                return
+
+    # ------------------------------------------------------------------------------------------------ run
+    def run(self) -> None:
+        t0 = time.perf_counter()
+        aborted = False
+        try:
+            self.preflight()
+        except _Abort:
+            aborted = True
+            if not self.dtypes and "timeout" not in self.findings and "crash" not in self.findings:
+                errs = [o for o in self.runner.outcomes if o.error is not None]
+                text = errs[0].error_text.splitlines()[0][:300] if errs else "no call succeeded"
+                self.bug(
+                    "crash",
+                    "your function fails on every call, even the simplest one",
+                    f"{len(self.runner.outcomes)} calls, e.g. case base: {text}",
+                )
+            if not self.dtypes:  # nothing worked at all: the dtypes were not 'refused', the function is broken
+                for d in ("float64", "float32", "float16", "bfloat16"):
+                    if self.unsupported.get(d, "").startswith(("refused", "no usable")):
+                        del self.unsupported[d]
+        status = "failed" if aborted or self.findings else "passed"
+        self.probe_results.append(ProbeResult("preflight", status, self.runner.calls, time.perf_counter() - t0))
+        for name in PROBES:
+            if name not in self.selected:
+                continue
+            if aborted:
+                self.probe_results.append(ProbeResult(name, "not run"))
+                continue
+            self.current = name
+            before, calls0, t0 = set(self.findings), self.runner.calls, time.perf_counter()
+            status, detail = "passed", ""
+            try:
+                getattr(self, "p_" + name.replace("-", "_"))()
+            except _Skip as s:
+                status, detail = "skipped", str(s)
+            except _Abort:
+                aborted = True
+                status = "failed"
+            if status != "skipped" and set(self.findings) - before:
+                status = "failed"
+            self.probe_results.append(
+                ProbeResult(name, status, self.runner.calls - calls0, time.perf_counter() - t0, detail)
+            )
+
+    def unsupported_list(self) -> tuple[Unsupported, ...]:
+        return tuple(Unsupported(c, r) for c, r in self.unsupported.items() if c in _REPORTED)
+
+    def findings_list(self) -> tuple[tuple[Finding, ...], tuple[str, ...]]:
+        """Bugs in a stable order; ``reference-mismatch`` is dropped (as 'explained') when a named bug exists."""
+        codes = list(self.findings)
+        explained: list[str] = []
+        if (
+            "reference-mismatch" in codes
+            and len(codes) > 1
+            and not self.findings["reference-mismatch"].message.startswith("K/V")
+        ):
+            explained.append("reference-mismatch")
+        if "nondeterministic" in codes:  # perturbation probes cannot tell a leak from noise
+            explained += [c for c in ("causal-leak", "padding-leak", "batch-leak") if c in codes]
+        specific = {"softmax-axis", "mask-after-softmax", "mask-inverted"}
+        if specific & set(codes):
+            for c in ("not-normalized", "padding-leak", "causal-leak", "masked-row-nan", "batch-leak"):
+                if c in codes and c not in specific and c not in explained:
+                    explained.append(c)
+        order = list(FIXES)
+        kept = sorted((self.findings[c] for c in codes if c not in explained), key=lambda f: order.index(f.code))
+        return tuple(kept), tuple(explained)
+
+
+_REPORTED = (
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "mask",
+    "causal",
+    "scale",
+    "cross",
+    "dv",
+    "rank",
+    "gqa",
+    "causal-cross",
+)
+
+
+class _Skip(Exception):
+    """The probe needs a capability the function does not have."""
+
+
+def _drawn(n_q: int, n_k: int, align: str) -> str:
+    return _masks.to_string(_masks.causal(min(n_q, 4), min(n_k, 5), align=align))
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def golden_logit_range(case: Case) -> tuple[float, float]:
+    k = _expand_kv(case.q, case.k)
+    s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
+    lg = case.q @ np.swapaxes(k, -1, -2) * s0
+    return float(lg.min()), float(lg.max())

@@ -1,0 +1,222 @@
+"""What the checker found: frozen :class:`Finding` and :class:`Report`, as text, rich text or JSON.
+
+>>> f = Finding("scale-missing", "scores are not scaled", "max error 0.4", "multiply by 1/sqrt(d_k)", "reference")
+>>> r = Report(target="f", framework="numpy", signature="fn(q, k, v)", findings=(f,))
+>>> r.ok, r.codes
+(False, ('scale-missing',))
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import missing_extra
+
+__all__ = ["CODES", "Finding", "ProbeResult", "Report", "Unsupported"]
+
+#: Every finding code, with its meaning in a few words (docs/checker.md explains each one).
+CODES: dict[str, str] = {
+    "reference-mismatch": "output differs from the float64 reference beyond the tolerance rule",
+    "scale-missing": "scores are not multiplied by 1/sqrt(d_k)",
+    "scale-wrong": "scores are scaled by the wrong factor (d_model, d_k, d_v, or a scale argument ignored)",
+    "softmax-axis": "softmax runs over the queries (axis -2) instead of the keys (axis -1)",
+    "mask-inverted": "the mask is read with the opposite convention (True = blocked vs True = may attend)",
+    "mask-after-softmax": "the mask is applied after the softmax, so valid rows no longer sum to 1",
+    "causal-leak": "a query sees keys in its future",
+    "padding-leak": "masked (padded) keys change the output",
+    "masked-row-nan": "a query row with no allowed key comes back as NaN or inf",
+    "unstable-softmax": "large logits overflow or underflow (no row maximum subtracted)",
+    "not-normalized": "attention weights of a row do not sum to 1",
+    "batch-leak": "one batch element or head changes the output of another",
+    "nondeterministic": "the same inputs give different outputs",
+    "crash": "the function raised, or returned something that is not an array, on a supported input",
+    "dtype": "the output dtype differs from the input dtype",
+    "mutates-input": "the function writes into the caller's arrays",
+    "timeout": "a call did not return within the time limit",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: a stable ``code``, what is wrong in plain words, the evidence, and how to fix it.
+
+    ``severity`` is ``"bug"`` (the report is not ok) or ``"note"`` (a documented behaviour worth knowing, such as
+    zeros on fully masked rows or a causal alignment other than the one declared).
+    """
+
+    code: str
+    message: str
+    evidence: str
+    fix: str
+    probe: str
+    severity: str = "bug"
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+            "evidence": self.evidence,
+            "fix": self.fix,
+            "probe": self.probe,
+        }
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A capability that was not tested, and why (declared, not accepted by the signature, or refused)."""
+
+    capability: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"capability": self.capability, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe: ``status`` is ``"passed"``, ``"failed"``, ``"skipped"`` (needs an unsupported capability) or
+    ``"not run"`` (after a timeout); ``calls`` function calls took ``seconds``."""
+
+    name: str
+    status: str
+    calls: int = 0
+    seconds: float = 0.0
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "calls": self.calls,
+            "seconds": round(self.seconds, 4),
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """The result of :func:`attnlab.check`: ``ok`` when no bug was found.
+
+    Attributes:
+        target: the function's name; framework, signature: how it was called.
+        findings: bugs, at most one per code (the first evidence; ``explained`` lists codes they account for).
+        notes: documented behaviours (severity ``"note"``).
+        unsupported: capabilities not tested, with reasons.
+        probes: each probe's status.
+    """
+
+    target: str
+    framework: str
+    signature: str
+    findings: tuple[Finding, ...] = ()
+    notes: tuple[Finding, ...] = ()
+    unsupported: tuple[Unsupported, ...] = ()
+    probes: tuple[ProbeResult, ...] = ()
+    explained: tuple[str, ...] = ()
+    calls: int = 0
+    seconds: float = 0.0
+    spec: dict[str, Any] = field(default_factory=dict)
+    command: str = "check"
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(f.code for f in self.findings)
+
+    @property
+    def summary(self) -> str:
+        """One line: the verdict, the codes, and what was not tested."""
+        if self.ok:
+            head = "clean: no bug found"
+        else:
+            n = len(self.findings)
+            head = f"{n} bug{'s' if n != 1 else ''} found: {', '.join(self.codes)}"
+        extra = []
+        if self.notes:
+            extra.append(f"{len(self.notes)} note{'s' if len(self.notes) != 1 else ''}")
+        if self.unsupported:
+            extra.append("not tested: " + ", ".join(u.capability for u in self.unsupported))
+        tail = f" ({'; '.join(extra)})" if extra else ""
+        return f"{head}{tail}; {self.calls} call{'s' if self.calls != 1 else ''} in {self.seconds:.2f} s"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "command": self.command,
+            "target": self.target,
+            "ok": self.ok,
+            "summary": self.summary,
+            "framework": self.framework,
+            "signature": self.signature,
+            "findings": [f.as_dict() for f in self.findings],
+            "notes": [f.as_dict() for f in self.notes],
+            "explained": list(self.explained),
+            "unsupported": [u.as_dict() for u in self.unsupported],
+            "probes": [p.as_dict() for p in self.probes],
+            "calls": self.calls,
+            "seconds": round(self.seconds, 4),
+            "spec": self.spec,
+        }
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        return json.dumps(self.as_dict(), indent=indent, sort_keys=False)
+
+    # -- text ---------------------------------------------------------------------------------------------------
+    def _lines(self) -> list[tuple[str, str]]:
+        """(style, text) pairs; the plain text and the rich rendering share them."""
+        out: list[tuple[str, str]] = [
+            ("bold", f"attnlab {self.command}: {self.target}"),
+            ("dim", f"  {self.framework}, called as {self.signature}"),
+        ]
+        for f in self.findings:
+            out += [
+                ("bold red", f"BUG {f.code}: {f.message}"),
+                ("", f"  evidence: {f.evidence}"),
+                ("green", f"  fix: {f.fix}"),
+            ]
+        for f in self.notes:
+            out += [("yellow", f"NOTE {f.code}: {f.message}"), ("", f"  evidence: {f.evidence}")]
+            if f.fix:
+                out.append(("", f"  {f.fix}"))
+        if self.explained:
+            out.append(("dim", f"also seen, explained by the above: {', '.join(self.explained)}"))
+        for u in self.unsupported:
+            out.append(("dim", f"not tested: {u.capability} ({u.reason})"))
+        marks = {"passed": "ok", "failed": "FAIL", "skipped": "skip", "not run": "-"}
+        out.append(("dim", "probes: " + ", ".join(f"{p.name} {marks.get(p.status, p.status)}" for p in self.probes)))
+        out.append(("bold green" if self.ok else "bold red", ("OK " if self.ok else "FAILED ") + self.summary))
+        return out
+
+    def to_text(self) -> str:
+        """Plain text, one finding per block (no colour, no wrapping)."""
+        return "\n".join(text for _, text in self._lines()) + "\n"
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def render(self, *, width: int = 100, color: bool = True) -> str:
+        """The report rendered by rich at ``width`` columns (``color=False`` for plain, wrapped text)."""
+        try:
+            from rich.console import Console
+            from rich.text import Text
+        except ImportError:
+            raise missing_extra("rich", "check") from None
+        buf = io.StringIO()
+        console = Console(
+            file=buf,
+            width=width,
+            color_system="standard" if color else None,
+            force_terminal=color,
+            highlight=False,
+            emoji=False,
+            soft_wrap=False,
+        )
+        for style, text in self._lines():
+            console.print(Text(text, style=style or ""))
+        return buf.getvalue()

