@@ -1,0 +1,798 @@
+"""Exact context-parallel (ring) attention on ``torch.distributed``: forward, backward and an autograd wrapper.
+
+Each of the P ranks of a process group holds a shard of the sequence (see :class:`~attnlab.distributed.RingLayout`):
+its queries ``q [..., h, n_r, d_k]`` and its keys and values ``k [..., h_kv, n_r, d_k]``, ``v [..., h_kv, n_r, d_v]``.
+The key/value shards travel around the ring (rank r sends to r+1 and receives from r-1, with ``isend``/``irecv``
+posted *before* the local computation so the transfer overlaps it). At every step a rank runs a tiled online
+softmax of its queries against the visiting block (tiles of ``block_q × block_k``) into its running ``m_i``,
+``l_i``, ``acc``: the running ``(acc / l_i, m_i + log l_i)`` is the partial ``(out, lse)`` over the keys seen so
+far, and each tile merges into it by the log-sum-exp rule of :func:`merge_partials`, in place. After P steps every
+rank holds exact attention for its own queries and their row log-sum-exp.
+
+The backward runs the same ring (FlashAttention-2 style, with the saved ``lse``): ``delta = rowsum(dO ∘ O)``,
+``P = exp(S - lse)``, ``dV += Pᵀ dO``, ``dP = dO Vᵀ``, ``dS = P ∘ (dP - delta)``, ``dQ += dS K · scale``,
+``dK += dSᵀ Q · scale``. The visiting block's ``dK, dV`` accumulators travel with it and make one extra hop at
+the end, back to the rank that owns the block.
+
+Causal attention skips every tile that no query of the rank may see (and drops the mask on tiles that are fully
+visible); with the zig-zag layout every rank then does the same work. GQA: ``h`` query heads share ``h_kv`` key/value
+heads (``h % h_kv == 0``); only the ``h_kv`` heads travel. Padding by lengths: ``lengths [B]`` hides keys at global
+position >= ``lengths[b]``; ``query_lengths [B]`` also empties the rows of padded queries, which then follow the core's
+``masked_rows`` policy ("raise", "zero", "nan").
+
+Every rank validates its inputs and the ranks agree (one small all-gather) before any ring traffic, so a bad shard
+on one rank raises the same error type on every rank instead of leaving the others waiting. Without an initialized
+process group (or with P = 1) everything runs in this one process, with the same tiled code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import errors as _errors
+from .. import masks as _masks
+from .._arrays import namespace
+from ..core.inputs import MaskedRows, check_finite, prepare, resolve_causal
+from ..errors import AttnlabError, MaskedRowError, ShapeError, missing_extra
+from .layout import RingLayout
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # pragma: no cover - exercised only without the extra
+    raise missing_extra("torch", "torch") from None
+
+__all__ = [
+    "RingGrads",
+    "RingResult",
+    "RingStats",
+    "merge_partials",
+    "ring_attention",
+    "ring_attention_backward",
+    "ring_attention_forward",
+]
+
+_DEFAULT_BLOCK = 256
+_TAG_KV = 16  # k: 16, v: 17
+_TAG_DKV = 32  # dk: 32, dv: 33
+
+
+# --------------------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True)
+class RingStats:
+    """What one rank did in one ring pass.
+
+    ``tiles_computed`` / ``tiles_skipped`` count ``block_q × block_k`` tiles (skipped: no query of the tile may see
+    any of its keys); ``flops`` counts the multiply-adds of the matmuls actually run (×2); ``bytes_sent`` and
+    ``bytes_received`` count this rank's ring payloads (``k, v`` and, in the backward, ``dk, dv``); ``wait_s`` is the
+    time it spent blocked waiting for transfers after its computation was done (communication *not* hidden).
+    """
+
+    rank: int
+    world_size: int
+    steps: int
+    tiles_computed: int
+    tiles_skipped: int
+    flops: int
+    bytes_sent: int
+    bytes_received: int
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RingResult:
+    """The forward of one rank.
+
+    Shapes: ``output [..., h, n_r, d_v]`` (input dtype), ``lse [..., h, n_r]`` (compute dtype, natural log of the
+    row sum of ``exp(scale · q kᵀ)`` over the allowed keys, ``-inf`` on fully masked rows). ``masked_rows`` lists
+    every fully masked row of the *global* problem as ``(*batch_index, head, global_query_index)``, the same on
+    every rank; ``policy`` says what was done with them.
+    """
+
+    output: Any
+    lse: Any
+    masked_rows: tuple[tuple[int, ...], ...]
+    policy: str
+    layout: RingLayout
+    stats: RingStats
+
+
+@dataclass(frozen=True)
+class RingGrads:
+    """The backward of one rank: ``dq [..., h, n_r, d_k]``, ``dk [..., h_kv, n_r, d_k]``, ``dv [..., h_kv, n_r, d_v]``
+    (gradients of the loss for this rank's local shards, in the inputs' dtypes)."""
+
+    dq: Any
+    dk: Any
+    dv: Any
+    stats: RingStats
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the lse merge
+
+
+def merge_partials(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any, Any]:
+    """Merge two partial attention results over disjoint key sets into the result over their union.
+
+    ``lse = log(exp(lse_a) + exp(lse_b))``, ``out = exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b``.
+    A side with ``lse = -inf`` (no allowed key) contributes nothing; if both are ``-inf`` the row stays empty
+    (``out`` 0, ``lse -inf``), never NaN.
+
+    Shapes: ``out_a, out_b [..., n_q, d_v]``, ``lse_a, lse_b [..., n_q]``; returns ``(out, lse)`` of the same shapes.
+
+    >>> import torch
+    >>> o, l = merge_partials(torch.tensor([[1.0]]), torch.tensor([0.0]), torch.tensor([[3.0]]), torch.tensor([0.0]))
+    >>> o.tolist(), round(float(l[0]), 4)
+    ([[2.0]], 0.6931)
+    """
+    m = torch.maximum(lse_a, lse_b)  # [..., n_q]
+    empty = torch.isneginf(m)
+    m_safe = torch.where(empty, torch.zeros_like(m), m)
+    w_a = torch.exp(lse_a - m_safe)  # exp(-inf) = 0 for an empty side
+    w_b = torch.exp(lse_b - m_safe)
+    total = w_a + w_b
+    safe_total = torch.where(empty, torch.ones_like(total), total)
+    lse = torch.where(empty, torch.full_like(m, -math.inf), m_safe + torch.log(safe_total))
+    out = (w_a / safe_total)[..., None] * out_a + (w_b / safe_total)[..., None] * out_b  # [..., n_q, d_v]
+    return out, lse
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the plan: validated, agreed settings shared by forward and backward
+
+
+@dataclass(frozen=True)
+class _Plan:
+    group: Any
+    rank: int
+    world: int
+    peers: tuple[int, ...]  # global rank of each group rank
+    layout_q: RingLayout
+    layout_k: RingLayout
+    shift: int | None  # causal: key j visible to query i when j <= i + shift; None = not causal
+    scale: float
+    lengths: np.ndarray | None  # [B] key lengths
+    query_lengths: np.ndarray | None  # [B]
+    policy: str
+    block_q: int
+    block_k: int
+    lead: tuple[int, ...]
+    h: int
+    h_kv: int
+    d_k: int
+    d_v: int
+    cdt: Any
+    masked_rows: tuple[tuple[int, ...], ...] = field(default=())
+
+    @property
+    def nxt(self) -> int:
+        return self.peers[(self.rank + 1) % self.world]
+
+    @property
+    def prv(self) -> int:
+        return self.peers[(self.rank - 1) % self.world]
+
+
+def _group_info(group: Any) -> tuple[int, int, tuple[int, ...]]:
+    if not (dist.is_available() and dist.is_initialized()):
+        if group is not None:
+            raise AttnlabError("group: a process group was passed, but torch.distributed is not initialized")
+        return 0, 1, (0,)
+    g = group if group is not None else dist.group.WORLD
+    return dist.get_rank(g), dist.get_world_size(g), tuple(dist.get_process_group_ranks(g))
+
+
+def _agree(group: Any, world: int, error: BaseException | None, signature: tuple) -> list[tuple]:
+    """All-gather (error, signature) across the group; raise on every rank if any rank failed."""
+    if world == 1:
+        if error is not None:
+            raise error
+        return [signature]
+    mine = (None if error is None else (type(error).__name__, str(error)), signature)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine, group=group)
+    failed = [(r, e) for r, (e, _) in enumerate(gathered) if e is not None]
+    if failed:
+        if error is not None:
+            raise error
+        r, (cls_name, msg) = failed[0]
+        cls = getattr(_errors, cls_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, AttnlabError)) or cls is MaskedRowError:
+            cls = AttnlabError
+        raise cls(f"rank {r} of {world} rejected its inputs, so every rank stops: {msg}")
+    return [s for _, s in gathered]
+
+
+def _check_lengths(name: str, lengths: Any, n: int, batch: int | None, padding: Any) -> np.ndarray | None:
+    if lengths is None:
+        return None
+    if batch is None:
+        raise ShapeError(f"{name}: lengths need a batch axis: q must be [B, ..., h, n_r, d_k] (at least 4 dims)")
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.detach().cpu().numpy()
+    lens = np.asarray(lengths)
+    try:
+        padding(lens, n, ndim=4)  # the masks module's validation of lengths
+    except ShapeError as err:
+        raise ShapeError(f"{name}: {str(err).removeprefix('lengths: ')}") from None
+    if lens.shape[0] != batch:
+        raise ShapeError(f"{name}: {lens.shape[0]} entries, but q has batch size B={batch} (dim 0)")
+    return lens.astype(np.int64)
+
+
+def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple[Any, tuple]:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise _errors.DTypeError(f"{name}: ring attention runs on torch tensors, got {type(x).__name__}")
+    shapes = f"(q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)})"
+    for name, x, legend in (
+        ("q", q, "[..., h, n_r, d_k]"),
+        ("k", k, "[..., h_kv, n_r, d_k]"),
+        ("v", v, "[..., h_kv, n_r, d_v]"),
+    ):
+        if x.ndim < 3:
+            raise ShapeError(f"{name}: expected at least 3 dims {legend} (heads before the sequence), got {shapes}")
+    if not (q.ndim == k.ndim == v.ndim and q.shape[:-3] == k.shape[:-3] == v.shape[:-3]):
+        raise ShapeError(f"q, k, v: leading (batch) dims before the head axis must be equal {shapes}")
+    h, h_kv = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != h_kv:
+        raise ShapeError(f"v: {v.shape[-3]} heads (dim -3) but k has h_kv={h_kv} {shapes}")
+    if h % h_kv:
+        raise ShapeError(
+            f"k: h_kv={h_kv} key/value heads (dim -3) must divide q's h={h} heads (GQA groups h / h_kv) {shapes}"
+        )
+    if q.device != k.device or q.device != v.device:
+        raise _errors.DTypeError(f"q, k, v: on different devices ({q.device}, {k.device}, {v.device})")
+    if k.shape[-1] != q.shape[-1]:
+        raise ShapeError(f"k: last dim d_k={k.shape[-1]} does not match q's d_k={q.shape[-1]} {shapes}")
+    if v.shape[-2] != k.shape[-2]:
+        raise ShapeError(f"v: n_k={v.shape[-2]} (dim -2) does not match k's n_k={k.shape[-2]} {shapes}")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_finite(namespace(x), x, name)
+    # the core's validation of dims, dtypes, scale and policy; on one row of each, since prepare() also converts
+    # to the compute dtype (a copy of every shard would add to the peak memory), grouped for GQA
+    g = h // h_kv
+    one = [x[..., :1, :] for x in (q, k, v)]
+    if g > 1:
+        one = [one[0].reshape(*q.shape[:-3], h_kv, g, 1, q.shape[-1]), one[1].unsqueeze(-3), one[2].unsqueeze(-3)]
+    try:
+        p = prepare(*one, scale=scale, masked_rows=masked_rows)
+    except AttnlabError as err:
+        raise type(err)(f"{err} (ring attention inputs {shapes})") from None
+    sig = (tuple(q.shape[:-3]), h, h_kv, q.shape[-1], v.shape[-1], str(q.dtype), str(k.dtype), str(v.dtype))
+    return p, sig
+
+
+def _masked_rows(plan_lead: tuple[int, ...], h: int, n_q: int, shift: int | None, lens, qlens) -> np.ndarray:
+    """``[B or 1, n_q]`` True where a global query row may attend to no key at all."""
+    b = plan_lead[0] if (lens is not None or qlens is not None) else 1
+    ok = np.ones((b, n_q), dtype=bool)
+    if qlens is not None:
+        ok &= np.arange(n_q)[None, :] < qlens[:, None]
+    if lens is not None:
+        ok &= (lens > 0)[:, None]
+    if shift is not None:  # key 0 is visible to query i when 0 <= i + shift
+        ok &= (np.arange(n_q) + shift >= 0)[None, :]
+    return ~ok
+
+
+def _as_key(lengths: Any) -> Any:
+    """``lengths`` as a comparable value (the ranks must agree on it)."""
+    if lengths is None:
+        return None
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.detach().cpu().numpy()
+    arr = np.asarray(lengths)
+    return (arr.shape, arr.ravel().tolist())
+
+
+def _make_plan(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any,
+    scale: Any,
+    lengths: Any,
+    query_lengths: Any,
+    layout: Any,
+    masked_rows: Any,
+    block_q: Any,
+    block_k: Any,
+    group: Any,
+) -> _Plan:
+    rank, world, peers = _group_info(group)
+    error: BaseException | None = None
+    sig: tuple = ()
+    p = None
+    try:
+        p, sig = _local_checks(q, k, v, scale, masked_rows)
+        for name, b in (("block_q", block_q), ("block_k", block_k)):
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise ShapeError(f"{name}: expected a positive int (tile size), got {b!r}")
+        sig = (*sig, layout, str(causal), str(masked_rows), p.scale, _as_key(lengths), _as_key(query_lengths))
+    except Exception as err:  # every rank must hear about it, whatever it is
+        error = err
+    n_r = (q.shape[-2], k.shape[-2]) if error is None else (0, 0)
+    sigs = _agree(group, world, error, (sig, n_r))
+    assert p is not None
+    for r, (s, _) in enumerate(sigs):
+        if s != sigs[0][0]:
+            raise ShapeError(
+                f"q, k, v: ranks disagree on (batch, h, h_kv, d_k, d_v, dtypes, layout, causal, masked_rows, scale, "
+                f"lengths, query_lengths): "
+                f"rank 0 has {sigs[0][0]}, rank {r} has {s}"
+            )
+    q_sizes = tuple(s[1][0] for s in sigs)
+    k_sizes = tuple(s[1][1] for s in sigs)
+    layout_q = RingLayout(sum(q_sizes), world, layout)
+    layout_k = RingLayout(sum(k_sizes), world, layout)
+    for name, lay, got in (("q", layout_q, q_sizes), ("k", layout_k, k_sizes)):
+        if got != lay.sizes():
+            raise ShapeError(
+                f"{name}: the ranks hold {got} positions, but a {layout!r} layout of n={lay.n} over P={world} "
+                f"ranks holds {lay.sizes()}; shard with RingLayout({lay.n}, {world}, {layout!r}).shard(x, rank)"
+            )
+    n_q, n_k = layout_q.n, layout_k.n
+    align = resolve_causal(causal, n_q, n_k)
+    shift = None if align is None else (0 if align == "top_left" else n_k - n_q)
+    lead = tuple(q.shape[:-3])
+    batch = lead[0] if lead else None
+    lens = _check_lengths("lengths", lengths, n_k, batch, _masks.key_padding)
+    qlens = _check_lengths("query_lengths", query_lengths, n_q, batch, _masks.query_padding)
+    h, h_kv = q.shape[-3], k.shape[-3]
+    empty = _masked_rows(lead, h, n_q, shift, lens, qlens)  # [B or 1, n_q]
+    rows: tuple[tuple[int, ...], ...] = ()
+    if empty.any():
+        # [B or 1, n_q] -> [*lead, h, n_q]: the batch axis is lead's first; without lead it is a single row
+        per_row = empty.reshape((empty.shape[0],) + (1,) * len(lead) + (n_q,)) if lead else empty[0]
+        full = np.broadcast_to(per_row, (*lead, h, n_q))
+        rows = tuple(tuple(int(i) for i in r) for r in np.argwhere(full))
+        if p.masked_rows == "raise":
+            shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
+            raise MaskedRowError(
+                f"mask: {len(rows)} query row(s) may attend to no key at all, at (*batch, head, global query) index "
+                f"{shown} (global scores {(*lead, h, n_q, n_k)}); softmax over an empty row is undefined. Fix "
+                f"lengths / query_lengths / causal, or choose masked_rows='zero' (output 0, as FlashAttention) "
+                f"or 'nan'",
+                rows,
+            )
+    return _Plan(
+        group=group,
+        rank=rank,
+        world=world,
+        peers=peers,
+        layout_q=layout_q,
+        layout_k=layout_k,
+        shift=shift,
+        scale=p.scale,
+        lengths=lens,
+        query_lengths=qlens,
+        policy=p.masked_rows,
+        block_q=block_q,
+        block_k=block_k,
+        lead=lead,
+        h=h,
+        h_kv=h_kv,
+        d_k=q.shape[-1],
+        d_v=v.shape[-1],
+        cdt=p.q.dtype,
+        masked_rows=rows,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# tiles and their masks
+
+
+def _tiles(layout: RingLayout, rank: int, block: int) -> list[tuple[int, int, int]]:
+    """``(global_start, local_start, length)`` of each tile of rank ``rank``'s rows; tiles never straddle chunks."""
+    out, local = [], 0
+    for a, b in layout.chunks(rank):
+        for s in range(a, b, block):
+            e = min(s + block, b)
+            out.append((s, local + s - a, e - s))
+        local += b - a
+    return out
+
+
+def _tile_mask(plan: _Plan, qt: tuple[int, int, int], kt: tuple[int, int, int], device: Any) -> Any:
+    """``None`` (every pair allowed), ``False`` (no pair allowed) or a bool mask broadcastable to the scores tile
+    ``[*lead, h_kv, g, bq, bk]`` (True = may attend)."""
+    qa, _, bq = qt
+    ka, _, bk = kt
+    qb, kb = qa + bq, ka + bk  # exclusive ends (global positions)
+    full = True
+    if plan.shift is not None:
+        if ka > qb - 1 + plan.shift:
+            return False
+        full = full and kb - 1 <= qa + plan.shift
+    for lens, lo, hi in ((plan.lengths, ka, kb), (plan.query_lengths, qa, qb)):
+        if lens is not None:
+            if lo >= int(lens.max()):
+                return False
+            full = full and hi <= int(lens.min())
+    if full:
+        return None
+    nd = len(plan.lead) + 4
+    qpos = torch.arange(qa, qb, device=device)
+    kpos = torch.arange(ka, kb, device=device)
+    mask = torch.ones((bq, bk), dtype=torch.bool, device=device)
+    if plan.shift is not None:
+        mask = kpos[None, :] <= qpos[:, None] + plan.shift  # [bq, bk]
+    mask = mask.reshape((1,) * (nd - 2) + (bq, bk))
+    if plan.lengths is not None:
+        lens = torch.as_tensor(plan.lengths, device=device)
+        kok = kpos[None, :] < lens[:, None]  # [B, bk]
+        mask = mask & kok.reshape((lens.shape[0],) + (1,) * (nd - 2) + (bk,))
+    if plan.query_lengths is not None:
+        lens = torch.as_tensor(plan.query_lengths, device=device)
+        qok = qpos[None, :] < lens[:, None]  # [B, bq]
+        mask = mask & qok.reshape((lens.shape[0],) + (1,) * (nd - 3) + (bq, 1))
+    return mask
+
+
+# --------------------------------------------------------------------------------------------------------------
+# ring communication
+
+
+class _Traffic:
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+        self.wait_s = 0.0
+
+    def wait(self, reqs: list[Any]) -> None:
+        t0 = time.perf_counter()
+        for r in reqs:
+            r.wait()
+        self.wait_s += time.perf_counter() - t0
+
+
+def _exchange(plan: _Plan, sends: list[Any], recvs: list[Any], tag: int, traffic: _Traffic) -> list[Any]:
+    """Post each tensor of ``sends`` to the next rank and each of ``recvs`` from the previous one (one tag per
+    tensor, so transfers in flight at the same time never mix); returns the requests to wait on."""
+    ops = []
+    for i, (snd, rcv) in enumerate(zip(sends, recvs, strict=True)):
+        ops.append(dist.P2POp(dist.isend, snd, plan.nxt, plan.group, tag + i))
+        ops.append(dist.P2POp(dist.irecv, rcv, plan.prv, plan.group, tag + i))
+        traffic.sent += snd.numel() * snd.element_size()
+        traffic.received += rcv.numel() * rcv.element_size()
+    return dist.batch_isend_irecv(ops)
+
+
+def _block_shapes(plan: _Plan, src: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of rank ``src``'s ``k [..., h_kv, n_s, d_k]`` and ``v [..., h_kv, n_s, d_v]``."""
+    n = plan.layout_k.size(src)
+    return (*plan.lead, plan.h_kv, n, plan.d_k), (*plan.lead, plan.h_kv, n, plan.d_v)
+
+
+def _empty_block(plan: _Plan, src: int, dtype: Any, device: Any) -> list[Any]:
+    return [torch.empty(s, dtype=dtype, device=device) for s in _block_shapes(plan, src)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# forward
+
+
+def _group_q(plan: _Plan, x: Any) -> Any:
+    """``[..., h, n, d]`` -> ``[..., h_kv, g, n, d]`` (a view)."""
+    return x.reshape(*plan.lead, plan.h_kv, plan.h // plan.h_kv, *x.shape[-2:])
+
+
+def _accumulate(
+    plan: _Plan, qg: Any, k: Any, v: Any, src: int, m_i: Any, l_i: Any, acc: Any, counts: list[int]
+) -> None:
+    """Online softmax of the local queries ``qg [..., h_kv, g, n_r, d_k]`` against rank ``src``'s block
+    ``k [..., h_kv, n_s, d_k]``, ``v [..., h_kv, n_s, d_v]``, tile by tile, into the running ``m_i, l_i
+    [..., h_kv, g, n_r]`` and ``acc [..., h_kv, g, n_r, d_v]`` (in place: they are this function's own buffers).
+
+    The running pair ``(acc / l_i, m_i + log l_i)`` is the partial ``(out, lse)`` over every key seen so far, so
+    each tile update is the :func:`merge_partials` of the old result with the tile's, done without extra buffers.
+    """
+    kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., h_kv, 1, n_s, d]: shared by the g query heads of a group
+    rows = math.prod(plan.lead) * plan.h
+    for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
+        _, qs, bq = qt
+        q_t = qg[..., qs : qs + bq, :]
+        for kt in _tiles(plan.layout_k, src, plan.block_k):
+            mask = _tile_mask(plan, qt, kt, qg.device)
+            if mask is False:
+                counts[1] += 1
+                continue
+            counts[0] += 1
+            _, ks, bk = kt
+            s = (q_t @ kg[..., ks : ks + bk, :].transpose(-1, -2)) * plan.scale  # [..., h_kv, g, bq, bk]
+            if mask is not None:
+                s = s.masked_fill(~mask, -math.inf)
+            m_old = m_i[..., qs : qs + bq]
+            m_new = torch.maximum(m_old, s.amax(dim=-1))  # [..., bq]
+            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - m_safe[..., None])  # [..., bq, bk], exactly 0 where masked
+            alpha = torch.exp(m_old - m_safe)  # rescales what was accumulated under the old maximum
+            l_i[..., qs : qs + bq] = alpha * l_i[..., qs : qs + bq] + p.sum(dim=-1)
+            acc[..., qs : qs + bq, :] = alpha[..., None] * acc[..., qs : qs + bq, :] + p @ vg[..., ks : ks + bk, :]
+            m_i[..., qs : qs + bq] = m_new
+            counts[2] += 2 * rows * bq * bk * (plan.d_k + plan.d_v)
+
+
+def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
+    """Returns ``out [..., h, n_r, d_v]`` (compute dtype, policy applied), ``lse [..., h, n_r]`` and the stats."""
+    qg = _group_q(plan, q.to(plan.cdt))
+    traffic = _Traffic()
+    counts = [0, 0, 0]
+    m_i = torch.full(qg.shape[:-1], -math.inf, dtype=plan.cdt, device=q.device)  # [..., h_kv, g, n_r]
+    l_i = torch.zeros_like(m_i)
+    acc = torch.zeros((*qg.shape[:-1], plan.d_v), dtype=plan.cdt, device=q.device)  # [..., h_kv, g, n_r, d_v]
+    cur = [k.contiguous(), v.contiguous()]  # travel in the input dtype
+    for step in range(plan.world):
+        src = (plan.rank - step) % plan.world
+        reqs, nxt = [], None
+        if step < plan.world - 1:  # post the next block's transfer before computing on this one
+            nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
+            reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
+        _accumulate(plan, qg, cur[0].to(plan.cdt), cur[1].to(plan.cdt), src, m_i, l_i, acc, counts)
+        if nxt is not None:
+            traffic.wait(reqs)
+            cur = nxt
+    empty = l_i == 0  # no allowed key in the whole sequence
+    safe_l = torch.where(empty, torch.ones_like(l_i), l_i)
+    out = acc.div_(safe_l[..., None])  # acc is ours: normalize in place
+    lse = torch.where(empty, torch.full_like(m_i, -math.inf), m_i + torch.log(safe_l))
+    out = out.reshape(*plan.lead, plan.h, *out.shape[-2:])
+    lse = lse.reshape(*plan.lead, plan.h, lse.shape[-1])
+    if plan.policy == "nan" and plan.masked_rows:
+        out = torch.where(torch.isneginf(lse)[..., None], torch.full_like(out, math.nan), out)
+    stats = RingStats(
+        plan.rank, plan.world, plan.world, counts[0], counts[1], counts[2], traffic.sent, traffic.received,
+        traffic.wait_s,
+    )  # fmt: skip
+    return out, lse, stats
+
+
+# --------------------------------------------------------------------------------------------------------------
+# backward
+
+
+def _block_backward(
+    plan: _Plan, qg: Any, dOg: Any, lse: Any, delta: Any, k: Any, v: Any, src: int, dq: Any, counts: list[int]
+) -> tuple[Any, Any]:
+    """FlashAttention-2 backward of the local queries against rank ``src``'s block; adds into ``dq`` and returns
+    this rank's contribution ``(dk [..., h_kv, n_s, d_k], dv [..., h_kv, n_s, d_v])``."""
+    kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., h_kv, 1, n_s, d]
+    dk = torch.zeros(k.shape, dtype=plan.cdt, device=k.device)
+    dv = torch.zeros(v.shape, dtype=plan.cdt, device=v.device)
+    rows = math.prod(plan.lead) * plan.h
+    for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
+        _, qs, bq = qt
+        q_t, dO_t = qg[..., qs : qs + bq, :], dOg[..., qs : qs + bq, :]
+        for kt in _tiles(plan.layout_k, src, plan.block_k):
+            mask = _tile_mask(plan, qt, kt, qg.device)
+            if mask is False:
+                counts[1] += 1
+                continue
+            counts[0] += 1
+            _, ks, bk = kt
+            k_t, v_t = kg[..., ks : ks + bk, :], vg[..., ks : ks + bk, :]
+            s = (q_t @ k_t.transpose(-1, -2)) * plan.scale  # [..., h_kv, g, bq, bk]
+            if mask is not None:
+                s = s.masked_fill(~mask, -math.inf)
+            p = torch.exp(s - lse[..., qs : qs + bq, None])  # [..., bq, bk]: the forward's weights, recomputed
+            dv[..., ks : ks + bk, :] += (p.transpose(-1, -2) @ dO_t).sum(dim=-3)  # summed over the g query heads
+            dp = dO_t @ v_t.transpose(-1, -2)  # [..., bq, bk]
+            ds = p * (dp - delta[..., qs : qs + bq, None])
+            dq[..., qs : qs + bq, :] += (ds @ k_t) * plan.scale
+            dk[..., ks : ks + bk, :] += (ds.transpose(-1, -2) @ q_t).sum(dim=-3) * plan.scale
+            counts[2] += 2 * rows * bq * bk * (3 * plan.d_k + 2 * plan.d_v)
+    return dk, dv
+
+
+def _backward(plan: _Plan, dO: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) -> tuple[Any, Any, Any, RingStats]:
+    qg = _group_q(plan, q.to(plan.cdt))
+    dOg = _group_q(plan, dO.to(plan.cdt))
+    og = _group_q(plan, out.to(plan.cdt))
+    lse_g = lse.to(plan.cdt).reshape(qg.shape[:-1])
+    empty = torch.isneginf(lse_g)
+    delta = (dOg * torch.where(empty[..., None], torch.zeros_like(og), og)).sum(dim=-1)  # [..., h_kv, g, n_r]
+    lse_g = torch.where(empty, torch.full_like(lse_g, math.inf), lse_g)  # fully masked rows: P = exp(-inf) = 0
+    dq = torch.zeros(qg.shape, dtype=plan.cdt, device=q.device)
+    traffic = _Traffic()
+    counts = [0, 0, 0]
+    cur = [k.contiguous(), v.contiguous()]
+    dkv_reqs: list[Any] = []
+    dkv_in: list[Any] | None = None
+    for step in range(plan.world):
+        src = (plan.rank - step) % plan.world
+        kv_reqs, nxt = [], None
+        if step < plan.world - 1:
+            nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
+            kv_reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
+        dk_blk, dv_blk = _block_backward(
+            plan, qg, dOg, lse_g, delta, cur[0].to(plan.cdt), cur[1].to(plan.cdt), src, dq, counts
+        )
+        if dkv_in is not None:  # the accumulators the previous ranks built for this block
+            traffic.wait(dkv_reqs)
+            dk_blk.add_(dkv_in[0])
+            dv_blk.add_(dkv_in[1])
+        if plan.world > 1:  # pass them on (after the last step: home to the block's owner)
+            dkv_in = _empty_block(plan, (src - 1) % plan.world, plan.cdt, k.device)
+            dkv_reqs = _exchange(plan, [dk_blk, dv_blk], dkv_in, _TAG_DKV, traffic)
+        if nxt is not None:
+            traffic.wait(kv_reqs)
+            cur = nxt
+    if plan.world > 1:
+        traffic.wait(dkv_reqs)
+        assert dkv_in is not None
+        dk, dv = dkv_in
+    else:
+        dk, dv = dk_blk, dv_blk
+    stats = RingStats(
+        plan.rank, plan.world, plan.world, counts[0], counts[1], counts[2], traffic.sent, traffic.received,
+        traffic.wait_s,
+    )  # fmt: skip
+    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), stats
+
+
+# --------------------------------------------------------------------------------------------------------------
+# public API
+
+
+def ring_attention_forward(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any = False,
+    scale: float | None = None,
+    lengths: Any = None,
+    query_lengths: Any = None,
+    layout: str = "contiguous",
+    masked_rows: MaskedRows = "raise",
+    block_q: int = _DEFAULT_BLOCK,
+    block_k: int = _DEFAULT_BLOCK,
+    group: Any = None,
+) -> RingResult:
+    """Exact attention for this rank's queries over the whole (sharded) sequence; call it on every rank of ``group``.
+
+    ``out_i = Σ_j softmax_j(scale · q_i·k_j, allowed) v_j`` over all global keys j, computed by passing the key/value
+    shards around the ring.
+
+    Args:
+        q: this rank's queries ``[..., h, n_r, d_k]`` (a torch tensor; rows at the layout's global positions).
+        k: this rank's keys ``[..., h_kv, n_r', d_k]``; ``h_kv`` divides ``h`` (GQA / MQA when smaller).
+        v: this rank's values ``[..., h_kv, n_r', d_v]``.
+        causal: False, True (needs global n_q == n_k), ``"top_left"`` or ``"bottom_right"``, as in the core, on the
+            *global* positions.
+        scale: multiplies ``q kᵀ``; default ``1/sqrt(d_k)``.
+        lengths: ``[B]`` key lengths: key j of sequence b is padding when j >= lengths[b] (needs q ``[B, ..., h,
+            n_r, d_k]``).
+        query_lengths: ``[B]``: queries at i >= query_lengths[b] are padding; their rows are fully masked.
+        layout: how the sequence was sharded: ``"contiguous"`` or ``"zigzag"`` (balanced causal work), see
+            :class:`~attnlab.distributed.RingLayout`. Global n is the sum of the ranks' shard lengths.
+        masked_rows: what a row with no allowed key becomes: ``"raise"`` (a MaskedRowError on every rank),
+            ``"zero"`` (output 0, as FlashAttention) or ``"nan"``.
+        block_q, block_k: tile sizes of the local online softmax (memory per rank O(n_r · d + block_q · block_k)).
+        group: the ``torch.distributed`` process group (default: the world; uninitialized = one local rank).
+
+    Returns:
+        :class:`RingResult` with ``output [..., h, n_r, d_v]`` and ``lse [..., h, n_r]``.
+
+    >>> import torch
+    >>> q = torch.randn(1, 2, 7, 4, dtype=torch.float64)
+    >>> r = ring_attention_forward(q, q[:, :1], q[:, :1], causal=True, block_q=3, block_k=2)  # P = 1, GQA 2:1
+    >>> import attnlab
+    >>> ref = attnlab.scaled_dot_product_attention(q, q[:, :1], q[:, :1], causal=True)
+    >>> bool(torch.allclose(r.output, ref)), r.stats.tiles_skipped
+    (True, 3)
+    """
+    plan = _make_plan(
+        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
+        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
+    )  # fmt: skip
+    out, lse, stats = _forward(plan, q, k, v)
+    return RingResult(
+        output=out.to(q.dtype),
+        lse=lse,
+        masked_rows=plan.masked_rows,
+        policy=plan.policy,
+        layout=plan.layout_q,
+        stats=stats,
+    )
+
+
+def ring_attention_backward(
+    dO: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    output: Any,
+    lse: Any,
+    *,
+    causal: Any = False,
+    scale: float | None = None,
+    lengths: Any = None,
+    query_lengths: Any = None,
+    layout: str = "contiguous",
+    masked_rows: MaskedRows = "raise",
+    block_q: int = _DEFAULT_BLOCK,
+    block_k: int = _DEFAULT_BLOCK,
+    group: Any = None,
+) -> RingGrads:
+    """Gradients for this rank's ``q, k, v`` shards, given ``dO = ∂loss/∂output`` of this rank's queries.
+
+    Uses the forward's ``output [..., h, n_r, d_v]`` and ``lse [..., h, n_r]`` (no attention matrix is kept);
+    options must be those of the forward. Fully masked rows get zero gradient. Call it on every rank.
+
+    Shapes: ``dO [..., h, n_r, d_v]``; returns :class:`RingGrads` ``dq [..., h, n_r, d_k]``,
+    ``dk [..., h_kv, n_r', d_k]``, ``dv [..., h_kv, n_r', d_v]``.
+    """
+    plan = _make_plan(
+        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
+        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
+    )  # fmt: skip
+    want = (*q.shape[:-1], v.shape[-1])
+    for name, x, shape in (("dO", dO, want), ("output", output, want), ("lse", lse, tuple(q.shape[:-1]))):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(shape):
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ShapeError(f"{name}: expected a tensor of shape {tuple(shape)}, got {got}")
+    dq, dk, dv, stats = _backward(plan, dO, q, k, v, output, lse)
+    return RingGrads(dq=dq, dk=dk, dv=dv, stats=stats)
+
+
+class _RingAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: Any, k: Any, v: Any, plan: _Plan) -> Any:  # type: ignore[override]
+        out, lse, _ = _forward(plan, q, k, v)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dO: Any) -> Any:  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv, _ = _backward(ctx.plan, dO.contiguous(), q, k, v, out, lse)
+        return dq, dk, dv, None
+
+
+def ring_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any = False,
+    scale: float | None = None,
+    lengths: Any = None,
+    query_lengths: Any = None,
+    layout: str = "contiguous",
+    masked_rows: MaskedRows = "raise",
+    block_q: int = _DEFAULT_BLOCK,
+    block_k: int = _DEFAULT_BLOCK,
+    group: Any = None,
+) -> Any:
+    """Differentiable ring attention: :func:`ring_attention_forward`'s ``output``, with a backward that runs the
+    ring again (``loss.backward()`` on every rank gives each rank the gradients of its own shards).
+
+    Arguments as in :func:`ring_attention_forward`. Shapes: ``q [..., h, n_r, d_k]``, ``k [..., h_kv, n_r', d_k]``,
+    ``v [..., h_kv, n_r', d_v]`` -> ``[..., h, n_r, d_v]``.
+
+    >>> import torch
+    >>> q = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    >>> ring_attention(q, q, q, causal=True).sum().backward()
+    >>> q.grad.shape
+    torch.Size([2, 5, 3])
+    """
+    plan = _make_plan(
+        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
+        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
+    )  # fmt: skip
+    return _RingAttentionFunction.apply(q, k, v, plan)
