@@ -6,6 +6,7 @@ Examples::
     attnlab explain --q "1,0;0,1" --k "1,0;0,1" --v "10,0;0,20" --causal --temperature 2
     attnlab explain mask-order --mistake softmax-then-mask
     attnlab explain causal-4 --mistake all --format markdown
+    attnlab explain --positions        # why attention needs positions: permutation with and without RoPE
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: rich tables in a terminal, plain text in a pipe",
     )
     o.add_argument("--width", type=int, default=100, help="line width of the text format (default 100)")
+    o.add_argument(
+        "--positions",
+        action="store_true",
+        help="article 001 §16: permuting the tokens permutes the outputs, unless positions (RoPE) are added",
+    )
 
 
 def _error(msg: str, code: int = 1) -> int:
@@ -54,6 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.list:
         sys.stdout.write(examples_listing())
+        return 0
+    if args.positions:
+        from ..core.rope import permutation_demo
+
+        sys.stdout.write(permutation_demo().text() + "\n")
         return 0
     if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
         return _error("give a named example (see --list) or your matrices with --q, --k and --v", 2)
