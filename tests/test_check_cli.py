@@ -126,7 +126,7 @@ def test_options_reach_the_checker(capsys):
         (
             ["check-model", "gpt5"],
             "attnlab check-model: unknown model 'gpt5'; expected one of gpt2-tiny, "
-            "llama-tiny, bert-tiny, minilm, a local model directory or module:factory",
+            "llama-tiny, bert-tiny, minilm, smollm2, a local model directory or module:factory",
         ),
     ],
 )
