@@ -163,7 +163,7 @@ def test_heatmap_cli_errors(tmp_path, capsys):
 def test_heatmap_sources_are_pluggable():
     from attnlab.commands import heatmap
 
-    assert set(heatmap.SOURCES) == {"inputs", "weights"}
+    assert set(heatmap.SOURCES) == {"inputs", "weights", "model"}
     fields = heatmap.HeatmapData.__dataclass_fields__
     assert {"weights", "allowed", "query_labels", "key_labels", "title"} <= set(fields)
 

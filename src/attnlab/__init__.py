@@ -11,7 +11,8 @@ Shapes follow one legend everywhere: ``q [..., n_q, d_k]``, ``k [..., n_k, d_k]`
 True means "may attend"; :mod:`attnlab.masks` converts every other convention.
 """
 
-from . import invariants, masks
+from . import check, cost, invariants, masks
+from .check import Finding, Report
 from .core import (
     AttentionTrace,
     attention_trace,
@@ -34,6 +35,7 @@ from .core.multihead import (
     repeat_kv,
     split_heads,
 )
+from .core.rope import apply_rope, permutation_demo, rope_tables
 from .errors import (
     AttnlabError,
     DTypeError,
@@ -43,6 +45,7 @@ from .errors import (
     NonFiniteError,
     ShapeError,
 )
+from .kernels import FlashGrads, FlashResult, KVCache, cached_attention, flash_attention, flash_attention_backward
 
 __version__ = "0.1.0"
 
@@ -52,6 +55,10 @@ __all__ = [
     "AttnlabError",
     "DTypeError",
     "Dropout",
+    "Finding",
+    "FlashGrads",
+    "FlashResult",
+    "KVCache",
     "MaskError",
     "MaskedRowError",
     "MissingExtraError",
@@ -59,10 +66,17 @@ __all__ = [
     "MultiHeadResult",
     "MultiHeadWeights",
     "NonFiniteError",
+    "Report",
     "ShapeError",
     "__version__",
+    "apply_rope",
     "attention_backward",
     "attention_trace",
+    "cached_attention",
+    "check",
+    "cost",
+    "flash_attention",
+    "flash_attention_backward",
     "init_multi_head",
     "invariants",
     "log_softmax",
@@ -71,7 +85,9 @@ __all__ = [
     "merge_heads",
     "multi_head_attention",
     "multi_head_backward",
+    "permutation_demo",
     "repeat_kv",
+    "rope_tables",
     "scaled_dot_product_attention",
     "softmax",
     "split_heads",

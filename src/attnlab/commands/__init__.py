@@ -5,4 +5,17 @@ heavy (matplotlib, torch, rich, transformers) inside ``run`` only, so ``attnlab 
 """
 
 #: The subcommands, in the order ``attnlab --help`` lists them (module names in this package).
-COMMANDS: tuple[str, ...] = ("demo",)
+COMMANDS: tuple[str, ...] = (
+    "demo",
+    "explain",
+    "heatmap",
+    "lab",
+    "ring",
+    "train",
+    "cost",
+    "bench",
+    "check",
+    "check_model",
+    "generate",
+    "intervene",
+)

@@ -1,1 +1,14 @@
 """Kernels built on the core: tiled online-softmax attention and the KV cache."""
+
+from .kv_cache import KVCache, cached_attention, decode_step
+from .tiled import FlashGrads, FlashResult, flash_attention, flash_attention_backward
+
+__all__ = [
+    "FlashGrads",
+    "FlashResult",
+    "KVCache",
+    "cached_attention",
+    "decode_step",
+    "flash_attention",
+    "flash_attention_backward",
+]

@@ -1,0 +1,629 @@
+"""Benchmarks that return data: tiled attention against naive dense attention, the GEMM floor and PyTorch.
+
+Every method runs on the same inputs in the same process, interleaved repetition by repetition (so a busy moment of
+the machine hits every method alike), and reports the median. Methods:
+
+* ``naive``: :func:`attnlab.scaled_dot_product_attention` (the whole ``[B, h, n, n]`` score matrix; skipped when
+  its estimated memory exceeds ``naive_max_gb``); backward: :func:`attnlab.core.backward.attention_backward`;
+* ``tiled``: :func:`attnlab.kernels.tiled.flash_attention` / ``flash_attention_backward``;
+* ``floor``: :func:`attnlab.kernels.tiled.gemm_floor`, the tiled kernel's matrix products with no softmax — the
+  physical limit of the design;
+* ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its flash backend), backward by
+  autograd (when PyTorch is installed).
+
+Effective GFLOP/s count ``4 · B · h · n_q · n_k · d`` (half for causal; the backward counts 2.5× that), the
+"% GEMM" column divides by the best rate of one large matrix product measured in the same run, and peak memory is
+the larger of the traced NumPy allocations' peak and the process's peak-RSS growth during one call
+(:func:`peak_memory`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .kernels.threads import BlasInfo, available_cores, blas_report
+
+__all__ = [
+    "BenchResult",
+    "BenchRow",
+    "DecodeRow",
+    "LongRun",
+    "decode_fit",
+    "decode_scaling",
+    "gemm_rate",
+    "long_context",
+    "peak_memory",
+    "peak_rss_growth",
+    "run_bench",
+]
+
+METHODS = ("naive", "tiled", "floor", "torch")
+Progress = Callable[[str, int, int], None]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# measuring
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_growth(fn: Callable[[], Any]) -> tuple[Any, float | None]:
+    """Run ``fn()`` and return ``(result, MB)``: how far the process's peak RSS rose above its RSS before the call.
+
+    Uses Linux's resettable peak (``/proc/self/clear_refs``); ``None`` when that is not available.
+    """
+    ok = _reset_peak()
+    before = _status_kb("VmRSS:")
+    result = fn()
+    after = _status_kb("VmHWM:") if ok else None
+    if before is None or after is None:
+        return result, None
+    return result, max(0.0, (after - before) / 1024)
+
+
+def peak_memory(fn: Callable[[], Any]) -> tuple[Any, float | None]:
+    """Run ``fn()`` and return ``(result, MB)``: the larger of the peak of traced allocations during the call
+    (``tracemalloc``: every NumPy array, exact even when freed memory is reused) and the peak RSS growth
+    (:func:`peak_rss_growth`: what untraced libraries such as PyTorch allocate)."""
+    import tracemalloc
+
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    try:
+        result, rss = peak_rss_growth(fn)
+        traced = (tracemalloc.get_traced_memory()[1] - base) / 2**20
+    finally:
+        if started:
+            tracemalloc.stop()
+    return result, max(traced, rss or 0.0)
+
+
+def gemm_rate(n: int = 2048, repetitions: int = 5) -> float:
+    """GFLOP/s of one float32 ``[n, n] @ [n, n]`` product with BLAS on every core: the best of the repetitions
+    (the machine's attainable rate; a busy moment can only slow a repetition down)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    times = []
+    for _ in range(repetitions):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / min(times) / 1e9
+
+
+def _torch_info() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return f"torch {torch.__version__}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One (pass, size, method) cell: repetition times in seconds, median, rates and ratios (None = not run)."""
+
+    pass_: str  # "forward" or "backward"
+    method: str
+    batch: int
+    heads: int
+    n: int
+    d: int
+    causal: bool
+    times: tuple[float, ...]
+    median_s: float | None
+    gflops: float | None
+    gemm_fraction: float | None
+    vs_torch: float | None
+    vs_floor: float | None
+    peak_mb: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class DecodeRow:
+    """A KV-cache decode step at ``context`` tokens against recomputing causal attention over the context."""
+
+    context: int
+    decode_s: float
+    full_s: float
+    speedup: float
+    us_per_1k_tokens: float
+
+
+@dataclass(frozen=True)
+class LongRun:
+    """One long-context forward in a fresh process: its time and the whole process's peak RSS."""
+
+    n: int
+    d: int
+    heads: int
+    causal: bool
+    seconds: float
+    peak_rss_mb: float
+    dense_scores_gib: float
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """Everything one benchmark run measured, with the machine it ran on."""
+
+    rows: tuple[BenchRow, ...]
+    gemm_gflops: float
+    blas: BlasInfo
+    torch: str | None
+    cores: int
+    config: dict[str, Any]
+    decode: tuple[DecodeRow, ...] = ()
+    long: LongRun | None = None
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["blas_line"] = self.blas.line()
+        return d
+
+    def write_json(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+
+    def table(self) -> str:
+        """The table ``attnlab bench`` prints."""
+        lines = [
+            f"attnlab bench  {self.created}  cores={self.cores}  GEMM rate {self.gemm_gflops:.0f} GFLOP/s (float32)",
+            self.blas.line(),
+            f"PyTorch: {self.torch or 'not installed'}",
+            "",
+            f"{'pass':<8} {'n':>6} {'d':>4} {'causal':>6} {'method':<6} {'median ms':>10} {'min ms':>9} {'GFLOP/s':>8} "
+            f"{'%GEMM':>6} {'×torch':>7} {'×floor':>7} {'peak MB':>8}",
+        ]
+
+        def f(x: float | None, fmt: str) -> str:
+            return "-" if x is None else format(x, fmt)
+
+        for r in self.rows:
+            lines.append(
+                f"{r.pass_:<8} {r.n:>6} {r.d:>4} {'yes' if r.causal else 'no':>6} {r.method:<6} "
+                f"{f(None if r.median_s is None else r.median_s * 1e3, '.1f'):>10} "
+                f"{f(min(r.times) * 1e3 if r.times else None, '.1f'):>9} {f(r.gflops, '.1f'):>8} "
+                f"{f(None if r.gemm_fraction is None else 100 * r.gemm_fraction, '.0f'):>6} "
+                f"{f(r.vs_torch, '.2f'):>7} {f(r.vs_floor, '.2f'):>7} {f(r.peak_mb, '.1f'):>8}"
+                + (f"  {r.note}" if r.note else "")
+            )
+        if self.decode:
+            lines += [
+                "",
+                f"{'context':>8} {'decode ms':>10} {'full causal ms':>15} {'speedup':>8} {'µs/1k tokens':>13}",
+            ]
+            for r in self.decode:
+                lines.append(
+                    f"{r.context:>8} {r.decode_s * 1e3:>10.3f} {r.full_s * 1e3:>15.1f} {r.speedup:>8.0f} "
+                    f"{r.us_per_1k_tokens:>13.1f}"
+                )
+            fit = decode_fit(self.decode)
+            if fit is not None:
+                a, b, worst = fit
+                lines.append(
+                    f"decode step ≈ {a * 1e6:.0f} µs + {b * 1e9:.1f} µs per 1k context tokens (least squares; "
+                    f"largest deviation from the line {100 * worst:.0f}%)"
+                )
+        if self.long is not None:
+            lr = self.long
+            lines += [
+                "",
+                f"long context: n={lr.n}, d={lr.d}, {lr.heads} head(s), causal={lr.causal}: {lr.seconds:.2f} s, "
+                f"peak RSS of the whole process {lr.peak_rss_mb:.0f} MB (the dense score matrix alone: "
+                f"{lr.dense_scores_gib:.0f} GiB)",
+            ]
+        return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the methods
+
+
+def _flops(batch: int, heads: int, n: int, d: int, causal: bool, backward: bool) -> float:
+    f = 4.0 * batch * heads * n * n * d / (2 if causal else 1)
+    return 2.5 * f if backward else f
+
+
+def _naive_bytes(batch: int, heads: int, n: int) -> int:
+    return 6 * batch * heads * n * n * 4  # scores, scaled, allowed, masked logits, exp, weights (roughly)
+
+
+def _make_methods(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    causal: bool,
+    backward: bool,
+    methods: Sequence[str],
+    kw: dict[str, Any],
+    naive_ok: bool,
+) -> dict[str, Callable[[], Any] | str]:
+    """name -> a zero-argument callable that runs one repetition, or a string saying why it is skipped."""
+    from .core import attention_trace, scaled_dot_product_attention
+    from .kernels.tiled import flash_attention, flash_attention_backward, gemm_floor
+
+    out: dict[str, Callable[[], Any] | str] = {}
+    rng = np.random.default_rng(1)
+    d_o = rng.standard_normal((*q.shape[:-1], v.shape[-1]), dtype=np.float32)
+    torch_mod = None
+    if "torch" in methods:
+        try:
+            import torch as torch_mod
+        except ImportError:
+            out["torch"] = "skipped: PyTorch not installed"
+    for name in methods:
+        if name in out:
+            continue
+        if name == "naive":
+            if not naive_ok:
+                out[name] = "skipped: the dense score matrices exceed --naive-max-gb"
+            elif not backward:
+                out[name] = lambda: scaled_dot_product_attention(q, k, v, causal=causal)
+            else:
+                from .core.backward import attention_backward
+
+                trace = attention_trace(q, k, v, causal=causal)
+                out[name] = lambda trace=trace: attention_backward(trace, d_o)
+        elif name == "tiled":
+            if not backward:
+                out[name] = lambda: flash_attention(q, k, v, causal=causal, **kw)
+            else:
+                fwd = flash_attention(q, k, v, causal=causal, **kw)
+                out[name] = lambda fwd=fwd: flash_attention_backward(
+                    q, k, v, fwd.output, fwd.lse, d_o, causal=causal, **kw
+                )
+        elif name == "floor":
+            if backward:
+                out[name] = "skipped: the floor is measured for the forward"
+            else:
+                out[name] = lambda: gemm_floor(q, k, v, causal=causal, **kw)
+        elif name == "torch":
+            tq, tk, tv = (torch_mod.from_numpy(x) for x in (q, k, v))
+            sdpa = torch_mod.nn.functional.scaled_dot_product_attention
+            if not backward:
+
+                def run_torch(tq=tq, tk=tk, tv=tv, sdpa=sdpa) -> Any:
+                    with torch_mod.no_grad():
+                        return sdpa(tq, tk, tv, is_causal=causal)
+
+                out[name] = run_torch
+            else:
+                tdo = torch_mod.from_numpy(d_o)
+
+                def run_torch_bwd(tq=tq, tk=tk, tv=tv, tdo=tdo, sdpa=sdpa) -> Any:
+                    # forward outside the timed region is not possible with autograd's graph freed on backward,
+                    # so time the backward alone: build the graph, then time .backward()
+                    a, b, c = (x.detach().requires_grad_(True) for x in (tq, tk, tv))
+                    o = sdpa(a, b, c, is_causal=causal)
+                    t = time.perf_counter()
+                    o.backward(tdo)
+                    return time.perf_counter() - t
+
+                out[name] = run_torch_bwd
+        else:
+            raise ValueError(f"methods: unknown method {name!r}; expected some of {', '.join(METHODS)}")
+    return out
+
+
+def run_bench(
+    *,
+    sizes: Sequence[int] = (1024, 2048, 4096),
+    d: Sequence[int] = (64,),
+    heads: int = 8,
+    batch: int = 1,
+    causal: Sequence[bool] = (False, True),
+    repetitions: int = 3,
+    methods: Sequence[str] = METHODS,
+    backward: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_threads: int | None = None,
+    naive_max_gb: float = 4.0,
+    decode_contexts: Sequence[int] = (),
+    long_n: int | None = None,
+    progress: Progress | None = None,
+    seed: int = 0,
+) -> BenchResult:
+    """Time every method on float32 inputs ``[batch, heads, n, d]`` for each size, d and causal flag.
+
+    Args:
+        sizes, d, heads, batch, causal: the grid.
+        repetitions: timed runs per method and cell (interleaved across methods; the median is reported). One
+            more untimed run per cell measures peak memory and warms up.
+        methods: some of ``naive``, ``tiled``, ``floor``, ``torch``.
+        backward: also time the backward pass (tiled, naive analytic and torch autograd).
+        block_q, block_k, num_threads: passed to the tiled kernel.
+        naive_max_gb: skip the naive method where its score matrices would need more memory than this.
+        decode_contexts: also time a KV-cache decode step at these context lengths (:func:`decode_scaling`).
+        long_n: also run one causal single-head d=64 forward at this n in a fresh process (:func:`long_context`).
+        progress: called as ``progress(description, done, total)`` after every step.
+
+    Returns:
+        :class:`BenchResult`; ``result.table()`` is what ``attnlab bench`` prints.
+    """
+    if repetitions < 1:
+        raise ValueError(f"repetitions: expected an int >= 1, got {repetitions}")
+    kw = {"block_q": block_q, "block_k": block_k, "num_threads": num_threads}
+    passes = ("forward", "backward") if backward else ("forward",)
+    cells = [(p, n, dd, c) for p in passes for dd in d for c in causal for n in sizes]
+    total = len(cells) * (repetitions + 1) + 1 + len(decode_contexts) + (1 if long_n else 0)
+    done = 0
+
+    def tick(desc: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(desc, done, total)
+
+    gemm = gemm_rate(1024 if max(sizes) < 1024 else 2048)
+    tick("GEMM rate")
+    rng = np.random.default_rng(seed)
+    rows: list[BenchRow] = []
+    for pass_, n, dd, c in cells:
+        q, k, v = (rng.standard_normal((batch, heads, n, dd), dtype=np.float32) for _ in range(3))
+        naive_ok = _naive_bytes(batch, heads, n) <= naive_max_gb * 2**30
+        fns = _make_methods(q, k, v, c, pass_ == "backward", methods, kw, naive_ok)
+        label = f"{pass_} n={n} d={dd} causal={c}"
+        peaks: dict[str, float | None] = {}
+        for name, fn in fns.items():
+            if callable(fn):
+                _, peaks[name] = peak_memory(fn)
+        tick(f"{label}: warm-up")
+        times: dict[str, list[float]] = {name: [] for name, fn in fns.items() if callable(fn)}
+        for rep in range(repetitions):
+            for name in times:
+                t = time.perf_counter()
+                r = fns[name]()
+                elapsed = time.perf_counter() - t
+                if name == "torch" and pass_ == "backward":
+                    elapsed = float(r)  # the backward alone
+                times[name].append(elapsed)
+            tick(f"{label}: repetition {rep + 1}/{repetitions}")
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        fl = _flops(batch, heads, n, dd, c, pass_ == "backward")
+        for name in methods:
+            fn = fns.get(name)
+            if not callable(fn):
+                rows.append(
+                    BenchRow(pass_, name, batch, heads, n, dd, c, (), None, None, None, None, None, None, str(fn or ""))
+                )
+                continue
+            m = med[name]
+            rows.append(
+                BenchRow(
+                    pass_=pass_,
+                    method=name,
+                    batch=batch,
+                    heads=heads,
+                    n=n,
+                    d=dd,
+                    causal=c,
+                    times=tuple(times[name]),
+                    median_s=m,
+                    gflops=fl / m / 1e9,
+                    gemm_fraction=fl / m / 1e9 / gemm,
+                    vs_torch=m / med["torch"] if "torch" in med else None,
+                    vs_floor=m / med["floor"] if "floor" in med else None,
+                    peak_mb=peaks.get(name),
+                )
+            )
+    decode: list[DecodeRow] = []
+    if decode_contexts:
+        decode = list(decode_scaling(decode_contexts, heads=heads, d=d[0], repetitions=max(9, repetitions)))
+        for _ in decode_contexts:
+            tick("decode")
+    long = None
+    if long_n:
+        long = long_context(long_n)
+        tick("long context")
+    return BenchResult(
+        rows=tuple(rows),
+        gemm_gflops=gemm,
+        blas=blas_report(),
+        torch=_torch_info() if "torch" in methods else None,
+        cores=available_cores(),
+        config={
+            "sizes": list(sizes),
+            "d": list(d),
+            "heads": heads,
+            "batch": batch,
+            "causal": list(causal),
+            "repetitions": repetitions,
+            "methods": list(methods),
+            "backward": backward,
+            "block_q": block_q,
+            "block_k": block_k,
+            "num_threads": num_threads,
+            "dtype": "float32",
+        },
+        decode=tuple(decode),
+        long=long,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# decoding and long context
+
+
+def decode_scaling(
+    contexts: Sequence[int] = (1024, 2048, 4096, 8192),
+    *,
+    heads: int = 8,
+    d: int = 64,
+    repetitions: int = 9,
+    seed: int = 0,
+) -> list[DecodeRow]:
+    """Time one KV-cache decode step (append one token, attend) at each context length, against recomputing
+    causal attention over the whole context with the tiled kernel (what generation without a cache repeats).
+    """
+    from .kernels.kv_cache import KVCache, cached_attention
+    from .kernels.tiled import flash_attention
+
+    rng = np.random.default_rng(seed)
+    warm = KVCache(1, heads, d)  # the first call of a process pays for imports and page faults
+    warm.append(np.zeros((1, heads, 2, d), np.float32), np.zeros((1, heads, 2, d), np.float32))
+    cached_attention(np.zeros((1, heads, 1, d), np.float32), warm)
+    out = []
+    for ctx in contexts:
+        k = rng.standard_normal((1, heads, ctx, d), dtype=np.float32)
+        v = rng.standard_normal((1, heads, ctx, d), dtype=np.float32)
+        q = rng.standard_normal((1, heads, ctx, d), dtype=np.float32)
+        cache = KVCache(1, heads, d, capacity=ctx + 64)
+        cache.append(k[:, :, : ctx - repetitions - 1], v[:, :, : ctx - repetitions - 1])
+        steps = []
+        for i in range(ctx - repetitions - 1, ctx):
+            t = time.perf_counter()
+            cache.append(k[:, :, i : i + 1], v[:, :, i : i + 1])
+            cached_attention(q[:, :, i : i + 1], cache)
+            steps.append(time.perf_counter() - t)
+        decode_s = statistics.median(steps[1:])
+        fulls = []
+        for _ in range(max(1, min(3, repetitions // 2))):
+            t = time.perf_counter()
+            flash_attention(q, k, v, causal=True)
+            fulls.append(time.perf_counter() - t)
+        full_s = statistics.median(fulls)
+        out.append(DecodeRow(ctx, decode_s, full_s, full_s / decode_s, decode_s / ctx * 1e3 * 1e6))
+    return out
+
+
+def decode_fit(rows: Sequence[DecodeRow]) -> tuple[float, float, float] | None:
+    """Least-squares line ``decode_s = a + b · context`` through the rows: ``(a, b, largest relative deviation)``.
+
+    A linear cost shows as a small deviation; ``None`` with fewer than two contexts.
+    """
+    if len(rows) < 2:
+        return None
+    x = np.array([r.context for r in rows], dtype=np.float64)
+    y = np.array([r.decode_s for r in rows], dtype=np.float64)
+    b, a = np.polyfit(x, y, 1)
+    worst = float(np.max(np.abs(a + b * x - y) / y))
+    return float(a), float(b), worst
+
+
+def _long_child(n: int, d: int, heads: int) -> None:  # pragma: no cover - runs in a subprocess
+    from .kernels.tiled import flash_attention
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, heads, n, d), dtype=np.float32) for _ in range(3))
+    t = time.perf_counter()
+    r = flash_attention(q, k, v, causal=True)
+    seconds = time.perf_counter() - t
+    assert np.isfinite(r.output).all()
+    # VmHWM belongs to this process image (ru_maxrss may carry the parent's peak across fork + exec)
+    peak_kb = _status_kb("VmHWM:")
+    if peak_kb is None:  # pragma: no cover - not Linux
+        import resource
+
+        peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"seconds": seconds, "peak_rss_mb": peak_kb / 1024}))
+
+
+def long_context(n: int = 65536, *, d: int = 64, heads: int = 1, timeout: float = 600) -> LongRun:
+    """Run one causal forward at ``n`` tokens in a fresh Python process (NumPy and attnlab only) and report its
+    time and the whole process's peak RSS."""
+    code = f"from attnlab.bench import _long_child; _long_child({int(n)}, {int(d)}, {int(heads)})"
+    env = dict(os.environ)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"long-context run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    return LongRun(
+        n=n,
+        d=d,
+        heads=heads,
+        causal=True,
+        seconds=data["seconds"],
+        peak_rss_mb=data["peak_rss_mb"],
+        dense_scores_gib=heads * n * n * 4 / 2**30,
+    )
+
+
+def plot(result: BenchResult, path: str) -> None:
+    """A PNG of median time and peak memory against n (log-log) for every forward method, with an n² slope."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from .errors import missing_extra
+
+        raise missing_extra("matplotlib", "plot") from None
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 5))
+    groups: dict[tuple, list[BenchRow]] = {}
+    for r in result.rows:
+        if r.median_s is not None:
+            groups.setdefault((r.pass_, r.method, r.d, r.causal), []).append(r)
+    ref_done = False
+    for (pass_, method, dd, c), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: r.n)
+        ns = [r.n for r in rs]
+        label = f"{method} {pass_} d={dd}{' causal' if c else ''}"
+        style = "--" if pass_ == "backward" else "-"
+        ax_t.plot(ns, [r.median_s for r in rs], style, marker="o", label=label)
+        mem = [(r.n, r.peak_mb) for r in rs if r.peak_mb]
+        if mem:
+            ax_m.plot([m[0] for m in mem], [m[1] for m in mem], style, marker="o", label=label)
+        if not ref_done and len(ns) > 1:
+            n0, t0 = ns[0], rs[0].median_s
+            ax_t.plot(ns, [t0 * (x / n0) ** 2 for x in ns], ":", color="gray", label="n² slope")
+            ref_done = True
+    for ax, ylabel in ((ax_t, "median time (s)"), (ax_m, "peak memory during one call (MB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        f"attnlab bench, float32, B={result.config['batch']}, h={result.config['heads']} — {result.blas.line()}",
+        fontsize=8,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

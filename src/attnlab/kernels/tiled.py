@@ -1,0 +1,1003 @@
+"""Tiled online-softmax attention (FlashAttention's algorithm on the CPU), exact and in O(n) extra memory.
+
+The forward never holds an ``[n_q, n_k]`` matrix: the queries are cut into blocks of ``block_q`` rows and the keys
+into blocks of ``block_k`` columns. For each query block it keeps, per row, a running maximum ``m_i``, a running
+sum ``l_i`` of ``exp(s - m_i)`` and an accumulator ``acc`` of ``exp(s - m_i) V``; each key block updates them::
+
+    S      = (scale · Q_i) K_jᵀ                        # [block_q, block_k], masked entries -> -inf
+    m_new  = max(m_i, rowmax(S))
+    P      = exp(S - m_new)
+    l_i    = exp(m_i - m_new) · l_i + rowsum(P)
+    acc    = exp(m_i - m_new) · acc + P V_j
+    ...
+    out    = acc / l_i,   lse = m_i + log(l_i)
+
+This is exact: only the order of the additions differs from the dense computation. Two refinements make it fast
+in NumPy, where every element-wise pass over a score block costs about as much as a matrix product:
+
+* scores are computed in log2 units (``scale · log2(e)`` is folded into Q once) and exponentiated with ``exp2``,
+  about twice as fast as ``exp``; ``V`` carries an extra column of ones, so ``P [V, 1]`` yields ``P V`` and the row
+  sums of ``P`` in one product;
+* when the scores of a query block are bounded (``|scale · q_i · k_j| <= ||scale · q_i|| · max_j ||k_j||``, by
+  Cauchy-Schwarz, is small enough that ``exp`` can neither overflow nor lose precision, which holds for typical
+  activations), no running maximum is needed at all: each key block is one product, one in-place ``exp2`` and
+  one product. Otherwise the online softmax above runs; once every row has a finite ``m_i`` it skips the
+  row-maximum pass and exponentiates ``S - m_i`` directly, and a block whose row sums grow past ``2**40``
+  (``2**200`` in float64) is recomputed with the maximum pass. (``m_i`` is always the maximum of scores already
+  seen, so nothing underflows that the dense computation would keep.)
+
+Masks are applied block by block (causal with either alignment or an explicit query offset, sliding windows, key
+padding by lengths, packed segments, arbitrary boolean masks); a key block that a query block may not see at all is
+skipped, not computed, and one it sees entirely is not masked. The backward is FlashAttention-2's: recompute ``P``
+from the saved ``lse``, ``delta = rowsum(dO ∘ O)``, ``dS = P ∘ (dP - delta)``.
+
+Work is split into tasks (batch·heads × query blocks forward, batch·heads × key blocks backward) run on the cores
+by :mod:`attnlab.kernels.threads`, with BLAS pinned to one thread per worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._arrays import compute_dtype, device_of, namespace, shape_of, to_numpy
+from ..core.inputs import check_finite, check_policy, prepare
+from ..errors import DTypeError, MaskedRowError, MaskError, ShapeError
+from ..masks import causal_alignment_message
+from .threads import resolve_threads, run_tasks
+
+__all__ = [
+    "DEFAULT_BLOCK_K",
+    "DEFAULT_BLOCK_Q",
+    "FlashGrads",
+    "FlashResult",
+    "flash_attention",
+    "flash_attention_backward",
+    "gemm_floor",
+]
+
+#: Default block sizes, measured with ``attnlab bench`` on the project's 2-core machines (docs/performance.md).
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 512
+
+_LOG2E = 1.0 / math.log(2.0)
+_LN2 = math.log(2.0)
+_THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
+
+#: Tests set this to run the online-softmax path where the fast (bounded-scores) path would apply.
+_FORCE_ONLINE = False
+
+
+@dataclass(frozen=True)
+class FlashResult:
+    """The tiled forward's result.
+
+    Shapes: ``output [..., n_q, d_v]`` (the caller's library and dtype), ``lse [..., n_q]`` (NumPy, compute
+    dtype): the row log-sum-exp of the scaled, masked scores, ``-inf`` on fully masked rows.
+    """
+
+    output: Any
+    lse: Any
+
+
+@dataclass(frozen=True)
+class FlashGrads:
+    """Gradients of the tiled backward, each shaped (and typed) like its input.
+
+    Shapes: ``dq [..., n_q, d_k]``, ``dk [..., n_k, d_k]``, ``dv [..., n_k, d_v]``; inputs that were broadcast
+    (a shared k/v, GQA's kv heads) get their gradients summed back.
+    """
+
+    dq: Any
+    dk: Any
+    dv: Any
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the plan: validated inputs and the mask, described block by block
+
+
+@dataclass(frozen=True)
+class _Plan:
+    q: np.ndarray  # [*batch, n_q, d_k] (a broadcast view), compute dtype
+    k: np.ndarray  # [*batch, n_k, d_k]
+    v: np.ndarray  # [*batch, n_k, d_v]
+    k_raw: np.ndarray  # k, v as prepared (not broadcast)
+    v_raw: np.ndarray
+    caller_shapes: tuple[tuple[int, ...], ...]  # q, k, v as the caller passed them
+    q_shape: tuple[int, ...]  # shapes of the (GQA-reshaped) inputs, for summing gradients back
+    k_shape: tuple[int, ...]
+    v_shape: tuple[int, ...]
+    batch: tuple[int, ...]  # internal batch (GQA: [..., h_kv, group])
+    out_batch: tuple[int, ...]  # the caller's batch (GQA: [..., h])
+    group: int  # GQA group size (1 without GQA)
+    seq_axis_split: bool  # GQA on 3-D inputs: the first caller axis is split into (h_kv, group)
+    n_q: int
+    n_k: int
+    d_k: int
+    d_v: int
+    scale: float
+    causal: bool
+    shift: int  # position of query 0 relative to key 0 (query i sits at key position i + shift)
+    left: int | None
+    right: int | None
+    key_lengths: np.ndarray | None  # [B] or None
+    q_seg: np.ndarray | None  # [B or 1, n_q]
+    k_seg: np.ndarray | None  # [B or 1, n_k]
+    mask: np.ndarray | None  # broadcast view [*batch, n_q, n_k]
+    masked_rows: str
+    block_q: int
+    block_k: int
+    threads: int
+    xp: Any
+    device: Any
+    out_dtype: Any
+
+    def seq(self, idx: tuple[int, ...]) -> int:
+        """Which sequence (index along the caller's first leading axis) the internal batch index belongs to."""
+        if not idx:
+            return 0
+        if self.seq_axis_split:
+            return idx[0] * self.group + idx[1]
+        return idx[0]
+
+    def key_range(self, idx: tuple[int, ...], i0: int, i1: int) -> tuple[int, int]:
+        """Keys ``[lo, hi)`` that query rows ``[i0, i1)`` may see at most (causal, window, key lengths)."""
+        lo, hi = 0, self.n_k
+        if self.causal:
+            hi = min(hi, i1 + self.shift)
+        if self.right is not None:
+            hi = min(hi, i1 + self.shift + self.right)
+        if self.left is not None:
+            lo = max(lo, i0 + self.shift - self.left)
+        if self.key_lengths is not None:
+            kl = self.key_lengths
+            hi = min(hi, int(kl[self.seq(idx)] if kl.shape[0] > 1 else kl[0]))
+        return lo, hi
+
+    def query_range(self, idx: tuple[int, ...], j0: int, j1: int) -> tuple[int, int]:
+        """Query rows ``[lo, hi)`` that may see some key of ``[j0, j1)`` (causal and window only)."""
+        lo, hi = 0, self.n_q
+        if self.causal:
+            lo = max(lo, j0 - self.shift)
+        if self.right is not None:
+            lo = max(lo, j0 - self.shift - self.right)
+        if self.left is not None:
+            hi = min(hi, j1 + self.left - self.shift)
+        return lo, hi
+
+    def n_keys(self, idx: tuple[int, ...]) -> int:
+        if self.key_lengths is None:
+            return self.n_k
+        kl = self.key_lengths
+        return int(kl[self.seq(idx)] if kl.shape[0] > 1 else kl[0])
+
+    def blocked(self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
+        """The block's mask ``[i1-i0, j1-j0]``: ``None`` if nothing is blocked, ``False`` if everything is (skip
+        the block), else an array: bool True = *blocked*, or (causal/window alone) a cached additive float block
+        of 0 and -inf. Apply it with :func:`_apply_mask`."""
+        parts: list[np.ndarray] = []
+        # positions: rel = key position - query position
+        need_rel = (
+            (self.causal and j1 - 1 > i0 + self.shift)
+            or (self.right is not None and j1 - 1 > i0 + self.shift + self.right)
+            or (self.left is not None and j0 < i1 - 1 + self.shift - self.left)
+        )
+        if need_rel:
+            parts.append(_position_block(i1 - i0, j1 - j0, j0 - i0 - self.shift, self.causal, self.left, self.right))
+        if self.q_seg is not None:
+            b = self.seq(idx) if self.q_seg.shape[0] > 1 else 0
+            qs = self.q_seg[b, i0:i1]
+            ks = self.k_seg[b, j0:j1]
+            qmin, qmax, kmin, kmax = qs.min(), qs.max(), ks.min(), ks.max()
+            if qmax < kmin or kmax < qmin:
+                return False
+            if not (qmin == qmax == kmin == kmax):
+                parts.append(qs[:, None] != ks[None, :])
+        if self.mask is not None:
+            m = self.mask[idx][i0:i1, j0:j1]
+            if not m.all():
+                if not m.any():
+                    return False
+                parts.append(~m)
+        if not parts:
+            return None
+        if len(parts) == 1 and need_rel:
+            key = (i1 - i0, j1 - j0, j0 - i0 - self.shift, self.causal, self.left, self.right)
+            if _position_all(*key):
+                return False
+            return _position_additive(*key, self.q.dtype.str)
+        bad = parts[0]
+        for p in parts[1:]:
+            bad = bad | p
+        if bad.all():
+            return False
+        return bad
+
+    def key_blocks(self, idx: tuple[int, ...], i0: int, i1: int) -> Iterator[tuple[int, int, Any]]:
+        lo, hi = self.key_range(idx, i0, i1)
+        for j0 in range(lo, hi, self.block_k):
+            j1 = min(j0 + self.block_k, hi)
+            bad = self.blocked(idx, i0, i1, j0, j1)
+            if bad is not False:
+                yield j0, j1, bad
+
+
+@functools.lru_cache(maxsize=256)
+def _position_block(bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None) -> np.ndarray:
+    """True = blocked ``[bq, bk]`` for the causal/window constraints, where ``offset`` is the block's first key
+    position minus its first query position. Cached: every diagonal block of a call has the same pattern."""
+    rel = np.arange(bk)[None, :] + offset - np.arange(bq)[:, None]  # key position - query position
+    bad = np.zeros(rel.shape, dtype=bool)
+    if causal:
+        bad |= rel > 0
+    if right is not None:
+        bad |= rel > right
+    if left is not None:
+        bad |= rel < -left
+    bad.flags.writeable = False
+    return bad
+
+
+@functools.lru_cache(maxsize=256)
+def _position_all(bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None) -> bool:
+    return bool(_position_block(bq, bk, offset, causal, left, right).all())
+
+
+@functools.lru_cache(maxsize=256)
+def _position_additive(
+    bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None, dtype: str
+) -> np.ndarray:
+    """:func:`_position_block` as 0 (allowed) / -inf (blocked) in ``dtype``: adding it costs a fifth of a
+    masked copy."""
+    add = np.where(_position_block(bq, bk, offset, causal, left, right), -np.inf, 0).astype(dtype)
+    add.flags.writeable = False
+    return add
+
+
+def _apply_mask(s: np.ndarray, bad: np.ndarray) -> None:
+    """Set the blocked entries of the score block ``s`` to -inf, in place."""
+    if bad.dtype == np.bool_:
+        np.copyto(s, -np.inf, where=bad)
+    else:
+        s += bad
+
+
+_local = threading.local()
+
+
+def _scratch(size: int, dtype: np.dtype) -> np.ndarray:
+    """A flat buffer of at least ``size`` elements owned by the calling thread (kept between calls: a fresh
+    half-megabyte block per task would cost page faults)."""
+    if size > 1 << 22:  # more than 16 MiB of float32: not worth keeping
+        return np.empty(size, dtype=dtype)
+    key = np.dtype(dtype).str
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    buf = bufs.get(key)
+    if buf is None or buf.size < size:
+        buf = bufs[key] = np.empty(size, dtype=dtype)
+    return buf
+
+
+def _check_block(name: str, b: Any) -> int:
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+        raise ShapeError(f"{name}: expected a positive int, got {b!r}")
+    return int(b)
+
+
+def _check_window(window: Any) -> tuple[int | None, int | None] | None:
+    """``None``; an int ``w`` (keys up to ``w`` positions back, none ahead); or ``(left, right)``, None = unbounded."""
+    if window is None:
+        return None
+    if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+        pair = (int(window), 0)
+    elif isinstance(window, (tuple, list)) and len(window) == 2:
+        pair = tuple(window)
+    else:
+        raise MaskError(f"window: expected None, an int >= 0 or a (left, right) pair, got {window!r}")
+    for name, w in zip(("window left", "window right"), pair, strict=True):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0):
+            raise MaskError(f"{name}: expected None or an int >= 0, got {w!r} (window={window!r})")
+    return (None if pair[0] is None else int(pair[0]), None if pair[1] is None else int(pair[1]))
+
+
+def _split_gqa(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int:
+    """The GQA group size: q ``[..., h, n_q, d_k]`` with k, v ``[..., h_kv, n_k, d]`` and ``h % h_kv == 0``."""
+    if len(qs) < 3 or len(ks) < 3 or len(vs) < 3:
+        return 1
+    h, hk, hv = qs[-3], ks[-3], vs[-3]
+    if hk != hv:
+        if 1 in (hk, hv):
+            return 1  # a broadcast k or v: prepare() checks it
+        raise ShapeError(f"v: {hv} kv heads (dim -3) do not match k's {hk} (q {qs}, k {ks}, v {vs})")
+    if h == hk or hk == 1:
+        return 1
+    if h % hk:
+        raise ShapeError(
+            f"k: {hk} kv heads (dim -3) do not divide q's {h} heads; GQA needs h % h_kv == 0 (q {qs}, k {ks}, v {vs})"
+        )
+    return h // hk
+
+
+def _lengths_array(key_lengths: Any, n_k: int, first_axis: int) -> np.ndarray:
+    kl = to_numpy(key_lengths)
+    if kl.ndim == 0:
+        kl = kl.reshape(1)
+    if kl.ndim != 1 or not (np.issubdtype(kl.dtype, np.integer)):
+        raise ShapeError(f"key_lengths: expected a 1-D integer array [B], got shape {kl.shape} dtype {kl.dtype}")
+    if kl.shape[0] not in (1, first_axis):
+        raise ShapeError(
+            f"key_lengths: {kl.shape[0]} entries, expected one per sequence (B={first_axis}, the first leading "
+            f"axis of q) or a single one"
+        )
+    bad = np.flatnonzero((kl < 0) | (kl > n_k))
+    if bad.size:
+        raise ShapeError(f"key_lengths: entry {bad[0]} is {kl[bad[0]]}; expected 0 <= length <= n_k={n_k}")
+    return kl.astype(np.int64)
+
+
+def _segments_arrays(segments: Any, n_q: int, n_k: int, first_axis: int) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(segments, tuple) and len(segments) == 2:
+        qs, ks = to_numpy(segments[0]), to_numpy(segments[1])
+    else:
+        qs = ks = to_numpy(segments)
+    out = []
+    for name, s, n in (("q_segments", qs, n_q), ("k_segments", ks, n_k)):
+        if s.ndim == 1:
+            s = s[None, :]
+        if s.ndim != 2 or not np.issubdtype(s.dtype, np.integer):
+            raise ShapeError(
+                f"segments: {name} must be integer ids [n] or [B, n], got shape {s.shape} dtype {s.dtype} "
+                f"(pass one array for self-attention or a (q_segments, k_segments) pair)"
+            )
+        if s.shape[1] != n:
+            raise ShapeError(f"segments: {name} has {s.shape[1]} ids, expected {n} (shape {s.shape})")
+        if s.shape[0] not in (1, first_axis):
+            raise ShapeError(f"segments: {name} has {s.shape[0]} rows, expected 1 or one per sequence (B={first_axis})")
+        out.append(s)
+    qa, ka = out
+    if qa.shape[0] != ka.shape[0]:
+        b = max(qa.shape[0], ka.shape[0])
+        qa, ka = np.broadcast_to(qa, (b, n_q)), np.broadcast_to(ka, (b, n_k))
+    return qa, ka
+
+
+def _plan(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any,
+    q_offset: Any,
+    window: Any,
+    key_lengths: Any,
+    segments: Any,
+    mask: Any,
+    scale: Any,
+    masked_rows: Any,
+    block_q: Any,
+    block_k: Any,
+    num_threads: Any,
+) -> _Plan:
+    if isinstance(q, (list, tuple)):
+        q = np.asarray(q)
+    if isinstance(k, (list, tuple)):
+        k = np.asarray(k)
+    if isinstance(v, (list, tuple)):
+        v = np.asarray(v)
+    if isinstance(mask, (list, tuple)):
+        mask = np.asarray(mask)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(x, "shape"):
+            raise DTypeError(f"{name}: expected an array, got {type(x).__name__}")
+    xp = namespace(q, k, v)
+    device = device_of(q) if xp is not np else None
+    qs, ks, vs = shape_of(q), shape_of(k), shape_of(v)
+    out_dtype = None
+    if xp is not np:
+        _, out_dtype = compute_dtype(xp, xp.result_type(q.dtype, k.dtype, v.dtype), "q, k, v")
+        q, k, v = to_numpy(q), to_numpy(k), to_numpy(v)
+        if mask is not None and not isinstance(mask, np.ndarray):
+            mask = to_numpy(mask)
+    block_q = _check_block("block_q", DEFAULT_BLOCK_Q if block_q is None else block_q)
+    block_k = _check_block("block_k", DEFAULT_BLOCK_K if block_k is None else block_k)
+    threads = resolve_threads(num_threads)
+    win = _check_window(window)
+    check_policy(masked_rows)
+
+    group = 1
+    if all(len(s) >= 2 for s in (qs, ks, vs)):
+        group = _split_gqa(qs, ks, vs)
+    seq_axis_split = False
+    if group > 1:
+        hk = ks[-3]
+        q = q.reshape((*qs[:-3], hk, group, *qs[-2:]))
+        k = k[..., None, :, :]  # [..., h_kv, 1, n_k, d_k]
+        v = v[..., None, :, :]
+        seq_axis_split = len(qs) == 3
+        if mask is not None:
+            if mask.dtype != np.bool_:
+                pass  # prepare() explains
+            elif mask.ndim >= 3 and mask.shape[-3] == qs[-3]:
+                mask = mask.reshape((*mask.shape[:-3], hk, group, *mask.shape[-2:]))
+            elif mask.ndim >= 3:
+                mask = mask[..., None, :, :]
+
+    p = prepare(q, k, v, mask, causal=False, scale=scale, masked_rows=masked_rows)
+    n_q, n_k = p.n_q, p.n_k
+    batch = p.batch
+    if group > 1:
+        out_batch = (*batch[:-2], batch[-2] * group)
+    else:
+        out_batch = batch
+
+    # causal alignment and query offset
+    if q_offset is not None:
+        if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
+            raise MaskError(f"q_offset: expected None or an int >= 0 (query 0's key position), got {q_offset!r}")
+        if causal not in (True, False, None):
+            raise MaskError(
+                f"q_offset={q_offset} already places the queries (query i sits at key position q_offset + i); "
+                f"pass causal=True with it, not causal={causal!r}"
+            )
+        shift = int(q_offset)
+        is_causal = bool(causal)
+    else:
+        if causal in (False, None):
+            is_causal = False
+            align = None
+        elif causal is True:
+            if n_q != n_k:
+                raise MaskError(causal_alignment_message(n_q, n_k, "causal=True"))
+            is_causal, align = True, "top_left"
+        elif causal in ("top_left", "bottom_right"):
+            is_causal, align = True, causal
+        else:
+            raise MaskError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+        if align is None and win is not None and n_q != n_k:
+            raise MaskError(
+                causal_alignment_message(n_q, n_k, "window").replace(
+                    "pass causal='top_left' or causal='bottom_right'",
+                    "pass q_offset= or causal='top_left'/'bottom_right'",
+                )
+            )
+        shift = n_k - n_q if align == "bottom_right" else 0
+    left, right = win if win is not None else (None, None)
+
+    first_axis = out_batch[0] if out_batch else 1
+    kl = None if key_lengths is None else _lengths_array(key_lengths, n_k, first_axis)
+    q_seg = k_seg = None
+    if segments is not None:
+        q_seg, k_seg = _segments_arrays(segments, n_q, n_k, first_axis)
+
+    m = p.mask
+    if m is not None:
+        m = np.broadcast_to(np.asarray(m), p.scores_shape)
+
+    return _Plan(
+        q=np.broadcast_to(p.q, (*batch, n_q, p.d_k)),
+        k=np.broadcast_to(p.k, (*batch, n_k, p.d_k)),
+        v=np.broadcast_to(p.v, (*batch, n_k, p.d_v)),
+        k_raw=p.k,
+        v_raw=p.v,
+        caller_shapes=(qs, ks, vs),
+        q_shape=shape_of(p.q),
+        k_shape=shape_of(p.k),
+        v_shape=shape_of(p.v),
+        batch=batch,
+        out_batch=out_batch,
+        group=group,
+        seq_axis_split=seq_axis_split,
+        n_q=n_q,
+        n_k=n_k,
+        d_k=p.d_k,
+        d_v=p.d_v,
+        scale=p.scale,
+        causal=is_causal,
+        shift=shift,
+        left=left,
+        right=right,
+        key_lengths=kl,
+        q_seg=q_seg,
+        k_seg=k_seg,
+        mask=m,
+        masked_rows=p.masked_rows,
+        block_q=block_q,
+        block_k=block_k,
+        threads=threads,
+        xp=xp,
+        device=device,
+        out_dtype=p.out_dtype if xp is np else out_dtype,
+    )
+
+
+def _to_caller(plan: _Plan, x: np.ndarray, dtype: Any = None) -> Any:
+    """``x`` in the caller's library (and ``dtype``, default the output dtype)."""
+    dtype = plan.out_dtype if dtype is None else dtype
+    if plan.xp is np:
+        return x.astype(dtype, copy=False)
+    xp = plan.xp
+    return xp.astype(xp.asarray(x, device=plan.device), dtype)
+
+
+def _empty_rows_error(plan: _Plan, lse: np.ndarray, what: str) -> MaskedRowError:
+    """The core's error for fully masked rows, with indices in the caller's (batch, query) layout."""
+    empty = np.isneginf(lse).reshape((*plan.out_batch, plan.n_q))
+    rows = tuple(tuple(int(i) for i in r) for r in np.argwhere(empty))
+    shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
+    return MaskedRowError(
+        f"mask: {len(rows)} query row(s) may attend to no key at all, at (*batch, query) index {shown} "
+        f"(scores {(*plan.out_batch, plan.n_q, plan.n_k)}); softmax over an empty row is undefined. Fix the mask "
+        f"(padding AND causal often empties rows), or choose masked_rows='zero' (output 0, as FlashAttention)"
+        + (" or 'nan'" if what == "forward" else ""),
+        rows,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# forward
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """Per-call arrays the forward tasks share: ``V`` with a column of ones (so ``P [V, 1]`` also yields the row
+    sums of ``P``) and, per batch·head, the largest key norm (for the bound that allows the fast path)."""
+
+    v1: np.ndarray  # [*batch, n_k, d_v + 1]
+    k_norm: np.ndarray  # [*batch]
+    safe: float  # |scaled score| bound under which exp(S) needs no offset
+
+
+def _extras(plan: _Plan) -> _Extras:
+    dt = plan.q.dtype
+    v_raw, k_raw = plan.v_raw, plan.k_raw
+    v1 = np.empty((*v_raw.shape[:-1], plan.d_v + 1), dtype=dt)
+    v1[..., : plan.d_v] = v_raw
+    v1[..., plan.d_v] = 1
+    k_norm = np.sqrt(np.einsum("...ij,...ij->...i", k_raw, k_raw).max(axis=-1))  # [*k batch]
+    v_max = max(float(v_raw.max()), -float(v_raw.min()))  # max |v| without a temporary
+    # exp(S) stays far from overflow in every sum and product, and far from underflow (<= 60, or 600 in float64)
+    big, cap = (69.0, 60.0) if dt == np.float32 else (690.0, 600.0)
+    safe = min(cap, big - math.log(max(plan.n_k, 1)) - math.log(max(v_max, 1.0)))
+    return _Extras(
+        v1=np.broadcast_to(v1, (*plan.batch, plan.n_k, plan.d_v + 1)),
+        k_norm=np.broadcast_to(k_norm, plan.batch),
+        safe=safe,
+    )
+
+
+def _forward_task(
+    plan: _Plan, ex: _Extras, out: np.ndarray, lse: np.ndarray, task: tuple[tuple[int, ...], int, int]
+) -> None:
+    """One query block against its key blocks.
+
+    Fast path: when ``|scale · q_i · k_j| <= ex.safe`` for the whole block (Cauchy-Schwarz on the norms),
+    ``exp(S)`` needs no running maximum at all: each key block costs one product, one in-place ``exp`` and one
+    product with ``[V, 1]`` (which also sums the rows). Otherwise the online softmax with a running maximum
+    ``m_i`` (see the module docstring) runs.
+    """
+    idx, i0, i1 = task
+    dt = plan.q.dtype
+    bq, d_v = i1 - i0, plan.d_v
+    qs = plan.q[idx][i0:i1] * dt.type(plan.scale * _LOG2E)  # [bq, d_k]: scores come out in log2 units
+    K = plan.k[idx]  # [n_k, d_k]
+    V1 = ex.v1[idx]  # [n_k, d_v + 1]
+    acc = np.zeros((bq, d_v + 1), dtype=dt)  # [P V | rowsum P]
+    pv = np.empty((bq, d_v + 1), dtype=dt)
+    buf = _scratch(bq * plan.block_k, dt)  # this thread's score buffer, reused across tasks and calls
+    q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
+    if q_norm * float(ex.k_norm[idx]) * _LN2 <= ex.safe and not _FORCE_ONLINE:
+        for j0, j1, bad in plan.key_blocks(idx, i0, i1):
+            s = buf[: bq * (j1 - j0)].reshape(bq, j1 - j0)  # contiguous [bq, bk]
+            np.matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] scaled scores · log2(e), |s| <= safe · log2(e)
+            if bad is not None:
+                _apply_mask(s, bad)
+            np.exp2(s, out=s)  # P = exp(scores) (unnormalised, offset 0)
+            np.matmul(s, V1[j0:j1], out=pv)
+            acc += pv
+        m_i = np.zeros(bq, dtype=dt)
+    else:
+        m_i = _online_softmax(plan, idx, i0, i1, qs, K, V1, acc, pv, buf)
+    l_i = acc[:, d_v]
+    o = acc[:, :d_v]
+    full = l_i > 0
+    if full.all():
+        o /= l_i[:, None]
+        out[idx][i0:i1] = o
+        lse[idx][i0:i1] = m_i * _LN2 + np.log(l_i)
+    else:
+        safe_l = np.where(full, l_i, 1)
+        o /= safe_l[:, None]
+        if plan.masked_rows == "nan":
+            o[~full] = np.nan
+        out[idx][i0:i1] = o
+        lse[idx][i0:i1] = np.where(full, m_i * _LN2 + np.log(safe_l), -np.inf)
+
+
+def _online_softmax(
+    plan: _Plan,
+    idx: tuple[int, ...],
+    i0: int,
+    i1: int,
+    qs: np.ndarray,
+    K: np.ndarray,
+    V1: np.ndarray,
+    acc: np.ndarray,
+    pv: np.ndarray,
+    buf: np.ndarray,
+) -> np.ndarray:
+    """The online softmax with running max ``m_i`` (lazy: the max pass runs only while some row has none yet, or
+    when a block's row sums pass the threshold). Accumulates into ``acc = [P V | l_i]``; returns ``m_i``."""
+    dt = plan.q.dtype
+    threshold = _THRESHOLD[dt]
+    bq, d_v = i1 - i0, plan.d_v
+    m_i = np.full(bq, -np.inf, dtype=dt)  # running max (the offset of P)
+    ready = False  # every row has a finite m_i
+    for j0, j1, bad in plan.key_blocks(idx, i0, i1):
+        s = buf[: bq * (j1 - j0)].reshape(bq, j1 - j0)  # contiguous [bq, bk]
+        Kj = K[j0:j1]
+        np.matmul(qs, Kj.T, out=s)  # [bq, bk]
+        if bad is not None:
+            _apply_mask(s, bad)
+        if ready:
+            s -= m_i[:, None]
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows up in the row sums, below
+                np.exp2(s, out=s)  # P relative to the running max (entries may exceed 1)
+                np.matmul(s, V1[j0:j1], out=pv)
+            if pv[:, d_v].max() <= threshold:  # False for inf and NaN too
+                acc += pv
+                continue
+            np.matmul(qs, Kj.T, out=s)  # scores grew too much: redo this block with the max pass
+            if bad is not None:
+                _apply_mask(s, bad)
+        m_new = np.maximum(m_i, s.max(axis=1))
+        ready = bool(np.isfinite(m_new).all())
+        m_use = m_new if ready else np.where(np.isfinite(m_new), m_new, 0).astype(dt)
+        alpha = np.exp2(m_i - m_use)  # rescales the old acc and l_i (0 where m_i was -inf)
+        s -= m_use[:, None]
+        np.exp2(s, out=s)
+        np.matmul(s, V1[j0:j1], out=pv)
+        acc *= alpha[:, None]
+        acc += pv
+        m_i = m_new
+    return np.where(np.isfinite(m_i), m_i, 0).astype(dt)
+
+
+def _forward_tasks(plan: _Plan) -> list[tuple[tuple[int, ...], int, int]]:
+    tasks = []
+    for idx in np.ndindex(*plan.batch):
+        for i0 in range(0, plan.n_q, plan.block_q):
+            i1 = min(i0 + plan.block_q, plan.n_q)
+            lo, hi = plan.key_range(idx, i0, i1)
+            tasks.append((max(0, hi - lo), (idx, i0, i1)))
+    tasks.sort(key=lambda t: -t[0])  # the most expensive first, so the cheap ones fill the gaps
+    return [t for _, t in tasks]
+
+
+def flash_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any = False,
+    q_offset: int | None = None,
+    window: Any = None,
+    key_lengths: Any = None,
+    segments: Any = None,
+    mask: Any = None,
+    scale: float | None = None,
+    masked_rows: str = "raise",
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_threads: int | None = None,
+) -> FlashResult:
+    """Exact attention, tiled: ``softmax(Q Kᵀ · scale, masked) V`` without an ``[n_q, n_k]`` matrix.
+
+    Args:
+        q: queries ``[..., h, n_q, d_k]`` (NumPy, PyTorch or any array-API array; computed in NumPy).
+        k: keys ``[..., h_kv, n_k, d_k]``. ``h_kv`` may divide ``h`` (GQA/MQA: query head i reads kv head
+            ``i // (h / h_kv)``, without repeating K and V). Other leading dims broadcast.
+        v: values ``[..., h_kv, n_k, d_v]``.
+        causal: ``True`` (needs n_q == n_k, or ``q_offset``), ``"top_left"`` or ``"bottom_right"``.
+        q_offset: the key position of query 0 (query i sits at position ``q_offset + i``): decoding and chunked
+            prefill. Places the causal diagonal and the window; then ``causal`` is True or False.
+        window: sliding window: an int ``w`` (query at position p sees keys ``p - w .. p``) or ``(left, right)``
+            (``None`` = unbounded on that side). Positions as for ``causal`` (top-left when n_q == n_k).
+        key_lengths: ints ``[B]``: keys ``j >= key_lengths[b]`` of sequence b are padding. B is the first leading
+            axis of q (or 1, shared by all).
+        segments: packed sequences: integer ids ``[n]`` or ``[B, n]`` (self-attention) or a pair
+            ``(q_segments, k_segments)``; a query sees only keys with the same id.
+        mask: boolean, True = may attend, broadcastable to ``[..., h, n_q, n_k]``; applied block by block.
+        scale: multiplies ``Q Kᵀ``; default ``1/sqrt(d_k)``.
+        masked_rows: fully masked rows: ``"raise"`` (:class:`~attnlab.errors.MaskedRowError`), ``"zero"``
+            (output 0, as FlashAttention) or ``"nan"``. ``lse`` is ``-inf`` on them.
+        block_q, block_k: tile sizes (default :data:`DEFAULT_BLOCK_Q`, :data:`DEFAULT_BLOCK_K`); any positive
+            size works, dividing n or not.
+        num_threads: worker threads (default: every core when threadpoolctl is installed, else 1).
+
+    Returns:
+        :class:`FlashResult` with ``output [..., h, n_q, d_v]`` (caller's library and dtype) and
+        ``lse [..., h, n_q]`` (NumPy, float32 or float64).
+
+    All masks combine (AND). Extra memory is ``O(block_q · block_k)`` per thread plus the output.
+
+    >>> import numpy as np, attnlab
+    >>> rng = np.random.default_rng(0)
+    >>> q, k, v = (rng.standard_normal((2, 97, 16)) for _ in range(3))
+    >>> r = flash_attention(q, k, v, causal=True, block_q=32, block_k=20)
+    >>> bool(np.allclose(r.output, attnlab.scaled_dot_product_attention(q, k, v, causal=True)))
+    True
+    >>> r.lse.shape
+    (2, 97)
+    """
+    plan = _plan(
+        q,
+        k,
+        v,
+        causal=causal,
+        q_offset=q_offset,
+        window=window,
+        key_lengths=key_lengths,
+        segments=segments,
+        mask=mask,
+        scale=scale,
+        masked_rows=masked_rows,
+        block_q=block_q,
+        block_k=block_k,
+        num_threads=num_threads,
+    )
+    dt = plan.q.dtype
+    out = np.empty((*plan.batch, plan.n_q, plan.d_v), dtype=dt)
+    lse = np.empty((*plan.batch, plan.n_q), dtype=dt)
+    tasks = _forward_tasks(plan)
+    ex = _extras(plan)
+    run_tasks(lambda t: _forward_task(plan, ex, out, lse, t), tasks, plan.threads)
+    out = out.reshape((*plan.out_batch, plan.n_q, plan.d_v))
+    lse = lse.reshape((*plan.out_batch, plan.n_q))
+    if plan.masked_rows == "raise" and np.isneginf(lse).any():
+        raise _empty_rows_error(plan, lse, "forward")
+    return FlashResult(output=_to_caller(plan, out), lse=lse)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# backward
+
+
+def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum ``x`` over the axes along which an input of ``shape`` was broadcast."""
+    extra = x.ndim - len(shape)
+    if extra > 0:
+        x = x.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape, strict=True)) if b == 1 and a != 1)
+    if axes:
+        x = x.sum(axis=axes, keepdims=True)
+    return x
+
+
+def _backward_task(
+    plan: _Plan,
+    qs_all: np.ndarray,
+    d_o: np.ndarray,
+    lse_safe: np.ndarray,
+    delta: np.ndarray,
+    dk: np.ndarray,
+    dv: np.ndarray,
+    task: tuple[tuple[int, ...], int, int],
+) -> tuple[tuple[int, ...], np.ndarray | None]:
+    idx, ja, jb = task
+    dt = plan.q.dtype
+    Qs = qs_all[idx]  # [n_q, d_k], scaled
+    K, V = plan.k[idx], plan.v[idx]
+    dO, L, D = d_o[idx], lse_safe[idx], delta[idx]
+    dq = None
+    for j0 in range(ja, jb, plan.block_k):
+        j1 = min(j0 + plan.block_k, jb)
+        Kj, Vj = K[j0:j1], V[j0:j1]
+        dKj = np.zeros((j1 - j0, plan.d_k), dtype=dt)
+        dVj = np.zeros((j1 - j0, plan.d_v), dtype=dt)
+        ilo, ihi = plan.query_range(idx, j0, j1)
+        for i0 in range(ilo, ihi, plan.block_q):
+            i1 = min(i0 + plan.block_q, ihi)
+            bad = plan.blocked(idx, i0, i1, j0, j1)
+            if bad is False:
+                continue
+            s = Qs[i0:i1] @ Kj.T  # [bq, bk] scaled scores · log2(e)
+            if bad is not None:
+                _apply_mask(s, bad)
+            s -= L[i0:i1, None]
+            np.exp2(s, out=s)  # P, exactly the forward's weights
+            dOi = dO[i0:i1]
+            dVj += s.T @ dOi  # dV += Pᵀ dO
+            dP = dOi @ Vj.T  # [bq, bk]
+            dP -= D[i0:i1, None]
+            dP *= s  # dS = P ∘ (dP - delta)
+            if dq is None:
+                dq = np.zeros((plan.n_q, plan.d_k), dtype=dt)
+            dq[i0:i1] += dP @ Kj  # unscaled; times scale at the end
+            dKj += dP.T @ Qs[i0:i1]  # dK += dSᵀ (scale · log2(e) · Q)
+        dKj *= dt.type(_LN2)
+        dk[idx][j0:j1] = dKj
+        dv[idx][j0:j1] = dVj
+    return idx, dq
+
+
+def flash_attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    output: Any,
+    lse: Any,
+    d_out: Any,
+    *,
+    causal: Any = False,
+    q_offset: int | None = None,
+    window: Any = None,
+    key_lengths: Any = None,
+    segments: Any = None,
+    mask: Any = None,
+    scale: float | None = None,
+    masked_rows: str = "raise",
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_threads: int | None = None,
+) -> FlashGrads:
+    """FlashAttention-2's backward: gradients of the tiled forward from its output and ``lse`` in O(n) memory.
+
+    ``P`` is recomputed block by block from ``lse``; ``delta = rowsum(dO ∘ O)``, ``dV = Pᵀ dO``,
+    ``dP = dO Vᵀ``, ``dS = P ∘ (dP - delta)``, ``dQ = dS K · scale``, ``dK = dSᵀ Q · scale``.
+
+    Args:
+        q, k, v: the forward's inputs (shapes as in :func:`flash_attention`, GQA included).
+        output: the forward's output ``[..., h, n_q, d_v]``.
+        lse: the forward's ``lse [..., h, n_q]``.
+        d_out: ``dO = ∂L/∂output`` ``[..., h, n_q, d_v]``.
+        causal, q_offset, window, key_lengths, segments, mask, scale: exactly as given to the forward.
+        masked_rows: rows with ``lse = -inf`` (fully masked) get zero gradient under ``"zero"``; ``"raise"``
+            (default) and ``"nan"`` raise :class:`~attnlab.errors.MaskedRowError` (a NaN output has no gradient).
+        block_q, block_k, num_threads: as in :func:`flash_attention`.
+
+    Returns:
+        :class:`FlashGrads` ``(dq, dk, dv)``, each shaped and typed like its input (summed over broadcast and
+        GQA-shared heads).
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(1)
+    >>> q, k, v, d_o = (rng.standard_normal((3, 50, 8)) for _ in range(4))
+    >>> f = flash_attention(q, k, v, causal=True, block_q=16, block_k=16)
+    >>> g = flash_attention_backward(q, k, v, f.output, f.lse, d_o, causal=True, block_q=16, block_k=16)
+    >>> g.dq.shape, g.dk.shape, g.dv.shape
+    ((3, 50, 8), (3, 50, 8), (3, 50, 8))
+    """
+    plan = _plan(
+        q,
+        k,
+        v,
+        causal=causal,
+        q_offset=q_offset,
+        window=window,
+        key_lengths=key_lengths,
+        segments=segments,
+        mask=mask,
+        scale=scale,
+        masked_rows=masked_rows,
+        block_q=block_q,
+        block_k=block_k,
+        num_threads=num_threads,
+    )
+    dt = plan.q.dtype
+    full_out = (*plan.batch, plan.n_q, plan.d_v)
+    caller_out = (*plan.out_batch, plan.n_q, plan.d_v)
+    arrays = {}
+    for name, x, want in (
+        ("output", output, caller_out),
+        ("lse", lse, caller_out[:-1]),
+        ("d_out", d_out, caller_out),
+    ):
+        x = np.asarray(x) if isinstance(x, (list, tuple)) else x
+        if not hasattr(x, "shape"):
+            raise DTypeError(f"{name}: expected an array, got {type(x).__name__}")
+        if shape_of(x) != want:
+            legend = "[..., n_q]" if name == "lse" else "[..., n_q, d_v]"
+            raise ShapeError(f"{name}: shape {shape_of(x)}, expected {want} {legend} (the forward's output shape)")
+        xn = to_numpy(x)
+        if name != "lse":
+            check_finite(np, xn, name)
+        elif np.isnan(xn).any() or np.isposinf(xn).any():
+            raise ShapeError("lse: holds NaN or +inf; expected the forward's lse (finite, -inf on fully masked rows)")
+        arrays[name] = xn.astype(dt, copy=False)
+    lse_n = arrays["lse"].reshape(full_out[:-1])
+    if np.isneginf(lse_n).any() and plan.masked_rows != "zero":
+        err = _empty_rows_error(plan, lse_n.reshape(caller_out[:-1]), "backward")
+        raise MaskedRowError(
+            f"{err} — in the backward, fully masked rows have a gradient only under masked_rows='zero' "
+            f"(zero output, zero gradient)",
+            err.rows,
+        )
+    # in log2 units; +inf on fully masked rows: exp2(s - inf) = 0, those rows pass no gradient
+    lse_safe = np.where(np.isneginf(lse_n), np.inf, lse_n * dt.type(_LOG2E))
+    d_o = arrays["d_out"].reshape(full_out)
+    o = arrays["output"].reshape(full_out)
+    delta = np.einsum("...ij,...ij->...i", d_o, o)  # [*batch, n_q] rowsum(dO ∘ O)
+    qs_all = plan.q * dt.type(plan.scale * _LOG2E)  # [*batch, n_q, d_k]: scores in log2 units
+    dk = np.zeros((*plan.batch, plan.n_k, plan.d_k), dtype=dt)
+    dv = np.zeros((*plan.batch, plan.n_k, plan.d_v), dtype=dt)
+    dq = np.zeros((*plan.batch, plan.n_q, plan.d_k), dtype=dt)
+
+    # tasks: one per batch·head when there are enough, else each one's keys split between the threads
+    n_b = math.prod(plan.batch)
+    splits = 1 if n_b >= plan.threads else math.ceil(plan.threads / n_b) * 2
+    tasks = []
+    for idx in np.ndindex(*plan.batch):
+        nk = plan.n_keys(idx)
+        if nk == 0:
+            continue
+        per = max(plan.block_k, math.ceil(nk / splits / plan.block_k) * plan.block_k)
+        for ja in range(0, nk, per):
+            tasks.append((idx, ja, min(ja + per, nk)))
+    results = run_tasks(lambda t: _backward_task(plan, qs_all, d_o, lse_safe, delta, dk, dv, t), tasks, plan.threads)
+    for idx, dq_part in results:
+        if dq_part is not None:
+            dq[idx] += dq_part
+    dq *= dt.type(plan.scale)
+
+    def back(x: np.ndarray, shape: tuple[int, ...], caller_shape: tuple[int, ...]) -> Any:
+        return _to_caller(plan, np.ascontiguousarray(_sum_to(x, shape)).reshape(caller_shape))
+
+    cq, ck, cv = plan.caller_shapes
+    return FlashGrads(
+        dq=back(dq, plan.q_shape, cq),
+        dk=back(dk, plan.k_shape, ck),
+        dv=back(dv, plan.v_shape, cv),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the GEMM floor (for benchmarks)
+
+
+def _floor_task(plan: _Plan, out: np.ndarray, task: tuple[tuple[int, ...], int, int]) -> None:
+    idx, i0, i1 = task
+    dt = plan.q.dtype
+    qs = plan.q[idx][i0:i1] * dt.type(plan.scale)
+    K, V = plan.k[idx], plan.v[idx]
+    acc = np.zeros((i1 - i0, plan.d_v), dtype=dt)
+    pv = np.empty_like(acc)
+    buf = _scratch((i1 - i0) * plan.block_k, dt)
+    for j0, j1, _ in plan.key_blocks(idx, i0, i1):
+        s = buf[: (i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0)
+        np.matmul(qs, K[j0:j1].T, out=s)
+        np.matmul(s, V[j0:j1], out=pv)
+        acc += pv
+    out[idx][i0:i1] = acc
+
+
+def gemm_floor(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_threads: int | None = None,
+) -> np.ndarray:
+    """The tiled forward's matrix products alone, ``sum_j (Q_i K_jᵀ) V_j`` with no softmax: NOT attention.
+
+    The same tasks, blocks, block skipping and threads as :func:`flash_attention`; its time is the physical limit
+    of this design, which ``attnlab bench`` reports as the "GEMM floor". Shapes as in :func:`flash_attention`.
+    """
+    plan = _plan(
+        q, k, v, causal=causal, q_offset=None, window=None, key_lengths=None, segments=None, mask=None,
+        scale=None, masked_rows="zero", block_q=block_q, block_k=block_k, num_threads=num_threads,
+    )  # fmt: skip
+    out = np.empty((*plan.batch, plan.n_q, plan.d_v), dtype=plan.q.dtype)
+    run_tasks(lambda t: _floor_task(plan, out, t), _forward_tasks(plan), plan.threads)
+    return out.reshape((*plan.out_batch, plan.n_q, plan.d_v))

@@ -1,0 +1,348 @@
+"""The tiled forward against float64 references, with FlashAttention's error rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import attnlab
+from attnlab import masks
+from attnlab.errors import DTypeError, MaskedRowError, MaskError, ShapeError
+from attnlab.kernels import tiled
+from attnlab.kernels.tiled import _forward_tasks, _plan, flash_attention
+from tests.reference import reference_attention
+
+
+def _rand(rng, *shape, dtype=np.float32, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def _check_rule(fast, q, k, v, allowed=None, *, factor=2.0, floor=1e-6, **kw):
+    """FlashAttention's rule: |fast - ref64| <= factor · |naive same precision - ref64| + floor."""
+    ref = attnlab.scaled_dot_product_attention(
+        *(np.asarray(x, np.float64) for x in (q, k, v)), allowed, masked_rows="zero", **kw
+    )
+    naive = attnlab.scaled_dot_product_attention(q, k, v, allowed, masked_rows="zero", **kw)
+    err_fast = np.abs(np.asarray(fast, np.float64) - ref).max()
+    err_naive = np.abs(np.asarray(naive, np.float64) - ref).max()
+    assert err_fast <= factor * err_naive + floor, (err_fast, err_naive)
+    return err_fast, err_naive
+
+
+@pytest.mark.parametrize(
+    ("n", "block_q", "block_k"),
+    [
+        (1, 1, 1),
+        (1, 256, 512),
+        (97, 1, 7),
+        (97, 16, 16),
+        (97, 32, 100),
+        (1023, 64, 100),
+        (1023, 256, 512),
+        (1025, 128, 128),
+        (1025, 256, 512),
+        (1025, 2048, 2048),
+    ],
+)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("path", ["fast", "online"])
+def test_every_block_size_float32(n, block_q, block_k, causal, path, monkeypatch):
+    """Both inner loops: exp without offset (bounded scores) and the online softmax with a running max."""
+    monkeypatch.setattr(tiled, "_FORCE_ONLINE", path == "online")
+    rng = np.random.default_rng(n + block_q + block_k)
+    q, k, v = _rand(rng, 2, n, 32), _rand(rng, 2, n, 32), _rand(rng, 2, n, 24)
+    r = flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+    assert r.output.dtype == np.float32 and r.output.shape == (2, n, 24) and r.lse.shape == (2, n)
+    _check_rule(r.output, q, k, v, causal=causal)
+
+
+def test_lse_matches_the_core_trace():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((3, 200, 16)) for _ in range(3))
+    r = flash_attention(q, k, v, causal=True, block_q=48, block_k=64)
+    t = attnlab.attention_trace(q, k, v, causal=True)
+    np.testing.assert_allclose(r.lse, t.lse, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.output, t.output, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("n_q", "n_k"), [(1, 300), (37, 300), (300, 37), (113, 203), (203, 113)])
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+def test_rectangular_causal_both_alignments(n_q, n_k, align):
+    rng = np.random.default_rng(n_q * 7 + n_k)
+    q, k, v = _rand(rng, 2, n_q, 16), _rand(rng, 2, n_k, 16), _rand(rng, 2, n_k, 8)
+    r = flash_attention(q, k, v, causal=align, block_q=32, block_k=48, masked_rows="zero")
+    allowed = masks.causal(n_q, n_k, align=align)
+    _check_rule(r.output, q, k, v, allowed)
+    ref, _ = reference_attention(q, k, v, allowed)
+    ok = ~np.isnan(ref[..., 0])
+    np.testing.assert_allclose(r.output[ok], ref[ok], atol=2e-6)
+    assert np.all(r.output[~ok] == 0) and np.all(np.isneginf(r.lse[~ok]))
+
+
+def test_q_offset_places_the_queries():
+    rng = np.random.default_rng(3)
+    n_k, n_q, off = 150, 20, 100
+    q, k, v = (rng.standard_normal((2, n, 16)) for n in (n_q, n_k, n_k))
+    r = flash_attention(q, k, v, causal=True, q_offset=off, block_q=8, block_k=32)
+    allowed = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + off
+    ref, _ = reference_attention(q, k, v, allowed)
+    np.testing.assert_allclose(r.output, ref, atol=1e-12)
+    # q_offset = n_k - n_q is the bottom-right alignment
+    r2 = flash_attention(q, k, v, causal=True, q_offset=n_k - n_q, block_q=8, block_k=32)
+    r3 = flash_attention(q, k, v, causal="bottom_right", block_q=8, block_k=32)
+    np.testing.assert_array_equal(r2.output, r3.output)
+
+
+@pytest.mark.parametrize("window", [0, 1, 17, (5, 3), (None, 4), (9, None)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_windows(window, causal):
+    rng = np.random.default_rng(5)
+    n = 130
+    q, k, v = (rng.standard_normal((2, n, 8)).astype(np.float32) for _ in range(3))
+    r = flash_attention(q, k, v, window=window, causal=causal, block_q=16, block_k=24)
+    left, right = (window, 0) if isinstance(window, int) else window
+    allowed = masks.window(n, left=left, right=right)
+    if causal:
+        allowed = allowed & masks.causal(n)
+    _check_rule(r.output, q, k, v, allowed)
+
+
+def test_window_with_offset_as_in_decoding():
+    rng = np.random.default_rng(6)
+    q, k, v = rng.standard_normal((4, 16)), rng.standard_normal((60, 16)), rng.standard_normal((60, 16))
+    r = flash_attention(q, k, v, window=10, causal=True, q_offset=56, block_k=7)
+    allowed = masks.window(4, 60, left=10, align="bottom_right")
+    np.testing.assert_allclose(r.output, reference_attention(q, k, v, allowed)[0], atol=1e-12)
+
+
+def test_key_lengths_and_padded_rows():
+    rng = np.random.default_rng(7)
+    B, h, n = 3, 2, 70
+    q, k, v = (rng.standard_normal((B, h, n, 8)) for _ in range(3))
+    lengths = np.array([70, 33, 1])
+    r = flash_attention(q, k, v, key_lengths=lengths, block_q=16, block_k=16)
+    allowed = masks.key_padding(lengths, n)
+    np.testing.assert_allclose(r.output, reference_attention(q, k, v, allowed)[0], atol=1e-12)
+    # with causal and length 0, rows become empty
+    lengths0 = np.array([70, 0, 5])
+    with pytest.raises(MaskedRowError, match=r"may attend to no key at all, at \(\*batch, query\) index \(1, 0, 0\)"):
+        flash_attention(q, k, v, key_lengths=lengths0, causal=True)
+    r0 = flash_attention(q, k, v, key_lengths=lengths0, causal=True, masked_rows="zero", block_q=16, block_k=16)
+    allowed0 = masks.key_padding(lengths0, n) & masks.causal(n)
+    ref0, _ = reference_attention(q, k, v, allowed0)
+    empty = np.isnan(ref0[..., 0])
+    np.testing.assert_allclose(r0.output[~empty], ref0[~empty], atol=1e-12)
+    assert np.all(r0.output[empty] == 0)
+    rn = flash_attention(q, k, v, key_lengths=lengths0, causal=True, masked_rows="nan")
+    assert np.all(np.isnan(rn.output[empty])) and not np.isnan(rn.output[~empty]).any()
+
+
+def test_segments_packed_sequences():
+    rng = np.random.default_rng(8)
+    ids = np.repeat([0, 1, 2, 3], [40, 7, 60, 23])
+    n = ids.size
+    q, k, v = (rng.standard_normal((2, n, 16)) for _ in range(3))
+    r = flash_attention(q, k, v, segments=ids, causal=True, block_q=32, block_k=32)
+    allowed = masks.segments(ids) & masks.causal(n)
+    np.testing.assert_allclose(r.output, reference_attention(q, k, v, allowed)[0], atol=1e-12)
+    # per-sequence ids [B, n] and a (q, k) pair
+    ids2 = np.stack([ids, np.sort(rng.integers(0, 3, n))])
+    q4, k4, v4 = (rng.standard_normal((2, 3, n, 8)) for _ in range(3))
+    r2 = flash_attention(q4, k4, v4, segments=(ids2, ids2), block_q=50, block_k=20)
+    allowed2 = masks.segments(ids2)[:, None]
+    np.testing.assert_allclose(r2.output, reference_attention(q4, k4, v4, allowed2)[0], atol=1e-12)
+
+
+def test_arbitrary_mask_block_by_block():
+    rng = np.random.default_rng(9)
+    n_q, n_k = 90, 110
+    q, k, v = _rand(rng, 2, 3, n_q, 16), _rand(rng, 2, 3, n_k, 16), _rand(rng, 2, 3, n_k, 16)
+    m = rng.random((2, 1, n_q, n_k)) < 0.3
+    m[:, :, :, 40:80] = False  # whole blocks masked out
+    m[:, :, 10] = False  # an empty row
+    r = flash_attention(q, k, v, mask=m, masked_rows="zero", block_q=16, block_k=20)
+    _check_rule(r.output, q, k, v, m)
+    assert np.all(r.output[:, :, 10] == 0)
+    # combined with causal (bottom-right) and key lengths
+    r2 = flash_attention(
+        q, k, v, mask=m, causal="bottom_right", key_lengths=[100, 90], masked_rows="zero", block_q=32, block_k=32
+    )
+    allowed = m & masks.causal(n_q, n_k, align="bottom_right") & masks.key_padding([100, 90], n_k)
+    _check_rule(r2.output, q, k, v, allowed)
+
+
+def test_gqa_and_mqa_match_repeated_kv():
+    rng = np.random.default_rng(10)
+    q = rng.standard_normal((2, 8, 50, 16))
+    for h_kv in (1, 2, 4, 8):
+        k, v = rng.standard_normal((2, h_kv, 70, 16)), rng.standard_normal((2, h_kv, 70, 12))
+        m = rng.random((2, 8, 50, 70)) < 0.8
+        r = flash_attention(q, k, v, mask=m, causal="bottom_right", masked_rows="zero", block_q=16, block_k=16)
+        kk, vv = np.repeat(k, 8 // h_kv, axis=1), np.repeat(v, 8 // h_kv, axis=1)
+        ref = attnlab.scaled_dot_product_attention(q, kk, vv, m, causal="bottom_right", masked_rows="zero")
+        np.testing.assert_allclose(r.output, ref, atol=1e-12)
+        assert r.output.shape == (2, 8, 50, 12)
+    # 3-D GQA (no batch axis), with key lengths per query head
+    q3, k3, v3 = rng.standard_normal((4, 20, 8)), rng.standard_normal((2, 20, 8)), rng.standard_normal((2, 20, 8))
+    r3 = flash_attention(q3, k3, v3, key_lengths=[20, 5, 9, 1], block_k=4)
+    ref3 = attnlab.scaled_dot_product_attention(
+        q3, np.repeat(k3, 2, axis=0), np.repeat(v3, 2, axis=0), masks.key_padding([20, 5, 9, 1], 20, ndim=3)
+    )
+    np.testing.assert_allclose(r3.output, ref3, atol=1e-12)
+
+
+def test_broadcast_leading_dims_and_inputs_untouched():
+    rng = np.random.default_rng(11)
+    q, k, v = rng.standard_normal((3, 1, 40, 8)), rng.standard_normal((1, 4, 30, 8)), rng.standard_normal((30, 8))
+    copies = [x.copy() for x in (q, k, v)]
+    r = flash_attention(q, k, v, block_q=7, block_k=9)
+    np.testing.assert_allclose(r.output, attnlab.scaled_dot_product_attention(q, k, v), atol=1e-12)
+    for x, c in zip((q, k, v), copies, strict=True):
+        np.testing.assert_array_equal(x, c)
+
+
+def test_skips_masked_blocks_and_plain_lists():
+    rng = np.random.default_rng(12)
+    q = k = v = rng.standard_normal((1, 1024, 8))
+    plan = _plan(
+        q, k, v, causal=True, q_offset=None, window=None, key_lengths=None, segments=None, mask=None, scale=None,
+        masked_rows="raise", block_q=128, block_k=128, num_threads=1,
+    )  # fmt: skip
+    visited = [(j0, bad is None) for _, i0, i1 in _forward_tasks(plan) for j0, _, bad in plan.key_blocks((0,), i0, i1)]
+    assert len(visited) == 8 * 9 // 2  # causal: 36 of the 64 blocks computed
+    assert sum(full for _, full in visited) == 8 * 7 // 2  # only the 8 diagonal blocks are masked
+    plan_w = _plan(
+        q, k, v, causal=True, q_offset=None, window=100, key_lengths=None, segments=None, mask=None, scale=None,
+        masked_rows="raise", block_q=128, block_k=128, num_threads=1,
+    )  # fmt: skip
+    n_w = sum(1 for _, i0, i1 in _forward_tasks(plan_w) for _ in plan_w.key_blocks((0,), i0, i1))
+    assert n_w == 8 + 7  # a band of two blocks per query block
+    out = flash_attention([[1, 0], [0, 1]], [[1, 0], [0, 1]], [[10, 0], [0, 20]]).output
+    np.testing.assert_allclose(out, [[6.6976, 6.6048], [3.3024, 13.3952]], atol=1e-4)
+
+
+def test_large_and_growing_scores_stay_exact():
+    """Scores that grow from key block to key block (the lazy-max path must rescale) and huge ones."""
+    rng = np.random.default_rng(13)
+    n, d = 600, 16
+    u = rng.standard_normal(d).astype(np.float32)
+    u /= np.linalg.norm(u)
+    q = np.tile(u * 4, (n, 1)) + _rand(rng, n, d, scale=0.01)
+    k = (np.linspace(0, 60, n)[:, None] * u).astype(np.float32) + _rand(rng, n, d, scale=0.01)
+    v = _rand(rng, n, 8)
+    for bq, bk in ((64, 64), (100, 33), (600, 600)):
+        r = flash_attention(q, k, v, block_q=bq, block_k=bk, scale=1.0)
+        _check_rule(r.output, q, k, v, scale=1.0)
+        assert np.isfinite(r.lse).all()
+    big = _rand(rng, 3, 200, 16, scale=300.0)
+    r = flash_attention(big, big, big, block_q=32, block_k=32)
+    _check_rule(r.output, big, big, big, floor=1e-4)
+
+
+def test_torch_tensors_come_back_as_torch():
+    rng = np.random.default_rng(14)
+    q, k, v = (torch.from_numpy(rng.standard_normal((2, 30, 8))).to(torch.bfloat16) for _ in range(3))
+    r = flash_attention(q, k, v, causal=True, block_q=8, block_k=8)
+    assert isinstance(r.output, torch.Tensor) and r.output.dtype == torch.bfloat16
+    ref = attnlab.scaled_dot_product_attention(q.float(), k.float(), v.float(), causal=True)
+    torch.testing.assert_close(r.output.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+def test_errors_name_the_argument():
+    q = np.zeros((2, 4, 10, 8))
+    with pytest.raises(ShapeError, match=r"k: 3 kv heads \(dim -3\) do not divide q's 4 heads"):
+        flash_attention(q, np.zeros((2, 3, 10, 8)), np.zeros((2, 3, 10, 8)))
+    with pytest.raises(ShapeError, match=r"k: last dim d_k=7 does not match q's d_k=8"):
+        flash_attention(q, np.zeros((2, 4, 10, 7)), np.zeros((2, 4, 10, 8)))
+    with pytest.raises(ShapeError, match="block_q: expected a positive int, got 0"):
+        flash_attention(q, q, q, block_q=0)
+    with pytest.raises(ShapeError, match=r"block_k: expected a positive int, got 2\.5"):
+        flash_attention(q, q, q, block_k=2.5)
+    with pytest.raises(MaskError, match=r"causal=True: n_q=3 != n_k=10"):
+        flash_attention(q[..., :3, :], q, q, causal=True)
+    with pytest.raises(MaskError, match=r"(?s)window: n_q=3 != n_k=10.*pass q_offset="):
+        flash_attention(q[..., :3, :], q, q, window=2)
+    with pytest.raises(MaskError, match="window left: expected None or an int >= 0, got -1"):
+        flash_attention(q, q, q, window=(-1, 0))
+    with pytest.raises(MaskError, match=r"(?s)q_offset=2 already places the queries.*not causal='top_left'"):
+        flash_attention(q, q, q, causal="top_left", q_offset=2)
+    with pytest.raises(MaskError, match="q_offset: expected None or an int >= 0"):
+        flash_attention(q, q, q, q_offset=-1)
+    with pytest.raises(ShapeError, match=r"key_lengths: 3 entries, expected one per sequence \(B=2"):
+        flash_attention(q, q, q, key_lengths=[1, 2, 3])
+    with pytest.raises(ShapeError, match="key_lengths: entry 1 is 11; expected 0 <= length <= n_k=10"):
+        flash_attention(q, q, q, key_lengths=[1, 11])
+    with pytest.raises(ShapeError, match="segments: q_segments has 9 ids, expected 10"):
+        flash_attention(q, q, q, segments=np.zeros(9, int))
+    with pytest.raises(DTypeError, match="mask: dtype float64 is not a boolean mask"):
+        flash_attention(q, q, q, mask=np.zeros((10, 10)))
+    with pytest.raises(ShapeError, match=r"mask: shape \(3, 10, 10\) does not broadcast"):
+        flash_attention(q, q, q, mask=np.ones((3, 10, 10), bool))
+    with pytest.raises(MaskError, match="masked_rows: expected one of"):
+        flash_attention(q, q, q, masked_rows="ignore")
+    with pytest.raises(ShapeError, match="num_threads: expected None or an int >= 1"):
+        flash_attention(q, q, q, num_threads=0)
+    bad = q.copy()
+    bad[0, 1, 2, 3] = np.nan
+    with pytest.raises(attnlab.NonFiniteError, match=r"q: holds nan at index \(0, 1, 2, 3\)"):
+        flash_attention(bad, q, q)
+
+
+@given(
+    n_q=st.integers(1, 70),
+    n_k=st.integers(1, 70),
+    block_q=st.integers(1, 80),
+    block_k=st.integers(1, 80),
+    causal=st.sampled_from([False, "top_left", "bottom_right"]),
+    window=st.sampled_from([None, 0, 3, (2, 5), (None, 1)]),
+    seed=st.integers(0, 2**16),
+)
+def test_property_tiled_equals_dense_for_every_block_size(n_q, n_k, block_q, block_k, causal, window, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.standard_normal((2, n_q, 4)), rng.standard_normal((2, n_k, 4)), rng.standard_normal((2, n_k, 3))
+    align = causal or "top_left"
+    allowed = np.ones((n_q, n_k), bool)
+    if causal:
+        allowed &= masks.causal(n_q, n_k, align=causal)
+    if window is not None:
+        left, right = (window, 0) if isinstance(window, int) else window
+        allowed &= masks.window(n_q, n_k, left=left, right=right, align=align)
+    r = flash_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        window=window,
+        q_offset=None if causal or window is None else 0,
+        block_q=block_q,
+        block_k=block_k,
+        masked_rows="zero",
+    )
+    ref = attnlab.attention_trace(q, k, v, allowed, masked_rows="zero")
+    np.testing.assert_allclose(r.output, ref.output, atol=1e-12)
+    np.testing.assert_array_equal(np.isneginf(r.lse), np.isneginf(ref.lse))
+    fin = np.isfinite(ref.lse)
+    np.testing.assert_allclose(r.lse[fin], ref.lse[fin], atol=1e-12)
+
+
+def test_fast_path_near_its_bound_and_online_path_beyond(monkeypatch):
+    """Bounded scores take the exp-without-offset path (here up to ~55 nats apart); larger ones the online path."""
+    rng = np.random.default_rng(15)
+    n, d = 300, 16
+    calls = []
+    real = tiled._online_softmax
+    monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    q = (np.outer(rng.uniform(-1, 1, n), u) * 14 + rng.standard_normal((n, d)) * 0.1).astype(np.float32)
+    k = (np.outer(rng.uniform(-1, 1, n), u) * 14 + rng.standard_normal((n, d)) * 0.1).astype(np.float32)
+    v = rng.standard_normal((n, 8)).astype(np.float32)
+    r = flash_attention(q, k, v, block_q=64, block_k=64)  # scores in [-49, 49] (scale 1/4)
+    assert not calls
+    _check_rule(r.output, q, k, v)
+    r2 = flash_attention(q * 3, k, v, block_q=64, block_k=64)
+    assert calls
+    _check_rule(r2.output, q * 3, k, v)
