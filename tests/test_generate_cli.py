@@ -12,22 +12,14 @@ import numpy as np
 import pytest
 
 from attnlab.cli import main
-from attnlab.models.gguf import load_smollm2
 from attnlab.models.llama import generate
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """Token-sized products gain nothing from BLAS threads, and on a busy 2-core machine they lose up to 10x."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_smollm2()
+def model(smollm2):
+    return smollm2
 
 
 def test_generate_prints_the_continuation_and_speed(model, capsys):

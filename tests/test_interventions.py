@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from attnlab.check.model import check_causal_lm
 from attnlab.core.softmax import log_softmax
 from attnlab.errors import ShapeError
-from attnlab.models.gguf import load_smollm2
 from attnlab.models.interventions import (
     attention_maps,
     intervene,
@@ -28,18 +27,12 @@ from attnlab.models.minilm import MiniLM
 PROMPT = "The capital of France is"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """Token-sized products gain nothing from BLAS threads, and on a busy 2-core machine they lose up to 10x."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_smollm2()
+def model(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from attnlab.errors import DTypeError, MissingExtraError, ShapeError
 from attnlab.models import gguf as gguf_mod
-from attnlab.models.gguf import load_smollm2, smollm2_gguf_path
+from attnlab.models.gguf import smollm2_gguf_path
 from attnlab.models.llama import generate, llama_forward, make_cache, position_check
 
 PROMPTS = [
@@ -25,18 +25,12 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_blas_thread():
-    """Token-sized products gain nothing from BLAS threads, and on a busy 2-core machine they lose up to 10x."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load_smollm2()
+def model(smollm2):
+    return smollm2
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,20 @@ heavy (matplotlib, torch, rich, transformers) inside ``run`` only, so ``attnlab 
 
 #: The subcommands, in the order ``attnlab --help`` lists them (module names in this package).
 COMMANDS: tuple[str, ...] = (
+    # learn
     "demo",
     "explain",
     "heatmap",
     "lab",
-    "ring",
     "train",
+    # scale
     "cost",
     "bench",
+    "ring",
+    # check
     "check",
     "check_model",
+    # real models
     "generate",
     "intervene",
 )
