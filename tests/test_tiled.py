@@ -49,9 +49,12 @@ def _check_rule(fast, q, k, v, allowed=None, *, factor=2.0, floor=1e-6, **kw):
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("path", ["fast", "online"])
-def test_every_block_size_float32(n, block_q, block_k, causal, path, monkeypatch):
-    """Both inner loops: exp without offset (bounded scores) and the online softmax with a running max."""
+@pytest.mark.parametrize("exp", ["exp2", "exp"])
+def test_every_block_size_float32(n, block_q, block_k, causal, path, exp, monkeypatch):
+    """Both inner loops (exp without offset for bounded scores; the online softmax with a running max), with both
+    exponentials the kernel may pick for a process."""
     monkeypatch.setattr(tiled, "_FORCE_ONLINE", path == "online")
+    monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
     rng = np.random.default_rng(n + block_q + block_k)
     q, k, v = _rand(rng, 2, n, 32), _rand(rng, 2, n, 32), _rand(rng, 2, n, 24)
     r = flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k)

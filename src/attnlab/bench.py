@@ -208,7 +208,7 @@ class BenchResult:
         """The table ``attnlab bench`` prints."""
         lines = [
             f"attnlab bench  {self.created}  cores={self.cores}  GEMM rate {self.gemm_gflops:.0f} GFLOP/s (float32)",
-            self.blas.line(),
+            self.blas.line() + (f"; tiled: {self.config['kernel']}" if self.config.get("kernel") else ""),
             f"PyTorch: {self.torch or 'not installed'}",
             "",
             f"{'pass':<8} {'n':>6} {'d':>4} {'causal':>6} {'method':<6} {'median ms':>10} {'min ms':>9} {'GFLOP/s':>8} "
@@ -266,6 +266,16 @@ def _flops(batch: int, heads: int, n: int, d: int, causal: bool, backward: bool)
 
 def _naive_bytes(batch: int, heads: int, n: int) -> int:
     return 6 * batch * heads * n * n * 4  # scores, scaled, allowed, masked logits, exp, weights (roughly)
+
+
+def _kernel_line(kw: dict[str, Any]) -> str:
+    """The tiled kernel's block sizes and the exponential it chose in this process (see ``tiled._exp``)."""
+    from .kernels import tiled
+
+    bq = kw.get("block_q") or tiled.DEFAULT_BLOCK_Q
+    bk = kw.get("block_k") or tiled.DEFAULT_BLOCK_K
+    e = tiled._exp(np.dtype(np.float32)).name
+    return f"blocks {bq}x{bk}, np.{e} (faster here)"
 
 
 def _make_methods(
@@ -463,6 +473,7 @@ def run_bench(
         torch=_torch_info() if "torch" in methods else None,
         cores=available_cores(),
         config={
+            "kernel": _kernel_line(kw),
             "sizes": list(sizes),
             "d": list(d),
             "heads": heads,

@@ -12,19 +12,24 @@ sum ``l_i`` of ``exp(s - m_i)`` and an accumulator ``acc`` of ``exp(s - m_i) V``
     ...
     out    = acc / l_i,   lse = m_i + log(l_i)
 
-This is exact: only the order of the additions differs from the dense computation. Two refinements make it fast
-in NumPy, where every element-wise pass over a score block costs about as much as a matrix product:
+This is exact: only the order of the additions differs from the dense computation. Some refinements make it
+fast in NumPy, where every element-wise pass over a score block costs about a sixth of its two matrix products:
 
 * scores are computed in log2 units (``scale · log2(e)`` is folded into Q once) and exponentiated with ``exp2``,
-  about twice as fast as ``exp``; ``V`` carries an extra column of ones, so ``P [V, 1]`` yields ``P V`` and the row
-  sums of ``P`` in one product;
+  about 0.6× the cost of ``exp`` — unless ``exp`` measured faster in this process (see :func:`_exp`: NumPy's
+  ``exp2`` is sometimes ~3.5× slower for a whole process), then in nats with ``exp``;
+* the row sums of ``P`` come from a matrix-vector product ``P 1`` (a fifth of ``P.sum(axis=1)``, and cheaper than
+  a column of ones on ``V``, which makes the second product's width odd);
 * when the scores of a query block are bounded (``|scale · q_i · k_j| <= ||scale · q_i|| · max_j ||k_j||``, by
   Cauchy-Schwarz, is small enough that ``exp`` can neither overflow nor lose precision, which holds for typical
-  activations), no running maximum is needed at all: each key block is one product, one in-place ``exp2`` and
-  one product. Otherwise the online softmax above runs; once every row has a finite ``m_i`` it skips the
-  row-maximum pass and exponentiates ``S - m_i`` directly, and a block whose row sums grow past ``2**40``
-  (``2**200`` in float64) is recomputed with the maximum pass. (``m_i`` is always the maximum of scores already
-  seen, so nothing underflows that the dense computation would keep.)
+  activations), no running maximum is needed at all: each key block is one product, one in-place ``exp2``, one
+  product and the matrix-vector product; a masked block is masked *after* ``exp2`` (multiplied by 0/1), because
+  NumPy's ``exp2`` takes a scalar slow path on ``-inf`` (measured 6× slower per block). Otherwise the online
+  softmax above runs; once every row has a finite ``m_i`` it skips the row-maximum pass and exponentiates
+  ``S - m_i`` directly, and a block whose row sums grow past ``2**40`` (``2**200`` in float64) is recomputed
+  with the maximum pass. (``m_i`` is always the maximum of scores already seen, so nothing underflows that the
+  dense computation would keep.)
+* each worker thread keeps its buffers (score block, accumulators) between tasks and calls.
 
 Masks are applied block by block (causal with either alignment or an explicit query offset, sliding windows, key
 padding by lengths, packed segments, arbitrary boolean masks); a key block that a query block may not see at all is
@@ -40,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +69,7 @@ __all__ = [
 ]
 
 #: Default block sizes, measured with ``attnlab bench`` on the project's 2-core machines (docs/performance.md).
-DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 
 _LOG2E = 1.0 / math.log(2.0)
@@ -72,6 +78,50 @@ _THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
 
 #: Tests set this to run the online-softmax path where the fast (bounded-scores) path would apply.
 _FORCE_ONLINE = False
+
+#: Tests set this to ``"exp2"`` or ``"exp"`` to force the exponential instead of the measured choice.
+_FORCE_EXP: str | None = None
+
+
+@dataclass(frozen=True)
+class _Exp:
+    """The exponential the kernels use and its units: scores are computed as ``unit · (scale · q · k)`` (the
+    factor folded into Q) and exponentiated with ``fn``; ``back`` (``1 / unit``) turns them into nats."""
+
+    name: str
+    fn: Any
+    unit: float
+    back: float
+
+
+_EXPS = {"exp2": _Exp("exp2", np.exp2, _LOG2E, _LN2), "exp": _Exp("exp", np.exp, 1.0, 1.0)}
+_exp_choice: dict[str, _Exp] = {}
+
+
+def _exp(dtype: np.dtype) -> _Exp:
+    """``exp2`` (in log2 units) or ``exp`` (in nats), whichever is faster here, measured once per process and
+    dtype on a 128 KiB block.
+
+    NumPy's vectorised float32 ``exp2`` usually costs ~0.5× ``exp`` on the project's machines, but in roughly
+    a third of processes it runs ~4× slower than usual (~2× ``exp``) for the whole life of the process (it
+    depends on the address-space layout: never seen with ASLR disabled). Measuring takes ~0.3 ms once; both
+    choices are exact to the same rounding.
+    """
+    if _FORCE_EXP is not None:
+        return _EXPS[_FORCE_EXP]
+    key = np.dtype(dtype).str
+    choice = _exp_choice.get(key)
+    if choice is None:
+        x = np.linspace(-20.0, 20.0, 1 << 15, dtype=dtype)
+        buf = np.empty_like(x)
+        best = {name: math.inf for name in _EXPS}
+        for _ in range(5):
+            for name, e in _EXPS.items():
+                t = time.perf_counter()
+                e.fn(x, out=buf)
+                best[name] = min(best[name], time.perf_counter() - t)
+        choice = _exp_choice[key] = _EXPS[min(best, key=best.__getitem__)]
+    return choice
 
 
 @dataclass(frozen=True)
@@ -180,8 +230,8 @@ class _Plan:
 
     def blocked(self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
         """The block's mask ``[i1-i0, j1-j0]``: ``None`` if nothing is blocked, ``False`` if everything is (skip
-        the block), else an array: bool True = *blocked*, or (causal/window alone) a cached additive float block
-        of 0 and -inf. Apply it with :func:`_apply_mask`."""
+        the block), else a bool array True = *blocked*, or (causal/window alone) a cached :class:`_PositionMask`.
+        Apply it before ``exp2`` with :func:`_apply_mask` or after it with :func:`_zero_masked`."""
         parts: list[np.ndarray] = []
         # positions: rel = key position - query position
         need_rel = (
@@ -212,7 +262,7 @@ class _Plan:
             key = (i1 - i0, j1 - j0, j0 - i0 - self.shift, self.causal, self.left, self.right)
             if _position_all(*key):
                 return False
-            return _position_additive(*key, self.q.dtype.str)
+            return _position_mask(*key, self.q.dtype.str)
         bad = parts[0]
         for p in parts[1:]:
             bad = bad | p
@@ -250,23 +300,47 @@ def _position_all(bq: int, bk: int, offset: int, causal: bool, left: int | None,
     return bool(_position_block(bq, bk, offset, causal, left, right).all())
 
 
+@dataclass(frozen=True)
+class _PositionMask:
+    """A causal/window block mask in ``dtype`` as ``add`` (0 allowed, -inf blocked: adding it costs a fifth of a
+    masked copy) and ``keep`` (1 allowed, 0 blocked: multiplies probabilities after ``exp2``)."""
+
+    add: np.ndarray
+    keep: np.ndarray
+
+
 @functools.lru_cache(maxsize=256)
-def _position_additive(
+def _position_mask(
     bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None, dtype: str
-) -> np.ndarray:
-    """:func:`_position_block` as 0 (allowed) / -inf (blocked) in ``dtype``: adding it costs a fifth of a
-    masked copy."""
-    add = np.where(_position_block(bq, bk, offset, causal, left, right), -np.inf, 0).astype(dtype)
+) -> _PositionMask:
+    """:func:`_position_block` as a cached :class:`_PositionMask` in ``dtype``."""
+    bad = _position_block(bq, bk, offset, causal, left, right)
+    add = np.where(bad, -np.inf, 0).astype(dtype)
+    keep = np.where(bad, 0, 1).astype(dtype)
     add.flags.writeable = False
-    return add
+    keep.flags.writeable = False
+    return _PositionMask(add, keep)
 
 
-def _apply_mask(s: np.ndarray, bad: np.ndarray) -> None:
-    """Set the blocked entries of the score block ``s`` to -inf, in place."""
-    if bad.dtype == np.bool_:
-        np.copyto(s, -np.inf, where=bad)
+def _apply_mask(s: np.ndarray, bad: np.ndarray | _PositionMask) -> None:
+    """Set the blocked entries of the score block ``s`` to -inf, in place (before a max or ``exp2``)."""
+    if isinstance(bad, _PositionMask):
+        s += bad.add
     else:
-        s += bad
+        np.copyto(s, -np.inf, where=bad)
+
+
+def _zero_masked(p: np.ndarray, bad: np.ndarray | _PositionMask) -> None:
+    """Set the blocked entries of the probability block ``p`` to 0, in place (after ``exp2``).
+
+    Masking after the exponential keeps ``-inf`` out of ``exp2``: NumPy's vectorised ``exp2`` takes a slow
+    scalar path for ``-inf`` and for results below the smallest normal number (measured: a half-masked 512×512
+    block 6.5× slower, inputs near -130 ~90×), which made every causal diagonal block cost several blocks' time.
+    """
+    if isinstance(bad, _PositionMask):
+        p *= bad.keep
+    else:
+        np.copyto(p, 0, where=bad)
 
 
 _local = threading.local()
@@ -548,10 +622,9 @@ def _empty_rows_error(plan: _Plan, lse: np.ndarray, what: str) -> MaskedRowError
 
 @dataclass(frozen=True)
 class _Extras:
-    """Per-call arrays the forward tasks share: ``V`` with a column of ones (so ``P [V, 1]`` also yields the row
-    sums of ``P``) and, per batch·head, the largest key norm (for the bound that allows the fast path)."""
+    """Per-call values the forward tasks share: per batch·head, the largest key norm, and the score bound under
+    which the fast path (no running maximum) is exact."""
 
-    v1: np.ndarray  # [*batch, n_k, d_v + 1]
     k_norm: np.ndarray  # [*batch]
     safe: float  # |scaled score| bound under which exp(S) needs no offset
 
@@ -559,19 +632,46 @@ class _Extras:
 def _extras(plan: _Plan) -> _Extras:
     dt = plan.q.dtype
     v_raw, k_raw = plan.v_raw, plan.k_raw
-    v1 = np.empty((*v_raw.shape[:-1], plan.d_v + 1), dtype=dt)
-    v1[..., : plan.d_v] = v_raw
-    v1[..., plan.d_v] = 1
     k_norm = np.sqrt(np.einsum("...ij,...ij->...i", k_raw, k_raw).max(axis=-1))  # [*k batch]
     v_max = max(float(v_raw.max()), -float(v_raw.min()))  # max |v| without a temporary
     # exp(S) stays far from overflow in every sum and product, and far from underflow (<= 60, or 600 in float64)
     big, cap = (69.0, 60.0) if dt == np.float32 else (690.0, 600.0)
     safe = min(cap, big - math.log(max(plan.n_k, 1)) - math.log(max(v_max, 1.0)))
-    return _Extras(
-        v1=np.broadcast_to(v1, (*plan.batch, plan.n_k, plan.d_v + 1)),
-        k_norm=np.broadcast_to(k_norm, plan.batch),
-        safe=safe,
-    )
+    return _Extras(k_norm=np.broadcast_to(k_norm, plan.batch), safe=safe)
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(n: int, dtype: str) -> np.ndarray:
+    """A read-only vector of ``n`` ones: ``P @ ones`` gives the row sums of ``P`` (a matrix-vector product reads
+    the block once, at a fifth of the cost of ``P.sum(axis=1)``)."""
+    ones = np.ones(n, dtype=dtype)
+    ones.flags.writeable = False
+    return ones
+
+
+class _Work:
+    """One worker thread's buffers for a query block (reused across tasks and calls: fresh arrays per task would
+    cost allocations and page faults): the score block ``s``, ``acc`` (``P V``), ``pv``, ``l_i`` and ``lt``."""
+
+    __slots__ = ("acc", "key", "l_i", "lt", "pv", "s")
+
+    def __init__(self, bq: int, bk: int, d_v: int, dt: np.dtype) -> None:
+        self.key = (bq, bk, d_v, dt.str)
+        self.s = np.empty(bq * bk, dtype=dt)
+        self.acc = np.empty((bq, d_v), dtype=dt)
+        self.pv = np.empty((bq, d_v), dtype=dt)
+        self.l_i = np.empty(bq, dtype=dt)
+        self.lt = np.empty(bq, dtype=dt)
+
+
+def _work(bq: int, bk: int, d_v: int, dt: np.dtype) -> _Work:
+    """This thread's :class:`_Work` for the shape (kept while the shape repeats; not kept when large)."""
+    if bq * bk > 1 << 22:  # more than 16 MiB of float32: not worth keeping
+        return _Work(bq, bk, d_v, dt)
+    w = getattr(_local, "work", None)
+    if w is None or w.key != (bq, bk, d_v, dt.str):
+        w = _local.work = _Work(bq, bk, d_v, dt)
+    return w
 
 
 def _forward_task(
@@ -580,46 +680,50 @@ def _forward_task(
     """One query block against its key blocks.
 
     Fast path: when ``|scale · q_i · k_j| <= ex.safe`` for the whole block (Cauchy-Schwarz on the norms),
-    ``exp(S)`` needs no running maximum at all: each key block costs one product, one in-place ``exp`` and one
-    product with ``[V, 1]`` (which also sums the rows). Otherwise the online softmax with a running maximum
-    ``m_i`` (see the module docstring) runs.
+    ``exp(S)`` needs no running maximum at all: each key block costs one product, one in-place ``exp2``, one
+    product with ``V`` and a matrix-vector product with ones (the row sums). Otherwise the online softmax with a
+    running maximum ``m_i`` (see the module docstring) runs.
     """
     idx, i0, i1 = task
     dt = plan.q.dtype
-    bq, d_v = i1 - i0, plan.d_v
-    qs = plan.q[idx][i0:i1] * dt.type(plan.scale * _LOG2E)  # [bq, d_k]: scores come out in log2 units
-    K = plan.k[idx]  # [n_k, d_k]
-    V1 = ex.v1[idx]  # [n_k, d_v + 1]
-    acc = np.zeros((bq, d_v + 1), dtype=dt)  # [P V | rowsum P]
-    pv = np.empty((bq, d_v + 1), dtype=dt)
-    buf = _scratch(bq * plan.block_k, dt)  # this thread's score buffer, reused across tasks and calls
+    bq = i1 - i0
+    E = _exp(dt)
+    qs = plan.q[idx][i0:i1] * dt.type(plan.scale * E.unit)  # [bq, d_k]: scores come out in E's units
+    K, V = plan.k[idx], plan.v[idx]  # [n_k, d_k], [n_k, d_v]
+    w = _work(bq, plan.block_k, plan.d_v, dt)
+    acc, pv, l_i, lt, buf = w.acc, w.pv, w.l_i, w.lt, w.s
+    acc.fill(0)
+    l_i.fill(0)
+    ones = _ones(plan.block_k, dt.str)
     q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
-    if q_norm * float(ex.k_norm[idx]) * _LN2 <= ex.safe and not _FORCE_ONLINE:
+    if q_norm * float(ex.k_norm[idx]) * E.back <= ex.safe and not _FORCE_ONLINE:
+        matmul, exp2 = np.matmul, E.fn
         for j0, j1, bad in plan.key_blocks(idx, i0, i1):
-            s = buf[: bq * (j1 - j0)].reshape(bq, j1 - j0)  # contiguous [bq, bk]
-            np.matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] scaled scores · log2(e), |s| <= safe · log2(e)
+            bk = j1 - j0
+            s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
+            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] scaled scores · log2(e), |s| <= safe · log2(e)
+            exp2(s, out=s)  # P = exp(scores) (unnormalised, offset 0); every score is bounded, masked or not
             if bad is not None:
-                _apply_mask(s, bad)
-            np.exp2(s, out=s)  # P = exp(scores) (unnormalised, offset 0)
-            np.matmul(s, V1[j0:j1], out=pv)
+                _zero_masked(s, bad)  # after exp2, which is slow on -inf
+            matmul(s, V[j0:j1], out=pv)
             acc += pv
+            matmul(s, ones[:bk], out=lt)
+            l_i += lt
         m_i = np.zeros(bq, dtype=dt)
     else:
-        m_i = _online_softmax(plan, idx, i0, i1, qs, K, V1, acc, pv, buf)
-    l_i = acc[:, d_v]
-    o = acc[:, :d_v]
+        m_i = _online_softmax(plan, idx, i0, i1, qs, K, V, w, ones, E)
     full = l_i > 0
     if full.all():
-        o /= l_i[:, None]
-        out[idx][i0:i1] = o
-        lse[idx][i0:i1] = m_i * _LN2 + np.log(l_i)
+        acc /= l_i[:, None]
+        out[idx][i0:i1] = acc
+        lse[idx][i0:i1] = m_i * dt.type(E.back) + np.log(l_i)
     else:
         safe_l = np.where(full, l_i, 1)
-        o /= safe_l[:, None]
+        acc /= safe_l[:, None]
         if plan.masked_rows == "nan":
-            o[~full] = np.nan
-        out[idx][i0:i1] = o
-        lse[idx][i0:i1] = np.where(full, m_i * _LN2 + np.log(safe_l), -np.inf)
+            acc[~full] = np.nan
+        out[idx][i0:i1] = acc
+        lse[idx][i0:i1] = np.where(full, m_i * dt.type(E.back) + np.log(safe_l), -np.inf)
 
 
 def _online_softmax(
@@ -629,20 +733,23 @@ def _online_softmax(
     i1: int,
     qs: np.ndarray,
     K: np.ndarray,
-    V1: np.ndarray,
-    acc: np.ndarray,
-    pv: np.ndarray,
-    buf: np.ndarray,
+    V: np.ndarray,
+    w: _Work,
+    ones: np.ndarray,
+    E: _Exp,
 ) -> np.ndarray:
     """The online softmax with running max ``m_i`` (lazy: the max pass runs only while some row has none yet, or
-    when a block's row sums pass the threshold). Accumulates into ``acc = [P V | l_i]``; returns ``m_i``."""
+    when a block's row sums pass the threshold). Accumulates ``P V`` into ``w.acc`` and the row sums into
+    ``w.l_i``; returns ``m_i``."""
     dt = plan.q.dtype
     threshold = _THRESHOLD[dt]
-    bq, d_v = i1 - i0, plan.d_v
+    bq = i1 - i0
+    acc, pv, l_i, lt, buf = w.acc, w.pv, w.l_i, w.lt, w.s
     m_i = np.full(bq, -np.inf, dtype=dt)  # running max (the offset of P)
     ready = False  # every row has a finite m_i
     for j0, j1, bad in plan.key_blocks(idx, i0, i1):
-        s = buf[: bq * (j1 - j0)].reshape(bq, j1 - j0)  # contiguous [bq, bk]
+        bk = j1 - j0
+        s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
         Kj = K[j0:j1]
         np.matmul(qs, Kj.T, out=s)  # [bq, bk]
         if bad is not None:
@@ -650,10 +757,12 @@ def _online_softmax(
         if ready:
             s -= m_i[:, None]
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows up in the row sums, below
-                np.exp2(s, out=s)  # P relative to the running max (entries may exceed 1)
-                np.matmul(s, V1[j0:j1], out=pv)
-            if pv[:, d_v].max() <= threshold:  # False for inf and NaN too
+                E.fn(s, out=s)  # P relative to the running max (entries may exceed 1)
+                np.matmul(s, ones[:bk], out=lt)
+            if lt.max() <= threshold:  # False for inf and NaN too
+                np.matmul(s, V[j0:j1], out=pv)
                 acc += pv
+                l_i += lt
                 continue
             np.matmul(qs, Kj.T, out=s)  # scores grew too much: redo this block with the max pass
             if bad is not None:
@@ -661,12 +770,15 @@ def _online_softmax(
         m_new = np.maximum(m_i, s.max(axis=1))
         ready = bool(np.isfinite(m_new).all())
         m_use = m_new if ready else np.where(np.isfinite(m_new), m_new, 0).astype(dt)
-        alpha = np.exp2(m_i - m_use)  # rescales the old acc and l_i (0 where m_i was -inf)
+        alpha = E.fn(m_i - m_use)  # rescales the old acc and l_i (0 where m_i was -inf)
         s -= m_use[:, None]
-        np.exp2(s, out=s)
-        np.matmul(s, V1[j0:j1], out=pv)
+        E.fn(s, out=s)
+        np.matmul(s, V[j0:j1], out=pv)
+        np.matmul(s, ones[:bk], out=lt)
         acc *= alpha[:, None]
         acc += pv
+        l_i *= alpha
+        l_i += lt
         m_i = m_new
     return np.where(np.isfinite(m_i), m_i, 0).astype(dt)
 
@@ -794,6 +906,7 @@ def _backward_task(
 ) -> tuple[tuple[int, ...], np.ndarray | None]:
     idx, ja, jb = task
     dt = plan.q.dtype
+    E = _exp(dt)  # the forward caller's choice (cached): qs_all and lse_safe are in its units
     Qs = qs_all[idx]  # [n_q, d_k], scaled
     K, V = plan.k[idx], plan.v[idx]
     dO, L, D = d_o[idx], lse_safe[idx], delta[idx]
@@ -813,7 +926,7 @@ def _backward_task(
             if bad is not None:
                 _apply_mask(s, bad)
             s -= L[i0:i1, None]
-            np.exp2(s, out=s)  # P, exactly the forward's weights
+            E.fn(s, out=s)  # P, exactly the forward's weights
             dOi = dO[i0:i1]
             dVj += s.T @ dOi  # dV += Pᵀ dO
             dP = dOi @ Vj.T  # [bq, bk]
@@ -823,7 +936,7 @@ def _backward_task(
                 dq = np.zeros((plan.n_q, plan.d_k), dtype=dt)
             dq[i0:i1] += dP @ Kj  # unscaled; times scale at the end
             dKj += dP.T @ Qs[i0:i1]  # dK += dSᵀ (scale · log2(e) · Q)
-        dKj *= dt.type(_LN2)
+        dKj *= dt.type(E.back)
         dk[idx][j0:j1] = dKj
         dv[idx][j0:j1] = dVj
     return idx, dq
@@ -921,12 +1034,13 @@ def flash_attention_backward(
             f"(zero output, zero gradient)",
             err.rows,
         )
-    # in log2 units; +inf on fully masked rows: exp2(s - inf) = 0, those rows pass no gradient
-    lse_safe = np.where(np.isneginf(lse_n), np.inf, lse_n * dt.type(_LOG2E))
+    # in E's units; +inf on fully masked rows: exp(s - inf) = 0, those rows pass no gradient
+    E = _exp(dt)
+    lse_safe = np.where(np.isneginf(lse_n), np.inf, lse_n * dt.type(E.unit))
     d_o = arrays["d_out"].reshape(full_out)
     o = arrays["output"].reshape(full_out)
     delta = np.einsum("...ij,...ij->...i", d_o, o)  # [*batch, n_q] rowsum(dO ∘ O)
-    qs_all = plan.q * dt.type(plan.scale * _LOG2E)  # [*batch, n_q, d_k]: scores in log2 units
+    qs_all = plan.q * dt.type(plan.scale * E.unit)  # [*batch, n_q, d_k]: scores in E's units
     dk = np.zeros((*plan.batch, plan.n_k, plan.d_k), dtype=dt)
     dv = np.zeros((*plan.batch, plan.n_k, plan.d_v), dtype=dt)
     dq = np.zeros((*plan.batch, plan.n_q, plan.d_k), dtype=dt)
