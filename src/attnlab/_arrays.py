@@ -13,7 +13,7 @@ import numpy as np
 
 from .errors import DTypeError, missing_extra
 
-__all__ = ["compute_dtype", "device_of", "namespace", "shape_of", "to_numpy"]
+__all__ = ["compute_dtype", "device_of", "index_tuples", "namespace", "shape_of", "to_numpy"]
 
 
 def _is_plain(x: Any) -> bool:
@@ -89,3 +89,9 @@ def to_numpy(x: Any) -> np.ndarray:
         return np.asarray(x)
     except (TypeError, ValueError, RuntimeError):
         return np.from_dlpack(x)
+
+
+def index_tuples(where: Any, limit: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """The index of every True entry of ``where`` (any array library), as tuples of Python ints, in C order."""
+    found = np.argwhere(to_numpy(where))
+    return tuple(tuple(int(i) for i in r) for r in found[:limit])

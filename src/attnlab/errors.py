@@ -16,6 +16,8 @@ __all__ = [
     "MissingExtraError",
     "NonFiniteError",
     "ShapeError",
+    "masked_rows_error",
+    "missing_extra",
 ]
 
 
@@ -53,6 +55,29 @@ class NonFiniteError(AttnlabError, ValueError):
 
 class MissingExtraError(AttnlabError, ImportError):
     """An optional dependency is not installed; the message is the one-line ``pip install`` that fixes it."""
+
+
+def masked_rows_error(
+    rows: tuple[tuple[int, ...], ...],
+    scores_shape: tuple[int, ...],
+    *,
+    index: str = "(*batch, query)",
+    scores: str = "scores",
+    fix: str = "the mask (padding AND causal often empties rows)",
+    nan: bool = True,
+) -> MaskedRowError:
+    """The error for fully masked query ``rows`` under ``masked_rows="raise"``, shared by every attention variant.
+
+    ``index`` names the layout of each row's index tuple, ``scores`` what ``scores_shape`` is the shape of, ``fix``
+    what to mend; ``nan=False`` leaves the ``'nan'`` policy out (a backward cannot use it).
+    """
+    shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
+    policies = "masked_rows='zero' (output 0, as FlashAttention)" + (" or 'nan'" if nan else "")
+    return MaskedRowError(
+        f"mask: {len(rows)} query row(s) may attend to no key at all, at {index} index {shown} "
+        f"({scores} {tuple(scores_shape)}); softmax over an empty row is undefined. Fix {fix}, or choose {policies}",
+        rows,
+    )
 
 
 def missing_extra(module: str, extra: str) -> MissingExtraError:

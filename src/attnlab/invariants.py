@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import to_numpy
+from ._arrays import index_tuples, to_numpy
 
 __all__ = ["Violation", "check", "check_arrays"]
 
@@ -35,7 +35,7 @@ class Violation:
 
 
 def _positions(bad: np.ndarray) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(int(i) for i in r) for r in np.argwhere(bad)[:_MAX_POSITIONS])
+    return index_tuples(bad, _MAX_POSITIONS)
 
 
 def _tolerance(dtype: np.dtype) -> float:

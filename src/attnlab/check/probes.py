@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import masks as _masks
 from ..invariants import check_arrays
-from .adapters import Adapter, round_to
+from .adapters import CAPABILITIES, Adapter, round_to
 from .report import Finding, ProbeResult, Unsupported
 from .runner import Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, _expand_kv, bound, compare, golden_output, naive_output
@@ -899,7 +899,7 @@ class Battery:
             )
 
     def unsupported_list(self) -> tuple[Unsupported, ...]:
-        return tuple(Unsupported(c, r) for c, r in self.unsupported.items() if c in _REPORTED)
+        return tuple(Unsupported(c, r) for c, r in self.unsupported.items() if c in CAPABILITIES)
 
     def findings_list(self) -> tuple[tuple[Finding, ...], tuple[str, ...]]:
         """Bugs in a stable order; ``reference-mismatch`` is dropped (as 'explained') when a named bug exists."""
@@ -921,22 +921,6 @@ class Battery:
         order = list(FIXES)
         kept = sorted((self.findings[c] for c in codes if c not in explained), key=lambda f: order.index(f.code))
         return tuple(kept), tuple(explained)
-
-
-_REPORTED = (
-    "float64",
-    "float32",
-    "float16",
-    "bfloat16",
-    "mask",
-    "causal",
-    "scale",
-    "cross",
-    "dv",
-    "rank",
-    "gqa",
-    "causal-cross",
-)
 
 
 class _Skip(Exception):

@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .._arrays import to_numpy
-from ..errors import MaskedRowError
+from .._arrays import index_tuples
+from ..errors import masked_rows_error
 from .inputs import Causal, MaskedRows, Prepared, prepare
 from .softmax import masked_softmax
 
@@ -61,15 +59,9 @@ def _forward(p: Prepared) -> AttentionTrace:
     weights, lse, empty = masked_softmax(s, allowed)  # [..., n_q, n_k], [..., n_q], [..., n_q]
     rows: tuple[tuple[int, ...], ...] = ()
     if bool(xp.any(empty)):
-        rows = tuple(tuple(int(i) for i in r) for r in np.argwhere(to_numpy(empty)))
+        rows = index_tuples(empty)
         if p.masked_rows == "raise":
-            shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
-            raise MaskedRowError(
-                f"mask: {len(rows)} query row(s) may attend to no key at all, at (*batch, query) index {shown} "
-                f"(scores {p.scores_shape}); softmax over an empty row is undefined. Fix the mask (padding AND causal "
-                f"often empties rows), or choose masked_rows='zero' (output 0, as FlashAttention) or 'nan'",
-                rows,
-            )
+            raise masked_rows_error(rows, p.scores_shape)
         if p.masked_rows == "nan":
             weights = xp.where(empty[..., None], xp.full_like(weights, float("nan")), weights)
     neg_inf = xp.asarray(-float("inf"), dtype=s.dtype)

@@ -61,6 +61,19 @@ def _sum_to(xp: Any, x: Any, shape: tuple[int, ...]) -> Any:
     return x
 
 
+def upstream_gradient(xp: Any, d_out: Any, want: tuple[int, ...], legend: str, like: Any) -> Any:
+    """``d_out`` checked against the output's shape ``want`` and for NaN/inf, as an ``xp`` array next to ``like``."""
+    if isinstance(d_out, (list, tuple)):
+        d_out = np.asarray(d_out)
+    if not hasattr(d_out, "shape") or shape_of(d_out) != want:
+        got = shape_of(d_out) if hasattr(d_out, "shape") else type(d_out).__name__
+        raise ShapeError(f"d_out: shape {got}, expected the output's shape {want} {legend}")
+    if xp is not np and isinstance(d_out, np.ndarray):
+        d_out = xp.asarray(d_out, device=device_of(like))
+    check_finite(xp, d_out, "d_out")
+    return d_out
+
+
 def attention_backward(trace: AttentionTrace, d_out: Any, *, dropout: Dropout | None = None) -> AttentionGrads:
     """Gradients of attention for the upstream gradient ``d_out``, from the forward's :class:`AttentionTrace`.
 
@@ -97,15 +110,7 @@ def attention_backward(trace: AttentionTrace, d_out: Any, *, dropout: Dropout | 
             trace.masked_rows,
         )
     xp = namespace(trace.q)
-    if isinstance(d_out, (list, tuple)):
-        d_out = np.asarray(d_out)
-    want = shape_of(trace.output)
-    if not hasattr(d_out, "shape") or shape_of(d_out) != want:
-        got = shape_of(d_out) if hasattr(d_out, "shape") else type(d_out).__name__
-        raise ShapeError(f"d_out: shape {got}, expected the output's shape {want} [..., n_q, d_v]")
-    if xp is not np and isinstance(d_out, np.ndarray):
-        d_out = xp.asarray(d_out, device=device_of(trace.q))
-    check_finite(xp, d_out, "d_out")
+    d_out = upstream_gradient(xp, d_out, shape_of(trace.output), "[..., n_q, d_v]", trace.q)
     a = trace.weights  # [..., n_q, n_k]
     cdt = a.dtype
     d_o = xp.astype(d_out, cdt)  # [..., n_q, d_v]

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import compute_dtype, device_of, namespace, shape_of
+from .._arrays import compute_dtype, namespace, shape_of
 from ..errors import DTypeError, ShapeError
 from .attention import AttentionTrace, attention_trace
-from .backward import attention_backward
+from .backward import attention_backward, upstream_gradient
 from .dropout import Dropout, apply_dropout, make_dropout
 from .inputs import Causal, MaskedRows, check_finite
 
@@ -498,15 +498,7 @@ def multi_head_backward(result: MultiHeadResult, d_out: Any) -> MultiHeadGrads:
         raise DTypeError(f"result: expected the MultiHeadResult of multi_head_attention, got {type(result).__name__}")
     w = result.params
     xp = namespace(result.heads)
-    if isinstance(d_out, (list, tuple)):
-        d_out = np.asarray(d_out)
-    want = shape_of(result.output)
-    if not hasattr(d_out, "shape") or shape_of(d_out) != want:
-        got = shape_of(d_out) if hasattr(d_out, "shape") else type(d_out).__name__
-        raise ShapeError(f"d_out: shape {got}, expected the output's shape {want} [B, n_q, d_model]")
-    if xp is not np and isinstance(d_out, np.ndarray):
-        d_out = xp.asarray(d_out, device=device_of(result.heads))
-    check_finite(xp, d_out, "d_out")
+    d_out = upstream_gradient(xp, d_out, shape_of(result.output), "[B, n_q, d_model]", result.heads)
     cdt = result.heads.dtype
     d_o = xp.astype(d_out, cdt)  # [B, n_q, d_model]
     p = {n: xp.astype(a, cdt) for n, a in w.arrays().items()}

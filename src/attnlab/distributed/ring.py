@@ -36,9 +36,9 @@ import numpy as np
 
 from .. import errors as _errors
 from .. import masks as _masks
-from .._arrays import namespace
+from .._arrays import index_tuples, namespace
 from ..core.inputs import MaskedRows, check_finite, prepare, resolve_causal
-from ..errors import AttnlabError, MaskedRowError, ShapeError, missing_extra
+from ..errors import AttnlabError, MaskedRowError, ShapeError, masked_rows_error, missing_extra
 from .layout import RingLayout
 
 try:
@@ -356,15 +356,14 @@ def _make_plan(
         # [B or 1, n_q] -> [*lead, h, n_q]: the batch axis is lead's first; without lead it is a single row
         per_row = empty.reshape((empty.shape[0],) + (1,) * len(lead) + (n_q,)) if lead else empty[0]
         full = np.broadcast_to(per_row, (*lead, h, n_q))
-        rows = tuple(tuple(int(i) for i in r) for r in np.argwhere(full))
+        rows = index_tuples(full)
         if p.masked_rows == "raise":
-            shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
-            raise MaskedRowError(
-                f"mask: {len(rows)} query row(s) may attend to no key at all, at (*batch, head, global query) index "
-                f"{shown} (global scores {(*lead, h, n_q, n_k)}); softmax over an empty row is undefined. Fix "
-                f"lengths / query_lengths / causal, or choose masked_rows='zero' (output 0, as FlashAttention) "
-                f"or 'nan'",
+            raise masked_rows_error(
                 rows,
+                (*lead, h, n_q, n_k),
+                index="(*batch, head, global query)",
+                scores="global scores",
+                fix="lengths / query_lengths / causal",
             )
     return _Plan(
         group=group,

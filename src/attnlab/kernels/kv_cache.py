@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import namespace, shape_of, to_numpy
+from .._arrays import index_tuples, namespace, shape_of, to_numpy
 from ..core.inputs import check_finite, check_policy, resolve_scale
 from ..core.softmax import masked_softmax
 from ..errors import DTypeError, MaskedRowError, ShapeError
@@ -309,7 +309,7 @@ def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, mask
     empty &= real[:, None, None, :]
     out = out * real[:, None, None, :, None]  # padding queries -> 0
     if empty.any():
-        rows = tuple(tuple(int(i) for i in r) for r in np.argwhere(empty.reshape(B, h, t)))
+        rows = index_tuples(empty.reshape(B, h, t))
         if masked_rows == "raise":
             raise MaskedRowError(
                 f"cache: {len(rows)} query row(s) have no cached key to attend to, at (batch, head, query) "

@@ -52,9 +52,9 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import compute_dtype, device_of, namespace, shape_of, to_numpy
+from .._arrays import compute_dtype, device_of, index_tuples, namespace, shape_of, to_numpy
 from ..core.inputs import check_finite, check_policy, prepare
-from ..errors import DTypeError, MaskedRowError, MaskError, ShapeError
+from ..errors import DTypeError, MaskedRowError, MaskError, ShapeError, masked_rows_error
 from ..masks import causal_alignment_message
 from .threads import resolve_threads, run_tasks
 
@@ -605,15 +605,7 @@ def _to_caller(plan: _Plan, x: np.ndarray, dtype: Any = None) -> Any:
 def _empty_rows_error(plan: _Plan, lse: np.ndarray, what: str) -> MaskedRowError:
     """The core's error for fully masked rows, with indices in the caller's (batch, query) layout."""
     empty = np.isneginf(lse).reshape((*plan.out_batch, plan.n_q))
-    rows = tuple(tuple(int(i) for i in r) for r in np.argwhere(empty))
-    shown = ", ".join(str(r) for r in rows[:8]) + (", ..." if len(rows) > 8 else "")
-    return MaskedRowError(
-        f"mask: {len(rows)} query row(s) may attend to no key at all, at (*batch, query) index {shown} "
-        f"(scores {(*plan.out_batch, plan.n_q, plan.n_k)}); softmax over an empty row is undefined. Fix the mask "
-        f"(padding AND causal often empties rows), or choose masked_rows='zero' (output 0, as FlashAttention)"
-        + (" or 'nan'" if what == "forward" else ""),
-        rows,
-    )
+    return masked_rows_error(index_tuples(empty), (*plan.out_batch, plan.n_q, plan.n_k), nan=what == "forward")
 
 
 # --------------------------------------------------------------------------------------------------------------
