@@ -49,10 +49,10 @@ def _check_rule(fast, q, k, v, allowed=None, *, factor=2.0, floor=1e-6, **kw):
 )
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("path", ["fast", "online"])
-@pytest.mark.parametrize("exp", ["exp2", "exp"])
+@pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
 def test_every_block_size_float32(n, block_q, block_k, causal, path, exp, monkeypatch):
-    """Both inner loops (exp without offset for bounded scores; the online softmax with a running max), with both
-    exponentials the kernel may pick for a process."""
+    """Both inner loops (exp without offset for bounded scores; the online softmax with a running max), with every
+    exponential the kernel may pick (fused, exp2, exp)."""
     monkeypatch.setattr(tiled, "_FORCE_ONLINE", path == "online")
     monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
     rng = np.random.default_rng(n + block_q + block_k)
@@ -349,3 +349,39 @@ def test_fast_path_near_its_bound_and_online_path_beyond(monkeypatch):
     r2 = flash_attention(q * 3, k, v, block_q=64, block_k=64)
     assert calls
     _check_rule(r2.output, q * 3, k, v)
+
+
+@pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
+@pytest.mark.parametrize("path", ["fast", "online"])
+def test_every_mask_kind_float32_on_every_inner_loop(exp, path, monkeypatch):
+    """Causal, windows, key lengths, segments and a boolean mask at once, in float32, through each exponential
+    (the fused pass masks inside the exponential, the NumPy passes after or before it) and both inner loops."""
+    monkeypatch.setattr(tiled, "_FORCE_ONLINE", path == "online")
+    monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
+    rng = np.random.default_rng(16)
+    B, h, n = 2, 2, 150
+    q, k, v = _rand(rng, B, h, n, 16), _rand(rng, B, h, n, 16), _rand(rng, B, h, n, 8)
+    ids = np.stack([np.repeat([0, 1, 2], [60, 50, 40]), np.repeat([0, 1], [20, 130])])
+    m = rng.random((B, 1, n, n)) < 0.8
+    lengths = np.array([150, 120])
+    allowed = (
+        masks.causal(n)
+        & masks.window(n, left=70, right=0)
+        & masks.segments(ids)[:, None]
+        & masks.key_padding(lengths, n)
+        & m
+    )
+    for bq, bk in ((32, 32), (64, 48), (150, 150)):
+        r = flash_attention(
+            q, k, v, causal=True, window=70, segments=ids, key_lengths=lengths, mask=m, masked_rows="zero",
+            block_q=bq, block_k=bk,
+        )  # fmt: skip
+        _check_rule(r.output, q, k, v, allowed)
+        g = tiled.flash_attention_backward(
+            q, k, v, r.output, r.lse, np.ones_like(r.output), causal=True, window=70, segments=ids,
+            key_lengths=lengths, mask=m, masked_rows="zero", block_q=bq, block_k=bk,
+        )  # fmt: skip
+        trace = attnlab.attention_trace(*(x.astype(np.float64) for x in (q, k, v)), allowed, masked_rows="zero")
+        ref = attnlab.attention_backward(trace, np.ones(r.output.shape))
+        for got, want in zip((g.dq, g.dk, g.dv), (ref.dq, ref.dk, ref.dv), strict=True):
+            np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)

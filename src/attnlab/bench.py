@@ -270,12 +270,14 @@ def _naive_bytes(batch: int, heads: int, n: int) -> int:
 
 def _kernel_line(kw: dict[str, Any]) -> str:
     """The tiled kernel's block sizes and the exponential it chose in this process (see ``tiled._exp``)."""
-    from .kernels import tiled
+    from .kernels import fused, tiled
 
     bq = kw.get("block_q") or tiled.DEFAULT_BLOCK_Q
     bk = kw.get("block_k") or tiled.DEFAULT_BLOCK_K
-    e = tiled._exp(np.dtype(np.float32)).name
-    return f"blocks {bq}x{bk}, np.{e} (faster here)"
+    e = tiled._exp(np.dtype(np.float32))
+    if e.fused:
+        return f"blocks {bq}x{bk}, fused exp2 + row sums (numba {fused.version()})"
+    return f"blocks {bq}x{bk}, np.{e.name} (faster here; no numba)"
 
 
 def _make_methods(
@@ -355,6 +357,26 @@ def _make_methods(
     return out
 
 
+def _warm_up_tiled(kw: dict[str, Any]) -> None:
+    """One small forward and backward, so that the first cell's memory figure does not include what the first call
+    of a process loads once (numba and the fused passes, ~150 MB of RSS; the threads and their buffers)."""
+    from .kernels import tiled
+
+    x = np.zeros((2, 64, 8), dtype=np.float32)
+    for causal in (False, True):
+        f = tiled.flash_attention(x, x, x, causal=causal, **kw)
+        tiled.flash_attention_backward(x, x, x, f.output, f.lse, x, causal=causal, **kw)
+
+
+#: Seconds of idle before every timed call. attnlab's methods are timed interleaved (tiled, floor, tiled, ...),
+#: PyTorch's repetitions afterwards in a block of their own: whatever runs first after a large PyTorch call is
+#: slowed for that whole call, by more than any pause undoes (at n = 8192, d = 128: the GEMM floor took
+#: 766-807 ms as the first call after SDPA, even after a 1 s pause, and 663-672 ms otherwise), and with PyTorch in
+#: the interleaving the method after it took the penalty in most repetitions. Each cell's untimed warm-up calls
+#: absorb it. The pause itself absorbs the ~10 ms that PyTorch's OpenMP threads spin after a call.
+SETTLE_S = 0.05
+
+
 def run_bench(
     *,
     sizes: Sequence[int] = (1024, 2048, 4096),
@@ -378,8 +400,9 @@ def run_bench(
 
     Args:
         sizes, d, heads, batch, causal: the grid.
-        repetitions: timed runs per method and cell (interleaved across methods; the median is reported). One
-            more untimed run per cell measures peak memory and warms up.
+        repetitions: timed runs per method and cell (attnlab's methods interleaved, PyTorch's after them, each
+            after :data:`SETTLE_S` of idle; the median is reported). One more untimed run per cell measures peak
+            memory and warms up.
         methods: some of ``naive``, ``tiled``, ``floor``, ``torch``.
         backward: also time the backward pass (tiled, naive analytic and torch autograd).
         block_q, block_k, num_threads: passed to the tiled kernel.
@@ -406,6 +429,7 @@ def run_bench(
             progress(desc, done, total)
 
     gemm = gemm_rate(1024 if max(sizes) < 1024 else 2048)
+    _warm_up_tiled(kw)
     tick("GEMM rate")
     rng = np.random.default_rng(seed)
     rows: list[BenchRow] = []
@@ -415,20 +439,27 @@ def run_bench(
         fns = _make_methods(q, k, v, c, pass_ == "backward", methods, kw, naive_ok)
         label = f"{pass_} n={n} d={dd} causal={c}"
         peaks: dict[str, float | None] = {}
-        for name, fn in fns.items():
-            if callable(fn):
-                _, peaks[name] = peak_memory(fn)
+        for name in sorted(fns, key=lambda name: name != "torch"):  # PyTorch's first: see SETTLE_S
+            if callable(fns[name]):
+                _, peaks[name] = peak_memory(fns[name])
         tick(f"{label}: warm-up")
         times: dict[str, list[float]] = {name: [] for name, fn in fns.items() if callable(fn)}
-        for rep in range(repetitions):
-            for name in times:
+        # attnlab's methods interleaved, then PyTorch's repetitions in a block of their own (see SETTLE_S)
+        ours = [name for name in times if name != "torch"]
+        schedule = [(rep, ours) for rep in range(repetitions)]
+        if "torch" in times:
+            schedule += [(rep, ["torch"]) for rep in range(repetitions)]
+        for rep, names in schedule:
+            for name in names:
+                time.sleep(SETTLE_S)
                 t = time.perf_counter()
                 r = fns[name]()
                 elapsed = time.perf_counter() - t
                 if name == "torch" and pass_ == "backward":
                     elapsed = float(r)  # the backward alone
                 times[name].append(elapsed)
-            tick(f"{label}: repetition {rep + 1}/{repetitions}")
+            if names is ours or not ours:
+                tick(f"{label}: repetition {rep + 1}/{repetitions}")
         med = {name: statistics.median(ts) for name, ts in times.items()}
         fl = _flops(batch, heads, n, dd, c, pass_ == "backward")
         for name in methods:

@@ -56,6 +56,7 @@ from .._arrays import compute_dtype, device_of, index_tuples, namespace, shape_o
 from ..core.inputs import check_finite, check_policy, prepare
 from ..errors import DTypeError, MaskedRowError, MaskError, ShapeError, masked_rows_error
 from ..masks import causal_alignment_message
+from . import fused
 from .threads import resolve_threads, run_tasks
 
 __all__ = [
@@ -79,44 +80,56 @@ _THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
 #: Tests set this to run the online-softmax path where the fast (bounded-scores) path would apply.
 _FORCE_ONLINE = False
 
-#: Tests set this to ``"exp2"`` or ``"exp"`` to force the exponential instead of the measured choice.
+#: Tests set this to ``"fused"``, ``"exp2"`` or ``"exp"`` to force the exponential instead of the default choice.
 _FORCE_EXP: str | None = None
 
 
 @dataclass(frozen=True)
 class _Exp:
     """The exponential the kernels use and its units: scores are computed as ``unit · (scale · q · k)`` (the
-    factor folded into Q) and exponentiated with ``fn``; ``back`` (``1 / unit``) turns them into nats."""
+    factor folded into Q) and exponentiated with ``fn``; ``back`` (``1 / unit``) turns them into nats. With
+    ``fused``, score blocks go through :mod:`attnlab.kernels.fused` (exponential, mask and row sums in one
+    compiled pass; ``fn`` is left for short vectors)."""
 
     name: str
     fn: Any
     unit: float
     back: float
+    fused: bool = False
 
 
-_EXPS = {"exp2": _Exp("exp2", np.exp2, _LOG2E, _LN2), "exp": _Exp("exp", np.exp, 1.0, 1.0)}
+_EXPS = {
+    "fused": _Exp("fused", np.exp2, _LOG2E, _LN2, fused=True),
+    "exp2": _Exp("exp2", np.exp2, _LOG2E, _LN2),
+    "exp": _Exp("exp", np.exp, 1.0, 1.0),
+}
 _exp_choice: dict[str, _Exp] = {}
 
 
 def _exp(dtype: np.dtype) -> _Exp:
-    """``exp2`` (in log2 units) or ``exp`` (in nats), whichever is faster here, measured once per process and
-    dtype on a 128 KiB block.
+    """How score blocks are exponentiated, chosen once per process and dtype.
 
-    NumPy's vectorised float32 ``exp2`` usually costs ~0.5× ``exp`` on the project's machines, but in roughly
-    a third of processes it runs ~4× slower than usual (~2× ``exp``) for the whole life of the process (it
-    depends on the address-space layout: never seen with ASLR disabled). Measuring takes ~0.3 ms once; both
-    choices are exact to the same rounding.
+    float32 with numba installed: the fused compiled passes (:mod:`attnlab.kernels.fused`, ~2× faster than
+    NumPy's ``exp2`` plus a row sum). Otherwise ``exp2`` (in log2 units) or ``exp`` (in nats), whichever
+    measures faster on a 128 KiB block: NumPy's vectorised float32 ``exp2`` usually costs ~0.5× ``exp`` on the
+    project's machines, but in roughly a third of processes it runs ~4× slower than usual (~2× ``exp``) for
+    the whole life of the process (it depends on the address-space layout: never seen with ASLR disabled).
+    Measuring takes ~0.3 ms once; all choices are exact to about one float32 ulp.
     """
+    fusable = np.dtype(dtype) == np.float32 and fused.AVAILABLE
     if _FORCE_EXP is not None:
-        return _EXPS[_FORCE_EXP]
+        return _EXPS[_FORCE_EXP if _FORCE_EXP != "fused" or fusable else "exp2"]
+    if fusable:
+        return _EXPS["fused"]
     key = np.dtype(dtype).str
     choice = _exp_choice.get(key)
     if choice is None:
         x = np.linspace(-20.0, 20.0, 1 << 15, dtype=dtype)
         buf = np.empty_like(x)
-        best = {name: math.inf for name in _EXPS}
+        numpy_exps = {name: e for name, e in _EXPS.items() if not e.fused}
+        best = {name: math.inf for name in numpy_exps}
         for _ in range(5):
-            for name, e in _EXPS.items():
+            for name, e in numpy_exps.items():
                 t = time.perf_counter()
                 e.fn(x, out=buf)
                 best[name] = min(best[name], time.perf_counter() - t)
@@ -303,10 +316,12 @@ def _position_all(bq: int, bk: int, offset: int, causal: bool, left: int | None,
 @dataclass(frozen=True)
 class _PositionMask:
     """A causal/window block mask in ``dtype`` as ``add`` (0 allowed, -inf blocked: adding it costs a fifth of a
-    masked copy) and ``keep`` (1 allowed, 0 blocked: multiplies probabilities after ``exp2``)."""
+    masked copy) and ``keep`` (1 allowed, 0 blocked: multiplies probabilities after ``exp2``), and as ``bad``
+    (bool, True = blocked) for the fused passes."""
 
     add: np.ndarray
     keep: np.ndarray
+    bad: np.ndarray
 
 
 @functools.lru_cache(maxsize=256)
@@ -319,7 +334,12 @@ def _position_mask(
     keep = np.where(bad, 0, 1).astype(dtype)
     add.flags.writeable = False
     keep.flags.writeable = False
-    return _PositionMask(add, keep)
+    return _PositionMask(add, keep, bad)
+
+
+def _bad_array(bad: np.ndarray | _PositionMask | None) -> np.ndarray | None:
+    """A block mask as the fused passes take it: a bool array, True = blocked (or None)."""
+    return bad.bad if isinstance(bad, _PositionMask) else bad
 
 
 def _apply_mask(s: np.ndarray, bad: np.ndarray | _PositionMask) -> None:
@@ -688,7 +708,19 @@ def _forward_task(
     l_i.fill(0)
     ones = _ones(plan.block_k, dt.str)
     q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
-    if q_norm * float(ex.k_norm[idx]) * E.back <= ex.safe and not _FORCE_ONLINE:
+    bounded = q_norm * float(ex.k_norm[idx]) * E.back <= ex.safe and not _FORCE_ONLINE
+    if bounded and E.fused:
+        matmul, exp2_rows = np.matmul, fused.kernels().exp2_rows_bounded
+        for j0, j1, bad in plan.key_blocks(idx, i0, i1):
+            bk = j1 - j0
+            s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
+            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] scaled scores · log2(e), |s| <= safe · log2(e) < 126
+            exp2_rows(s, _bad_array(bad), lt)  # P = 2 ** s, masked entries 0, lt = P 1: one pass
+            matmul(s, V[j0:j1], out=pv)
+            acc += pv
+            l_i += lt
+        m_i = np.zeros(bq, dtype=dt)
+    elif bounded:
         matmul, exp2 = np.matmul, E.fn
         for j0, j1, bad in plan.key_blocks(idx, i0, i1):
             bk = j1 - j0
@@ -739,18 +771,22 @@ def _online_softmax(
     acc, pv, l_i, lt, buf = w.acc, w.pv, w.l_i, w.lt, w.s
     m_i = np.full(bq, -np.inf, dtype=dt)  # running max (the offset of P)
     ready = False  # every row has a finite m_i
+    jit = fused.kernels() if E.fused else None
     for j0, j1, bad in plan.key_blocks(idx, i0, i1):
         bk = j1 - j0
         s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
         Kj = K[j0:j1]
         np.matmul(qs, Kj.T, out=s)  # [bq, bk]
-        if bad is not None:
+        if ready and E.fused:
+            jit.exp2_rows(s, m_i, _bad_array(bad), lt)  # P relative to the running max, masked, row sums
+        elif bad is not None:
             _apply_mask(s, bad)
-        if ready:
+        if ready and not E.fused:
             s -= m_i[:, None]
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows up in the row sums, below
                 E.fn(s, out=s)  # P relative to the running max (entries may exceed 1)
                 np.matmul(s, ones[:bk], out=lt)
+        if ready:
             if lt.max() <= threshold:  # False for inf and NaN too
                 np.matmul(s, V[j0:j1], out=pv)
                 acc += pv
@@ -763,10 +799,13 @@ def _online_softmax(
         ready = bool(np.isfinite(m_new).all())
         m_use = m_new if ready else np.where(np.isfinite(m_new), m_new, 0).astype(dt)
         alpha = E.fn(m_i - m_use)  # rescales the old acc and l_i (0 where m_i was -inf)
-        s -= m_use[:, None]
-        E.fn(s, out=s)
+        if E.fused:
+            jit.exp2_rows(s, m_use, None, lt)  # masked entries are -inf here: 0
+        else:
+            s -= m_use[:, None]
+            E.fn(s, out=s)
+            np.matmul(s, ones[:bk], out=lt)
         np.matmul(s, V[j0:j1], out=pv)
-        np.matmul(s, ones[:bk], out=lt)
         acc *= alpha[:, None]
         acc += pv
         l_i *= alpha
@@ -903,6 +942,7 @@ def _backward_task(
     K, V = plan.k[idx], plan.v[idx]
     dO, L, D = d_o[idx], lse_safe[idx], delta[idx]
     dq = None
+    jit = fused.kernels() if E.fused else None
     for j0 in range(ja, jb, plan.block_k):
         j1 = min(j0 + plan.block_k, jb)
         Kj, Vj = K[j0:j1], V[j0:j1]
@@ -915,15 +955,21 @@ def _backward_task(
             if bad is False:
                 continue
             s = Qs[i0:i1] @ Kj.T  # [bq, bk] scaled scores · log2(e)
-            if bad is not None:
-                _apply_mask(s, bad)
-            s -= L[i0:i1, None]
-            E.fn(s, out=s)  # P, exactly the forward's weights
+            if E.fused:
+                jit.exp2_rows(s, L[i0:i1], _bad_array(bad), None)  # P, masked: one pass
+            else:
+                if bad is not None:
+                    _apply_mask(s, bad)
+                s -= L[i0:i1, None]
+                E.fn(s, out=s)  # P, exactly the forward's weights
             dOi = dO[i0:i1]
             dVj += s.T @ dOi  # dV += Pᵀ dO
             dP = dOi @ Vj.T  # [bq, bk]
-            dP -= D[i0:i1, None]
-            dP *= s  # dS = P ∘ (dP - delta)
+            if E.fused:
+                jit.ds_rows(dP, D[i0:i1], s)  # dS = P ∘ (dP - delta)
+            else:
+                dP -= D[i0:i1, None]
+                dP *= s  # dS = P ∘ (dP - delta)
             if dq is None:
                 dq = np.zeros((plan.n_q, plan.d_k), dtype=dt)
             dq[i0:i1] += dP @ Kj  # unscaled; times scale at the end
