@@ -368,12 +368,19 @@ def _warm_up_tiled(kw: dict[str, Any]) -> None:
         tiled.flash_attention_backward(x, x, x, f.output, f.lse, x, causal=causal, **kw)
 
 
-#: Seconds of idle before every timed call. attnlab's methods are timed interleaved (tiled, floor, tiled, ...),
-#: PyTorch's repetitions afterwards in a block of their own: whatever runs first after a large PyTorch call is
-#: slowed for that whole call, by more than any pause undoes (at n = 8192, d = 128: the GEMM floor took
-#: 766-807 ms as the first call after SDPA, even after a 1 s pause, and 663-672 ms otherwise), and with PyTorch in
-#: the interleaving the method after it took the penalty in most repetitions. Each cell's untimed warm-up calls
-#: absorb it. The pause itself absorbs the ~10 ms that PyTorch's OpenMP threads spin after a call.
+def _groups(names: list[str]) -> list[list[str]]:
+    """The timing schedule: the tiled kernel and its GEMM floor interleaved (their ratio is the one that must not
+    drift with the machine's load), every other method in a group of its own (see :data:`SETTLE_S`)."""
+    paired = [name for name in names if name in ("tiled", "floor")]
+    return ([paired] if paired else []) + [[name] for name in names if name not in paired]
+
+
+#: Seconds of idle before every timed call. Each method group (:func:`_groups`) starts with one untimed call of
+#: each of its methods: whatever runs first after a large PyTorch call, or after the naive method has freed
+#: gigabytes, is slowed for that whole call, by more than any pause undoes (at n = 8192, d = 128: the GEMM floor
+#: took 766-807 ms as the first call after SDPA, even after a 1 s pause, and 663-672 ms otherwise); with every
+#: method interleaved, the one timed after PyTorch took that penalty in most repetitions. The pause itself absorbs
+#: the ~10 ms that PyTorch's OpenMP threads spin after a call.
 SETTLE_S = 0.05
 
 
@@ -400,9 +407,9 @@ def run_bench(
 
     Args:
         sizes, d, heads, batch, causal: the grid.
-        repetitions: timed runs per method and cell (attnlab's methods interleaved, PyTorch's after them, each
-            after :data:`SETTLE_S` of idle; the median is reported). One more untimed run per cell measures peak
-            memory and warms up.
+        repetitions: timed runs per method and cell (the median is reported): tiled and floor interleaved, every
+            other method in a block of its own after one untimed call, each timed call after :data:`SETTLE_S` of
+            idle. One more untimed run per cell measures peak memory.
         methods: some of ``naive``, ``tiled``, ``floor``, ``torch``.
         backward: also time the backward pass (tiled, naive analytic and torch autograd).
         block_q, block_k, num_threads: passed to the tiled kernel.
@@ -444,22 +451,23 @@ def run_bench(
                 _, peaks[name] = peak_memory(fns[name])
         tick(f"{label}: warm-up")
         times: dict[str, list[float]] = {name: [] for name, fn in fns.items() if callable(fn)}
-        # attnlab's methods interleaved, then PyTorch's repetitions in a block of their own (see SETTLE_S)
-        ours = [name for name in times if name != "torch"]
-        schedule = [(rep, ours) for rep in range(repetitions)]
-        if "torch" in times:
-            schedule += [(rep, ["torch"]) for rep in range(repetitions)]
-        for rep, names in schedule:
-            for name in names:
-                time.sleep(SETTLE_S)
-                t = time.perf_counter()
-                r = fns[name]()
-                elapsed = time.perf_counter() - t
-                if name == "torch" and pass_ == "backward":
-                    elapsed = float(r)  # the backward alone
-                times[name].append(elapsed)
-            if names is ours or not ours:
-                tick(f"{label}: repetition {rep + 1}/{repetitions}")
+        groups = _groups(list(times))
+        step = 0
+        for group in groups:
+            for name in group:  # untimed: absorbs what the previous group left behind (see SETTLE_S)
+                fns[name]()
+            for _ in range(repetitions):
+                for name in group:
+                    time.sleep(SETTLE_S)
+                    t = time.perf_counter()
+                    r = fns[name]()
+                    elapsed = time.perf_counter() - t
+                    if name == "torch" and pass_ == "backward":
+                        elapsed = float(r)  # the backward alone
+                    times[name].append(elapsed)
+                step += 1
+                if step % len(groups) == 0:  # `repetitions` ticks per cell, whatever the number of groups
+                    tick(f"{label}: {step // len(groups)}/{repetitions} of the repetitions")
         med = {name: statistics.median(ts) for name, ts in times.items()}
         fl = _flops(batch, heads, n, dd, c, pass_ == "backward")
         for name in methods:

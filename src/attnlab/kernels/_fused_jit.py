@@ -30,6 +30,15 @@ _LO, _HI = np.float32(-126.0), np.float32(128.0)
 _ZERO, _INF = np.float32(0.0), np.float32(np.inf)
 
 
+def _compiled(fn: Any) -> Any:
+    """numba-compiled, GIL released, cached on disk; compiled in memory where no cache directory is writable (numba
+    refuses ``cache=True`` there)."""
+    try:
+        return numba.njit(nogil=True, fastmath=_FM, cache=True)(fn)
+    except RuntimeError:
+        return numba.njit(nogil=True, fastmath=_FM)(fn)
+
+
 @numba.njit(inline="always", fastmath=_FM)
 def _pow2(x: Any) -> Any:  # pragma: no cover - compiled
     """``2 ** x`` for ``-126 <= x <= 128`` (the caller guarantees it)."""
@@ -54,7 +63,7 @@ def _exp2(x: Any) -> Any:  # pragma: no cover - compiled
     return x if x != x else y
 
 
-@numba.njit(nogil=True, fastmath=_FM, cache=True)
+@_compiled
 def exp2_rows(s: Any, off: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
     """``s <- 2 ** (s - off[:, None])``, 0 where ``bad``; ``rowsum <- s.sum(1)`` (``bad``/``rowsum`` may be None)."""
     bq, bk = s.shape
@@ -71,7 +80,7 @@ def exp2_rows(s: Any, off: Any, bad: Any, rowsum: Any) -> None:  # pragma: no co
             rowsum[i] = acc
 
 
-@numba.njit(nogil=True, fastmath=_FM, cache=True)
+@_compiled
 def exp2_rows_bounded(s: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
     """:func:`exp2_rows` with no offset, for ``-126 <= s <= 128`` (no range checks)."""
     bq, bk = s.shape
@@ -87,7 +96,7 @@ def exp2_rows_bounded(s: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cove
             rowsum[i] = acc
 
 
-@numba.njit(nogil=True, fastmath=_FM, cache=True)
+@_compiled
 def ds_rows(dp: Any, delta: Any, p: Any) -> None:  # pragma: no cover - compiled
     """``dp <- p * (dp - delta[:, None])``."""
     bq, bk = dp.shape
