@@ -211,15 +211,15 @@ def test_skips_masked_blocks_and_plain_lists():
     rng = np.random.default_rng(12)
     q = k = v = rng.standard_normal((1, 1024, 8))
     plan = _plan(
-        q, k, v, causal=True, q_offset=None, window=None, key_lengths=None, segments=None, mask=None, scale=None,
-        masked_rows="raise", block_q=128, block_k=128, num_threads=1,
+        q, k, v, causal=True, q_offset=None, window=None, key_lengths=None, segments=None, mask=None, bias=None,
+        scale=None, temperature=1.0, masked_rows="raise", block_q=128, block_k=128, num_threads=1,
     )  # fmt: skip
     visited = [(j0, bad is None) for _, i0, i1 in _forward_tasks(plan) for j0, _, bad in plan.key_blocks((0,), i0, i1)]
     assert len(visited) == 8 * 9 // 2  # causal: 36 of the 64 blocks computed
     assert sum(full for _, full in visited) == 8 * 7 // 2  # only the 8 diagonal blocks are masked
     plan_w = _plan(
-        q, k, v, causal=True, q_offset=None, window=100, key_lengths=None, segments=None, mask=None, scale=None,
-        masked_rows="raise", block_q=128, block_k=128, num_threads=1,
+        q, k, v, causal=True, q_offset=None, window=100, key_lengths=None, segments=None, mask=None, bias=None,
+        scale=None, temperature=1.0, masked_rows="raise", block_q=128, block_k=128, num_threads=1,
     )  # fmt: skip
     n_w = sum(1 for _, i0, i1 in _forward_tasks(plan_w) for _ in plan_w.key_blocks((0,), i0, i1))
     assert n_w == 8 + 7  # a band of two blocks per query block
@@ -250,6 +250,7 @@ def test_torch_tensors_come_back_as_torch():
     q, k, v = (torch.from_numpy(rng.standard_normal((2, 30, 8))).to(torch.bfloat16) for _ in range(3))
     r = flash_attention(q, k, v, causal=True, block_q=8, block_k=8)
     assert isinstance(r.output, torch.Tensor) and r.output.dtype == torch.bfloat16
+    assert isinstance(r.lse, torch.Tensor) and r.lse.dtype == torch.float32 and r.lse.shape == (2, 30)
     ref = attnlab.scaled_dot_product_attention(q.float(), k.float(), v.float(), causal=True)
     torch.testing.assert_close(r.output.float(), ref, atol=1e-2, rtol=1e-2)
 
@@ -385,3 +386,118 @@ def test_every_mask_kind_float32_on_every_inner_loop(exp, path, monkeypatch):
         ref = attnlab.attention_backward(trace, np.ones(r.output.shape))
         for got, want in zip((g.dq, g.dk, g.dv), (ref.dq, ref.dk, ref.dv), strict=True):
             np.testing.assert_allclose(got, want, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [0.25, 1.0, 3.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_temperature_as_in_the_core(temperature, causal):
+    """``temperature`` divides the logits exactly as in the core: output, lse and gradients (float64), and the
+    float32 error rule."""
+    rng = np.random.default_rng(17)
+    q, k, v, d_o = (rng.standard_normal((2, 3, 90, 8)) for _ in range(4))
+    r = flash_attention(q, k, v, causal=causal, temperature=temperature, block_q=16, block_k=32)
+    trace = attnlab.attention_trace(q, k, v, causal=causal, temperature=temperature)
+    np.testing.assert_allclose(r.output, trace.output, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(r.lse, trace.lse, atol=1e-12, rtol=0)
+    g = tiled.flash_attention_backward(
+        q, k, v, r.output, r.lse, d_o, causal=causal, temperature=temperature, block_q=16, block_k=32
+    )
+    ref = attnlab.attention_backward(trace, d_o)
+    for got, want in zip((g.dq, g.dk, g.dv), (ref.dq, ref.dk, ref.dv), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-11, rtol=0)
+    q32, k32, v32 = (x.astype(np.float32) for x in (q, k, v))
+    r32 = flash_attention(q32, k32, v32, causal=causal, temperature=temperature, block_q=16, block_k=32)
+    allowed = masks.causal(90) if causal else None
+    _check_rule(r32.output, q32, k32, v32, allowed, temperature=temperature)
+
+
+def test_temperature_must_be_positive():
+    q = np.ones((4, 2))
+    for bad in (0, -1.0, float("inf"), "hot"):
+        with pytest.raises(ShapeError, match="temperature: expected"):
+            flash_attention(q, q, q, temperature=bad)
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 3, 70, 90), (3, 1, 90), (70, 90), (1, 90)])
+def test_bias_forward_and_backward_as_in_the_core(bias_shape):
+    """An additive bias (read block by block, never broadcast to full size), with causal, a boolean mask and a
+    temperature: output, lse and every gradient, dbias in the bias's own shape, against the core in float64."""
+    rng = np.random.default_rng(18)
+    q, k, v = rng.standard_normal((2, 3, 70, 8)), rng.standard_normal((2, 3, 90, 8)), rng.standard_normal((2, 3, 90, 5))
+    d_o = rng.standard_normal((2, 3, 70, 5))
+    bias = rng.standard_normal(bias_shape) * 2
+    m = rng.random((2, 1, 70, 90)) < 0.8
+    kw = dict(mask=m, bias=bias, causal="bottom_right", temperature=1.7, masked_rows="zero")
+    bias_copy = bias.copy()
+    r = flash_attention(q, k, v, block_q=16, block_k=32, **kw)
+    trace = attnlab.attention_trace(q, k, v, **kw)
+    np.testing.assert_allclose(r.output, trace.output, atol=1e-12, rtol=0)
+    fin = np.isfinite(trace.lse)
+    np.testing.assert_allclose(r.lse[fin], trace.lse[fin], atol=1e-12, rtol=0)
+    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, block_q=16, block_k=32, **kw)
+    ref = attnlab.attention_backward(trace, d_o)
+    assert g.dbias.shape == bias_shape
+    for got, want in zip((g.dq, g.dk, g.dv, g.dbias), (ref.dq, ref.dk, ref.dv, ref.dbias), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-11, rtol=0)
+    np.testing.assert_array_equal(bias, bias_copy)
+    assert tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, **{**kw, "bias": None}).dbias is None
+
+
+@pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
+@pytest.mark.parametrize("size", [0.5, 60.0])
+def test_bias_float32_on_every_inner_loop(exp, size, monkeypatch):
+    """A small bias keeps the scores bounded (the fast path, bias included in the bound); a large one (±60) takes
+    the online softmax. float32 forward under FlashAttention's rule, gradients against the float64 core."""
+    monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
+    calls = []
+    real = tiled._online_softmax
+    monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(19)
+    q, k, v = _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 8)
+    bias = _rand(rng, 2, 130, 130, scale=size)
+    r = flash_attention(q, k, v, bias=bias, causal=True, block_q=32, block_k=48)
+    assert bool(calls) == (size > 1)
+    _check_rule(r.output, q, k, v, masks.causal(130), bias=bias)
+    d_o = np.ones_like(r.output)
+    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, bias=bias, causal=True, block_q=32, block_k=48)
+    trace = attnlab.attention_trace(
+        *(x.astype(np.float64) for x in (q, k, v)), bias=bias.astype(np.float64), causal=True
+    )
+    ref = attnlab.attention_backward(trace, d_o.astype(np.float64))
+    for got, want in zip((g.dq, g.dk, g.dv, g.dbias), (ref.dq, ref.dk, ref.dv, ref.dbias), strict=True):
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, atol=5e-5 * max(1.0, np.abs(want).max()), rtol=0)
+
+
+def test_bias_with_gqa_and_torch():
+    rng = np.random.default_rng(20)
+    q = rng.standard_normal((2, 4, 40, 8))
+    k, v = rng.standard_normal((2, 2, 40, 8)), rng.standard_normal((2, 2, 40, 8))
+    bias = rng.standard_normal((4, 40, 40))  # one per query head
+    r = flash_attention(q, k, v, bias=bias, causal=True, block_q=16, block_k=16)
+    kr, vr = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+    trace = attnlab.attention_trace(q, kr, vr, bias=bias, causal=True)
+    np.testing.assert_allclose(r.output, trace.output, atol=1e-12)
+    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, np.ones_like(r.output), bias=bias, causal=True)
+    ref = attnlab.attention_backward(trace, np.ones(r.output.shape))
+    np.testing.assert_allclose(g.dbias, ref.dbias, atol=1e-11)
+    np.testing.assert_allclose(g.dk, ref.dk.reshape(2, 2, 2, 40, 8).sum(axis=2), atol=1e-11)
+    tq, tk, tv, tb = (torch.from_numpy(x) for x in (q, k, v, bias))
+    rt = flash_attention(tq, tk, tv, bias=tb, causal=True)
+    assert isinstance(rt.output, torch.Tensor) and isinstance(rt.lse, torch.Tensor)
+    np.testing.assert_allclose(rt.output.numpy(), r.output, atol=1e-12)
+    gt = tiled.flash_attention_backward(tq, tk, tv, rt.output, rt.lse, torch.ones_like(rt.output), bias=tb, causal=True)
+    assert isinstance(gt.dbias, torch.Tensor)
+    np.testing.assert_allclose(gt.dbias.numpy(), ref.dbias, atol=1e-11)
+
+
+def test_bias_errors_name_the_argument():
+    q = np.ones((2, 6, 4))
+    bad = np.zeros((6, 6))
+    bad[1, 2] = np.nan
+    with pytest.raises(attnlab.NonFiniteError, match=r"bias: holds nan at index \(1, 2\).*use mask="):
+        flash_attention(q, q, q, bias=bad)
+    with pytest.raises(DTypeError, match="bias: got a bool array"):
+        flash_attention(q, q, q, bias=np.ones((6, 6), bool))
+    with pytest.raises(ShapeError, match="bias"):
+        flash_attention(q, q, q, bias=np.zeros((5, 6)))

@@ -4,7 +4,7 @@ The forward never holds an ``[n_q, n_k]`` matrix: the queries are cut into block
 into blocks of ``block_k`` columns. For each query block it keeps, per row, a running maximum ``m_i``, a running
 sum ``l_i`` of ``exp(s - m_i)`` and an accumulator ``acc`` of ``exp(s - m_i) V``; each key block updates them::
 
-    S      = (scale · Q_i) K_jᵀ                        # [block_q, block_k], masked entries -> -inf
+    S      = (scale · Q_i) K_jᵀ  (+ bias, / temperature)  # [block_q, block_k], masked entries -> -inf
     m_new  = max(m_i, rowmax(S))
     P      = exp(S - m_new)
     l_i    = exp(m_i - m_new) · l_i + rowsum(P)
@@ -33,8 +33,10 @@ fast in NumPy, where every element-wise pass over a score block costs about a si
 
 Masks are applied block by block (causal with either alignment or an explicit query offset, sliding windows, key
 padding by lengths, packed segments, arbitrary boolean masks); a key block that a query block may not see at all is
-skipped, not computed, and one it sees entirely is not masked. The backward is FlashAttention-2's: recompute ``P``
-from the saved ``lse``, ``delta = rowsum(dO ∘ O)``, ``dS = P ∘ (dP - delta)``.
+skipped, not computed, and one it sees entirely is not masked. An additive ``bias`` is read block by block too (its
+largest magnitude joins the bound of the fast path), and ``temperature`` divides the logits, as in the core. The
+backward is FlashAttention-2's: recompute ``P`` from the saved ``lse``, ``delta = rowsum(dO ∘ O)``,
+``dS = P ∘ (dP - delta)``.
 
 Work is split into tasks (batch·heads × query blocks forward, batch·heads × key blocks backward) run on the cores
 by :mod:`attnlab.kernels.threads`, with BLAS pinned to one thread per worker.
@@ -141,8 +143,9 @@ def _exp(dtype: np.dtype) -> _Exp:
 class FlashResult:
     """The tiled forward's result.
 
-    Shapes: ``output [..., n_q, d_v]`` (the caller's library and dtype), ``lse [..., n_q]`` (NumPy, compute
-    dtype): the row log-sum-exp of the scaled, masked scores, ``-inf`` on fully masked rows.
+    Shapes: ``output [..., n_q, d_v]`` (the caller's library and dtype), ``lse [..., n_q]`` (the caller's library,
+    compute dtype: float32 or float64): the row log-sum-exp of the logits ``Q Kᵀ · scale / temperature`` with masked
+    entries left out (the core's ``AttentionTrace.lse``), ``-inf`` on fully masked rows.
     """
 
     output: Any
@@ -153,13 +156,15 @@ class FlashResult:
 class FlashGrads:
     """Gradients of the tiled backward, each shaped (and typed) like its input.
 
-    Shapes: ``dq [..., n_q, d_k]``, ``dk [..., n_k, d_k]``, ``dv [..., n_k, d_v]``; inputs that were broadcast
-    (a shared k/v, GQA's kv heads) get their gradients summed back.
+    Shapes: ``dq [..., n_q, d_k]``, ``dk [..., n_k, d_k]``, ``dv [..., n_k, d_v]``, ``dbias`` as the bias (None
+    without one); inputs that were broadcast (a shared k/v, GQA's kv heads, a bias shared across heads) get their
+    gradients summed back.
     """
 
     dq: Any
     dk: Any
     dv: Any
+    dbias: Any = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -186,6 +191,7 @@ class _Plan:
     d_k: int
     d_v: int
     scale: float
+    temperature: float  # logits are (scale · q · k) / temperature
     causal: bool
     shift: int  # position of query 0 relative to key 0 (query i sits at key position i + shift)
     left: int | None
@@ -194,6 +200,9 @@ class _Plan:
     q_seg: np.ndarray | None  # [B or 1, n_q]
     k_seg: np.ndarray | None  # [B or 1, n_k]
     mask: np.ndarray | None  # broadcast view [*batch, n_q, n_k]
+    bias: np.ndarray | None  # broadcast view [*batch, n_q, n_k], compute dtype
+    bias_raw: np.ndarray | None  # the bias as prepared (GQA-reshaped, not broadcast)
+    bias_shape: tuple[int, ...] | None  # the bias as the caller passed it
     masked_rows: str
     block_q: int
     block_k: int
@@ -201,6 +210,12 @@ class _Plan:
     xp: Any
     device: Any
     out_dtype: Any
+    lse_dtype: Any  # the compute dtype in the caller's library (float32 or float64)
+
+    @property
+    def factor(self) -> float:
+        """What multiplies ``q · k`` to give the logits: ``scale / temperature``."""
+        return self.scale / self.temperature
 
     def seq(self, idx: tuple[int, ...]) -> int:
         """Which sequence (index along the caller's first leading axis) the internal batch index belongs to."""
@@ -475,7 +490,9 @@ def _plan(
     key_lengths: Any,
     segments: Any,
     mask: Any,
+    bias: Any,
     scale: Any,
+    temperature: Any,
     masked_rows: Any,
     block_q: Any,
     block_k: Any,
@@ -489,18 +506,23 @@ def _plan(
         v = np.asarray(v)
     if isinstance(mask, (list, tuple)):
         mask = np.asarray(mask)
+    if isinstance(bias, (list, tuple)):
+        bias = np.asarray(bias)
+    bias_shape = None if bias is None else shape_of(bias)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape"):
             raise DTypeError(f"{name}: expected an array, got {type(x).__name__}")
     xp = namespace(q, k, v)
     device = device_of(q) if xp is not np else None
     qs, ks, vs = shape_of(q), shape_of(k), shape_of(v)
-    out_dtype = None
+    out_dtype = lse_dtype = None
     if xp is not np:
-        _, out_dtype = compute_dtype(xp, xp.result_type(q.dtype, k.dtype, v.dtype), "q, k, v")
+        lse_dtype, out_dtype = compute_dtype(xp, xp.result_type(q.dtype, k.dtype, v.dtype), "q, k, v")
         q, k, v = to_numpy(q), to_numpy(k), to_numpy(v)
         if mask is not None and not isinstance(mask, np.ndarray):
             mask = to_numpy(mask)
+        if bias is not None and not isinstance(bias, np.ndarray):
+            bias = to_numpy(bias)
     block_q = _check_block("block_q", DEFAULT_BLOCK_Q if block_q is None else block_q)
     block_k = _check_block("block_k", DEFAULT_BLOCK_K if block_k is None else block_k)
     threads = resolve_threads(num_threads)
@@ -524,8 +546,13 @@ def _plan(
                 mask = mask.reshape((*mask.shape[:-3], hk, group, *mask.shape[-2:]))
             elif mask.ndim >= 3:
                 mask = mask[..., None, :, :]
+        if bias is not None and bias.ndim >= 3:
+            if bias.shape[-3] == qs[-3]:
+                bias = bias.reshape((*bias.shape[:-3], hk, group, *bias.shape[-2:]))
+            else:
+                bias = bias[..., None, :, :]
 
-    p = prepare(q, k, v, mask, causal=False, scale=scale, masked_rows=masked_rows)
+    p = prepare(q, k, v, mask, bias=bias, causal=False, scale=scale, temperature=temperature, masked_rows=masked_rows)
     n_q, n_k = p.n_q, p.n_k
     batch = p.batch
     if group > 1:
@@ -595,6 +622,7 @@ def _plan(
         d_k=p.d_k,
         d_v=p.d_v,
         scale=p.scale,
+        temperature=p.temperature,
         causal=is_causal,
         shift=shift,
         left=left,
@@ -603,6 +631,9 @@ def _plan(
         q_seg=q_seg,
         k_seg=k_seg,
         mask=m,
+        bias=None if p.bias is None else np.broadcast_to(p.bias, p.scores_shape),
+        bias_raw=p.bias,
+        bias_shape=bias_shape,
         masked_rows=p.masked_rows,
         block_q=block_q,
         block_k=block_k,
@@ -610,6 +641,7 @@ def _plan(
         xp=xp,
         device=device,
         out_dtype=p.out_dtype if xp is np else out_dtype,
+        lse_dtype=p.q.dtype if xp is np else lse_dtype,
     )
 
 
@@ -638,7 +670,8 @@ class _Extras:
     which the fast path (no running maximum) is exact."""
 
     k_norm: np.ndarray  # [*batch]
-    safe: float  # |scaled score| bound under which exp(S) needs no offset
+    safe: float  # |logit| bound (nats) under which exp(S) needs no offset
+    bias_max: float  # max |bias| / temperature (nats), 0 without a bias
 
 
 def _extras(plan: _Plan) -> _Extras:
@@ -649,7 +682,10 @@ def _extras(plan: _Plan) -> _Extras:
     # exp(S) stays far from overflow in every sum and product, and far from underflow (<= 60, or 600 in float64)
     big, cap = (69.0, 60.0) if dt == np.float32 else (690.0, 600.0)
     safe = min(cap, big - math.log(max(plan.n_k, 1)) - math.log(max(v_max, 1.0)))
-    return _Extras(k_norm=np.broadcast_to(k_norm, plan.batch), safe=safe)
+    bias_max = 0.0
+    if plan.bias_raw is not None and plan.bias_raw.size:
+        bias_max = max(float(plan.bias_raw.max()), -float(plan.bias_raw.min())) / plan.temperature
+    return _Extras(k_norm=np.broadcast_to(k_norm, plan.batch), safe=safe, bias_max=bias_max)
 
 
 @functools.lru_cache(maxsize=16)
@@ -700,7 +736,7 @@ def _forward_task(
     dt = plan.q.dtype
     bq = i1 - i0
     E = _exp(dt)
-    qs = plan.q[idx][i0:i1] * dt.type(plan.scale * E.unit)  # [bq, d_k]: scores come out in E's units
+    qs = plan.q[idx][i0:i1] * dt.type(plan.factor * E.unit)  # [bq, d_k]: logits come out in E's units
     K, V = plan.k[idx], plan.v[idx]  # [n_k, d_k], [n_k, d_v]
     w = _work(bq, plan.block_k, plan.d_v, dt)
     acc, pv, l_i, lt, buf = w.acc, w.pv, w.l_i, w.lt, w.s
@@ -708,13 +744,16 @@ def _forward_task(
     l_i.fill(0)
     ones = _ones(plan.block_k, dt.str)
     q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
-    bounded = q_norm * float(ex.k_norm[idx]) * E.back <= ex.safe and not _FORCE_ONLINE
+    bounded = q_norm * float(ex.k_norm[idx]) * E.back + ex.bias_max <= ex.safe and not _FORCE_ONLINE
+    c_bias = dt.type(E.unit / plan.temperature)  # bias -> logits in E's units
     if bounded and E.fused:
         matmul, exp2_rows = np.matmul, fused.kernels().exp2_rows_bounded
         for j0, j1, bad in plan.key_blocks(idx, i0, i1):
             bk = j1 - j0
             s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
-            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] scaled scores · log2(e), |s| <= safe · log2(e) < 126
+            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] logits · log2(e), |s| <= safe · log2(e) < 126
+            if plan.bias is not None:
+                s += plan.bias[idx][i0:i1, j0:j1] * c_bias
             exp2_rows(s, _bad_array(bad), lt)  # P = 2 ** s, masked entries 0, lt = P 1: one pass
             matmul(s, V[j0:j1], out=pv)
             acc += pv
@@ -725,7 +764,9 @@ def _forward_task(
         for j0, j1, bad in plan.key_blocks(idx, i0, i1):
             bk = j1 - j0
             s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
-            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] scaled scores · log2(e), |s| <= safe · log2(e)
+            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] logits · log2(e), |s| <= safe · log2(e)
+            if plan.bias is not None:
+                s += plan.bias[idx][i0:i1, j0:j1] * c_bias
             exp2(s, out=s)  # P = exp(scores) (unnormalised, offset 0); every score is bounded, masked or not
             if bad is not None:
                 _zero_masked(s, bad)  # after exp2, which is slow on -inf
@@ -748,6 +789,16 @@ def _forward_task(
             acc[~full] = np.nan
         out[idx][i0:i1] = acc
         lse[idx][i0:i1] = np.where(full, m_i * dt.type(E.back) + np.log(safe_l), -np.inf)
+
+
+def _logits(
+    plan: _Plan, idx: tuple[int, ...], qs: np.ndarray, Kj: np.ndarray, i0: int, j0: int, j1: int, E: _Exp, s: np.ndarray
+) -> np.ndarray:
+    """The block's logits in E's units into ``s``: ``qs Kjᵀ`` (q already scaled) plus the bias block, if any."""
+    np.matmul(qs, Kj.T, out=s)
+    if plan.bias is not None:
+        s += plan.bias[idx][i0 : i0 + s.shape[0], j0:j1] * s.dtype.type(E.unit / plan.temperature)
+    return s
 
 
 def _online_softmax(
@@ -776,7 +827,7 @@ def _online_softmax(
         bk = j1 - j0
         s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
         Kj = K[j0:j1]
-        np.matmul(qs, Kj.T, out=s)  # [bq, bk]
+        _logits(plan, idx, qs, Kj, i0, j0, j1, E, s)  # [bq, bk]
         if ready and E.fused:
             jit.exp2_rows(s, m_i, _bad_array(bad), lt)  # P relative to the running max, masked, row sums
         elif bad is not None:
@@ -792,7 +843,7 @@ def _online_softmax(
                 acc += pv
                 l_i += lt
                 continue
-            np.matmul(qs, Kj.T, out=s)  # scores grew too much: redo this block with the max pass
+            _logits(plan, idx, qs, Kj, i0, j0, j1, E, s)  # scores grew too much: redo this block with the max pass
             if bad is not None:
                 _apply_mask(s, bad)
         m_new = np.maximum(m_i, s.max(axis=1))
@@ -836,13 +887,16 @@ def flash_attention(
     key_lengths: Any = None,
     segments: Any = None,
     mask: Any = None,
+    bias: Any = None,
     scale: float | None = None,
+    temperature: float = 1.0,
     masked_rows: str = "raise",
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,
 ) -> FlashResult:
-    """Exact attention, tiled: ``softmax(Q Kᵀ · scale, masked) V`` without an ``[n_q, n_k]`` matrix.
+    """Exact attention, tiled: ``softmax((Q Kᵀ · scale + bias) / temperature, masked) V`` without an ``[n_q, n_k]``
+    matrix.
 
     Args:
         q: queries ``[..., h, n_q, d_k]`` (NumPy, PyTorch or any array-API array; computed in NumPy).
@@ -859,7 +913,10 @@ def flash_attention(
         segments: packed sequences: integer ids ``[n]`` or ``[B, n]`` (self-attention) or a pair
             ``(q_segments, k_segments)``; a query sees only keys with the same id.
         mask: boolean, True = may attend, broadcastable to ``[..., h, n_q, n_k]``; applied block by block.
+        bias: additive float scores (ALiBi, relative positions), finite, broadcastable to ``[..., h, n_q, n_k]``;
+            read block by block (never broadcast to full size). With GQA, a per-head bias is ``[..., h, n_q, n_k]``.
         scale: multiplies ``Q Kᵀ``; default ``1/sqrt(d_k)``.
+        temperature: divides the logits (> 1 flattens the weights, < 1 sharpens them), as in the core.
         masked_rows: fully masked rows: ``"raise"`` (:class:`~attnlab.errors.MaskedRowError`), ``"zero"``
             (output 0, as FlashAttention) or ``"nan"``. ``lse`` is ``-inf`` on them.
         block_q, block_k: tile sizes (default :data:`DEFAULT_BLOCK_Q`, :data:`DEFAULT_BLOCK_K`); any positive
@@ -868,7 +925,7 @@ def flash_attention(
 
     Returns:
         :class:`FlashResult` with ``output [..., h, n_q, d_v]`` (caller's library and dtype) and
-        ``lse [..., h, n_q]`` (NumPy, float32 or float64).
+        ``lse [..., h, n_q]`` (caller's library, float32 or float64: the compute dtype).
 
     All masks combine (AND). Extra memory is ``O(block_q · block_k)`` per thread plus the output.
 
@@ -891,7 +948,9 @@ def flash_attention(
         key_lengths=key_lengths,
         segments=segments,
         mask=mask,
+        bias=bias,
         scale=scale,
+        temperature=temperature,
         masked_rows=masked_rows,
         block_q=block_q,
         block_k=block_k,
@@ -907,11 +966,38 @@ def flash_attention(
     lse = lse.reshape((*plan.out_batch, plan.n_q))
     if plan.masked_rows == "raise" and np.isneginf(lse).any():
         raise _empty_rows_error(plan, lse, "forward")
-    return FlashResult(output=_to_caller(plan, out), lse=lse)
+    return FlashResult(output=_to_caller(plan, out), lse=_to_caller(plan, lse, plan.lse_dtype))
 
 
 # --------------------------------------------------------------------------------------------------------------
 # backward
+
+
+class _BiasGrad:
+    """``dbias = dS / temperature``, accumulated block by block into the bias's own (unbroadcast) shape: memory is
+    that of the bias, never ``[*batch, n_q, n_k]`` unless the bias is that large itself."""
+
+    def __init__(self, plan: _Plan) -> None:
+        raw = plan.bias_raw
+        self.plan = plan
+        self.acc = np.zeros((1,) * (len(plan.batch) + 2 - raw.ndim) + raw.shape, dtype=plan.q.dtype)
+        self.factor = plan.q.dtype.type(1.0 / plan.temperature)
+        self.lock = threading.Lock()
+
+    def add(self, idx: tuple[int, ...], i0: int, j0: int, ds: np.ndarray) -> None:
+        """Add the block ``ds [bq, bk]`` (rows from ``i0``, columns from ``j0`` of batch·head ``idx``)."""
+        acc = self.acc[tuple(i if n > 1 else 0 for i, n in zip(idx, self.acc.shape[:-2], strict=True))]
+        rows, cols = slice(i0, i0 + ds.shape[0]), slice(j0, j0 + ds.shape[1])
+        if acc.shape[0] == 1:
+            ds, rows = ds.sum(axis=0, keepdims=True), slice(0, 1)
+        if acc.shape[1] == 1:
+            ds, cols = ds.sum(axis=1, keepdims=True), slice(0, 1)
+        with self.lock:
+            acc[rows, cols] += ds * self.factor
+
+    def total(self) -> np.ndarray:
+        """The gradient in the caller's bias shape."""
+        return self.acc.reshape(self.plan.bias_shape)
 
 
 def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -933,6 +1019,7 @@ def _backward_task(
     delta: np.ndarray,
     dk: np.ndarray,
     dv: np.ndarray,
+    dbias: _BiasGrad | None,
     task: tuple[tuple[int, ...], int, int],
 ) -> tuple[tuple[int, ...], np.ndarray | None]:
     idx, ja, jb = task
@@ -954,7 +1041,9 @@ def _backward_task(
             bad = plan.blocked(idx, i0, i1, j0, j1)
             if bad is False:
                 continue
-            s = Qs[i0:i1] @ Kj.T  # [bq, bk] scaled scores · log2(e)
+            s = Qs[i0:i1] @ Kj.T  # [bq, bk] logits · log2(e)
+            if plan.bias is not None:
+                s += plan.bias[idx][i0:i1, j0:j1] * dt.type(E.unit / plan.temperature)
             if E.fused:
                 jit.exp2_rows(s, L[i0:i1], _bad_array(bad), None)  # P, masked: one pass
             else:
@@ -970,6 +1059,8 @@ def _backward_task(
             else:
                 dP -= D[i0:i1, None]
                 dP *= s  # dS = P ∘ (dP - delta)
+            if dbias is not None:
+                dbias.add(idx, i0, j0, dP)
             if dq is None:
                 dq = np.zeros((plan.n_q, plan.d_k), dtype=dt)
             dq[i0:i1] += dP @ Kj  # unscaled; times scale at the end
@@ -994,7 +1085,9 @@ def flash_attention_backward(
     key_lengths: Any = None,
     segments: Any = None,
     mask: Any = None,
+    bias: Any = None,
     scale: float | None = None,
+    temperature: float = 1.0,
     masked_rows: str = "raise",
     block_q: int | None = None,
     block_k: int | None = None,
@@ -1003,21 +1096,24 @@ def flash_attention_backward(
     """FlashAttention-2's backward: gradients of the tiled forward from its output and ``lse`` in O(n) memory.
 
     ``P`` is recomputed block by block from ``lse``; ``delta = rowsum(dO ∘ O)``, ``dV = Pᵀ dO``,
-    ``dP = dO Vᵀ``, ``dS = P ∘ (dP - delta)``, ``dQ = dS K · scale``, ``dK = dSᵀ Q · scale``.
+    ``dP = dO Vᵀ``, ``dS = P ∘ (dP - delta)``, ``dQ = dS K · scale / T``, ``dK = dSᵀ Q · scale / T``,
+    ``dbias = dS / T`` (T the temperature).
 
     Args:
         q, k, v: the forward's inputs (shapes as in :func:`flash_attention`, GQA included).
         output: the forward's output ``[..., h, n_q, d_v]``.
         lse: the forward's ``lse [..., h, n_q]``.
         d_out: ``dO = ∂L/∂output`` ``[..., h, n_q, d_v]``.
-        causal, q_offset, window, key_lengths, segments, mask, scale: exactly as given to the forward.
+        causal, q_offset, window, key_lengths, segments, mask, bias, scale, temperature: exactly as given to the
+            forward.
         masked_rows: rows with ``lse = -inf`` (fully masked) get zero gradient under ``"zero"``; ``"raise"``
             (default) and ``"nan"`` raise :class:`~attnlab.errors.MaskedRowError` (a NaN output has no gradient).
         block_q, block_k, num_threads: as in :func:`flash_attention`.
 
     Returns:
-        :class:`FlashGrads` ``(dq, dk, dv)``, each shaped and typed like its input (summed over broadcast and
-        GQA-shared heads).
+        :class:`FlashGrads` ``(dq, dk, dv, dbias)``, each shaped like its input (summed over broadcast and
+        GQA-shared heads) in the inputs' library and dtype; ``dbias`` is None without a bias, and is accumulated
+        in the bias's own shape (its memory, not ``[..., n_q, n_k]``, unless the bias is that large).
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)
@@ -1037,7 +1133,9 @@ def flash_attention_backward(
         key_lengths=key_lengths,
         segments=segments,
         mask=mask,
+        bias=bias,
         scale=scale,
+        temperature=temperature,
         masked_rows=masked_rows,
         block_q=block_q,
         block_k=block_k,
@@ -1078,7 +1176,7 @@ def flash_attention_backward(
     d_o = arrays["d_out"].reshape(full_out)
     o = arrays["output"].reshape(full_out)
     delta = np.einsum("...ij,...ij->...i", d_o, o)  # [*batch, n_q] rowsum(dO ∘ O)
-    qs_all = plan.q * dt.type(plan.scale * E.unit)  # [*batch, n_q, d_k]: scores in E's units
+    qs_all = plan.q * dt.type(plan.factor * E.unit)  # [*batch, n_q, d_k]: logits in E's units
     dk = np.zeros((*plan.batch, plan.n_k, plan.d_k), dtype=dt)
     dv = np.zeros((*plan.batch, plan.n_k, plan.d_v), dtype=dt)
     dq = np.zeros((*plan.batch, plan.n_q, plan.d_k), dtype=dt)
@@ -1094,11 +1192,14 @@ def flash_attention_backward(
         per = max(plan.block_k, math.ceil(nk / splits / plan.block_k) * plan.block_k)
         for ja in range(0, nk, per):
             tasks.append((idx, ja, min(ja + per, nk)))
-    results = run_tasks(lambda t: _backward_task(plan, qs_all, d_o, lse_safe, delta, dk, dv, t), tasks, plan.threads)
+    dbias = None if plan.bias_raw is None else _BiasGrad(plan)
+    results = run_tasks(
+        lambda t: _backward_task(plan, qs_all, d_o, lse_safe, delta, dk, dv, dbias, t), tasks, plan.threads
+    )
     for idx, dq_part in results:
         if dq_part is not None:
             dq[idx] += dq_part
-    dq *= dt.type(plan.scale)
+    dq *= dt.type(plan.factor)
 
     def back(x: np.ndarray, shape: tuple[int, ...], caller_shape: tuple[int, ...]) -> Any:
         return _to_caller(plan, np.ascontiguousarray(_sum_to(x, shape)).reshape(caller_shape))
@@ -1108,6 +1209,7 @@ def flash_attention_backward(
         dq=back(dq, plan.q_shape, cq),
         dk=back(dk, plan.k_shape, ck),
         dv=back(dv, plan.v_shape, cv),
+        dbias=None if dbias is None else _to_caller(plan, dbias.total()),
     )
 
 
@@ -1147,8 +1249,8 @@ def gemm_floor(
     of this design, which ``attnlab bench`` reports as the "GEMM floor". Shapes as in :func:`flash_attention`.
     """
     plan = _plan(
-        q, k, v, causal=causal, q_offset=None, window=None, key_lengths=None, segments=None, mask=None,
-        scale=None, masked_rows="zero", block_q=block_q, block_k=block_k, num_threads=num_threads,
+        q, k, v, causal=causal, q_offset=None, window=None, key_lengths=None, segments=None, mask=None, bias=None,
+        scale=None, temperature=1.0, masked_rows="zero", block_q=block_q, block_k=block_k, num_threads=num_threads,
     )  # fmt: skip
     out = np.empty((*plan.batch, plan.n_q, plan.d_v), dtype=plan.q.dtype)
     run_tasks(lambda t: _floor_task(plan, out, t), _forward_tasks(plan), plan.threads)
