@@ -405,7 +405,7 @@ def test_learn_md_shows_real_output(capsys):
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "learn.md").read_text(encoding="utf-8")
     blocks = re.findall(r"<!-- output: explain (.+?) -->\n```\n(.*?)```", doc, flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     for args, shown in blocks:
         code, out, _ = run_cli(capsys, *args.split(), "--format", "text")
         assert code == 0

@@ -7,6 +7,7 @@ Examples::
     attnlab explain mask-order --mistake softmax-then-mask
     attnlab explain causal-4 --mistake all --format markdown
     attnlab explain --positions        # why attention needs positions: permutation with and without RoPE
+    attnlab explain causal-4 --tiled 2 # FlashAttention's online softmax, keys in blocks of 2
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     o.add_argument("--width", type=int, default=100, help="line width of the text format (default 100)")
     o.add_argument(
+        "--tiled",
+        type=int,
+        metavar="B",
+        help="FlashAttention's online softmax instead: the keys in blocks of B, a running max, sum and accumulator",
+    )
+    o.add_argument(
         "--positions",
         action="store_true",
         help="article 001 §16: permuting the tokens permutes the outputs, unless positions (RoPE) are added",
@@ -55,7 +62,7 @@ def _error(msg: str, code: int = 1) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import AttnlabError, MaskedRowError
-    from ..explain import compare, explain_example, explain_setup, to_dict, to_markdown, to_text
+    from ..explain import compare, explain_example, explain_online, explain_setup, to_dict, to_markdown, to_text
     from ..explain.args import setup_from_args
 
     if args.list:
@@ -72,9 +79,15 @@ def run(args: argparse.Namespace) -> int:
         setup = setup_from_args(args)
         names = list(dict.fromkeys(n for m in (args.mistake or ()) for n in (_MISTAKES if m == "all" else (m,))))
         if isinstance(setup, str):
-            if names:
-                return _error(f"--mistake needs Q and K; the example {setup!r} does not start from them", 2)
+            if names or args.tiled is not None:
+                flag = "--mistake" if names else "--tiled"
+                return _error(f"{flag} needs Q and K; the example {setup!r} does not start from them", 2)
             e = explain_example(setup)
+            mistakes = []
+        elif args.tiled is not None:
+            if names:
+                return _error("--tiled and --mistake: give one of them", 2)
+            e = explain_online(setup, args.tiled)
             mistakes = []
         else:
             e = explain_setup(setup)

@@ -1,5 +1,6 @@
-"""Attention by hand: every step as data (:func:`explain`), the classic mistakes next to it (:func:`compare`), and
-renderers for terminals, pipes, markdown and JSON.
+"""Attention by hand: every step as data (:func:`explain`), the classic mistakes next to it (:func:`compare`),
+FlashAttention's online softmax block by block (:func:`explain_online`), and renderers for terminals, pipes,
+markdown and JSON.
 
 >>> from attnlab.explain import explain_example, to_text
 >>> e = explain_example("2x2-causal")
@@ -11,6 +12,7 @@ renderers for terminals, pipes, markdown and JSON.
 
 from .inputs import load_inputs, load_mask, load_matrix, parse_mask, parse_matrix, parse_tokens
 from .mistakes import MISTAKES, Mistake, compare
+from .online import explain_online
 from .render import print_rich, to_dict, to_markdown, to_text
 from .steps import (
     Explanation,
@@ -33,6 +35,7 @@ __all__ = [
     "compare",
     "explain",
     "explain_example",
+    "explain_online",
     "explain_setup",
     "explain_softmax",
     "explain_weighted_average",

@@ -63,10 +63,10 @@ def _wrap(text: str, width: int, indent: str) -> list[str]:
 
 def _step_text(n: int, s: Step, width: int) -> list[str]:
     out = [f"{n}. {s.title}: {s.formula}"]
-    for name, m, r, c in s.extra:
-        out += ["   " + ln for ln in _grid(m, r, c, name)]
     if s.matrix is not None:
         out += ["   " + ln for ln in _grid(s.matrix, s.rows, s.cols)]
+    for name, m, r, c in s.extra:
+        out += ["   " + ln for ln in _grid(m, r, c, name)]
     out += ["   " + ln for ln in s.lines]
     if s.note:
         out += _wrap(s.note, width, "   ")
@@ -142,10 +142,10 @@ def to_markdown(e: Explanation, mistakes: Sequence[Mistake] = ()) -> str:
         out.append(f"\nOptions: `{opts}`")
     for i, s in enumerate(e.steps, 1):
         out += ["", f"## {i}. {s.title}", "", f"`{s.formula}`"]
-        for name, m, r, c in s.extra:
-            out += ["", *_md_table(m, r, c, name)]
         if s.matrix is not None:
             out += ["", *_md_table(s.matrix, s.rows, s.cols)]
+        for name, m, r, c in s.extra:
+            out += ["", *_md_table(m, r, c, name)]
         if s.lines:
             out += ["", "```", *s.lines, "```"]
         if s.note:
@@ -240,10 +240,10 @@ def print_rich(e: Explanation, mistakes: Sequence[Mistake] = (), *, console: Any
         console.print(Text(f"Options: {opts}", style="dim"))
     for i, s in enumerate(e.steps, 1):
         parts: list[Any] = [Text(s.formula, style="italic")]
-        for name, m, r, c in s.extra:
-            parts.append(_rich_table(m, r, c, name))
         if s.matrix is not None:
             parts.append(_rich_table(s.matrix, s.rows, s.cols))
+        for name, m, r, c in s.extra:
+            parts.append(_rich_table(m, r, c, name))
         if s.lines:
             parts.append(Text("\n".join(s.lines)))
         if s.note:
