@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from attnlab.errors import DTypeError, MissingExtraError, ShapeError
+from attnlab.errors import AttnlabWarning, DTypeError, MissingExtraError, ShapeError
 from attnlab.kernels import fused, tiled
 
 
@@ -167,3 +168,26 @@ def test_import_attnlab_does_not_import_numba():
     code = "import sys, attnlab, attnlab.kernels.fused; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_numba_that_does_not_load_is_said_once_and_numpy_takes_over(monkeypatch):
+    """numba installed but broken (e.g. built for another NumPy): one warning with the reason and the fix, then the
+    NumPy passes, with the same results."""
+
+    def broken():
+        raise ImportError("Numba needs NumPy 2.3 or less. Got NumPy 9.9.")
+
+    monkeypatch.setattr(fused, "kernels", broken)
+    monkeypatch.setattr(fused, "_loaded", None)
+    with pytest.warns(AttnlabWarning, match=r"numba is installed but does not load \(ImportError: Numba needs NumPy"):
+        e = tiled._exp(np.dtype(np.float32))
+    assert not e.fused
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert not tiled._exp(np.dtype(np.float32)).fused
+        rng = np.random.default_rng(4)
+        q, k, v = (rng.standard_normal((2, 50, 8)).astype(np.float32) for _ in range(3))
+        r = tiled.flash_attention(q, k, v, causal=True, block_q=16, block_k=16)
+    np.testing.assert_allclose(
+        r.output, tiled.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), causal=True).output, atol=2e-6
+    )

@@ -38,6 +38,7 @@ from .core.multihead import (
 from .core.rope import apply_rope, permutation_demo, rope_tables
 from .errors import (
     AttnlabError,
+    AttnlabWarning,
     DTypeError,
     MaskedRowError,
     MaskError,
@@ -53,6 +54,7 @@ __all__ = [
     "AttentionGrads",
     "AttentionTrace",
     "AttnlabError",
+    "AttnlabWarning",
     "DTypeError",
     "Dropout",
     "Finding",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "AttnlabError",
+    "AttnlabWarning",
     "DTypeError",
     "MaskError",
     "MaskedRowError",
@@ -23,6 +24,10 @@ __all__ = [
 
 class AttnlabError(Exception):
     """Base class of every error attnlab raises on purpose."""
+
+
+class AttnlabWarning(UserWarning):
+    """Something attnlab could not do as asked and did another way (said once, with the reason and the fix)."""
 
 
 class ShapeError(AttnlabError, ValueError):

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import warnings
 from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, ShapeError, missing_extra
+from ..errors import AttnlabWarning, DTypeError, ShapeError, missing_extra
 
-__all__ = ["AVAILABLE", "ds_block", "exp2_block", "kernels", "version"]
+__all__ = ["AVAILABLE", "ds_block", "exp2_block", "kernels", "usable", "version"]
 
 #: numba is installed: the tiled kernels use the fused passes for float32.
 AVAILABLE = importlib.util.find_spec("numba") is not None
@@ -50,6 +51,31 @@ def kernels() -> Any:
     from . import _fused_jit
 
     return _fused_jit
+
+
+_loaded: bool | None = None  # None: not tried yet; False: numba is installed but did not load
+
+
+def usable() -> bool:
+    """True when the fused passes can run here: numba is installed and loads (the first call imports it and loads
+    or compiles the passes). A numba that is installed but does not load (say, built for another NumPy) is reported
+    once with an :class:`~attnlab.errors.AttnlabWarning`, and the kernels use NumPy passes instead."""
+    global _loaded
+    if not AVAILABLE:
+        return False
+    if _loaded is None:
+        try:
+            kernels()
+            _loaded = True
+        except Exception as err:  # ImportError, or numba's own error on a NumPy it does not support
+            _loaded = False
+            warnings.warn(
+                f"numba is installed but does not load ({type(err).__name__}: {err}); the tiled kernels use NumPy's "
+                f"exponential instead, ~1.2x slower. Reinstall it to match NumPy: pip install -U 'attnlab[fast]'",
+                AttnlabWarning,
+                stacklevel=3,
+            )
+    return _loaded
 
 
 def _check(name: str, x: Any, shape: tuple[int, ...] | None, dtype: Any = np.float32) -> None:

@@ -118,7 +118,7 @@ def _exp(dtype: np.dtype) -> _Exp:
     the whole life of the process (it depends on the address-space layout: never seen with ASLR disabled).
     Measuring takes ~0.3 ms once; all choices are exact to about one float32 ulp.
     """
-    fusable = np.dtype(dtype) == np.float32 and fused.AVAILABLE
+    fusable = np.dtype(dtype) == np.float32 and fused.usable()
     if _FORCE_EXP is not None:
         return _EXPS[_FORCE_EXP if _FORCE_EXP != "fused" or fusable else "exp2"]
     if fusable:
