@@ -191,3 +191,24 @@ def test_a_numba_that_does_not_load_is_said_once_and_numpy_takes_over(monkeypatc
     np.testing.assert_allclose(
         r.output, tiled.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), causal=True).output, atol=2e-6
     )
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_bias_inside_the_pass(bounded):
+    """``s + bias_scale · bias`` in float32 inside the pass, from a contiguous block or a strided view."""
+    rng = np.random.default_rng(5)
+    s0 = rng.uniform(-20, 20, (24, 40)).astype(np.float32)
+    big = rng.uniform(-20, 20, (50, 90)).astype(np.float32)
+    for bias in (np.ascontiguousarray(big[:24, :40]), big[10:34, 30:70], np.broadcast_to(big[0, :40], (24, 40))):
+        s, sums = s0.copy(), np.empty(24, np.float32)
+        fused.exp2_block(s, rowsum=sums, bias=bias, bias_scale=1.5, bounded=bounded)
+        arg = s0.astype(np.float64) + 1.5 * bias.astype(np.float64)  # exact
+        want = np.exp2(arg)
+        # the float32 argument carries one or two roundings (one with FMA), each ~|x|·2^-24 absolute, which exp2
+        # turns into a relative error of ln 2 times that; plus the exponential's own ulp
+        assert np.all(np.abs(s - want) / want <= 2.0**-23 * (1 + np.abs(arg)))
+        np.testing.assert_allclose(sums, want.sum(axis=1), rtol=2.0**-23 * (1 + np.abs(arg).max()))
+    with pytest.raises(ShapeError, match=r"bias: shape \(24, 39\), expected \(24, 40\)"):
+        fused.exp2_block(s0.copy(), bias=big[:24, :39])
+    with pytest.raises(ShapeError, match="bias_scale: expected a finite number"):
+        fused.exp2_block(s0.copy(), bias=big[:24, :40], bias_scale=float("inf"))

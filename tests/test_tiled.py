@@ -445,16 +445,18 @@ def test_bias_forward_and_backward_as_in_the_core(bias_shape):
 
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
 @pytest.mark.parametrize("size", [0.5, 60.0])
-def test_bias_float32_on_every_inner_loop(exp, size, monkeypatch):
+@pytest.mark.parametrize("shape", [(2, 130, 130), (1, 1, 130)])
+def test_bias_float32_on_every_inner_loop(exp, size, shape, monkeypatch):
     """A small bias keeps the scores bounded (the fast path, bias included in the bound); a large one (±60) takes
-    the online softmax. float32 forward under FlashAttention's rule, gradients against the float64 core."""
+    the online softmax. A full bias and one broadcast over queries (read through strided views, copied per block
+    for the fused pass). float32 forward under FlashAttention's rule, gradients against the float64 core."""
     monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
     calls = []
     real = tiled._online_softmax
     monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(19)
     q, k, v = _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 8)
-    bias = _rand(rng, 2, 130, 130, scale=size)
+    bias = _rand(rng, *shape, scale=size)
     r = flash_attention(q, k, v, bias=bias, causal=True, block_q=32, block_k=48)
     assert bool(calls) == (size > 1)
     _check_rule(r.output, q, k, v, masks.causal(130), bias=bias)

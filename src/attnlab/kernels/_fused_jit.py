@@ -64,14 +64,18 @@ def _exp2(x: Any) -> Any:  # pragma: no cover - compiled
 
 
 @_compiled
-def exp2_rows(s: Any, off: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
-    """``s <- 2 ** (s - off[:, None])``, 0 where ``bad``; ``rowsum <- s.sum(1)`` (``bad``/``rowsum`` may be None)."""
+def exp2_rows(s: Any, bias: Any, c: Any, off: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
+    """``s <- 2 ** (s + c · bias - off[:, None])``, 0 where ``bad``; ``rowsum <- s.sum(1)`` (``bias``, ``bad`` and
+    ``rowsum`` may be None; ``c`` is a float32)."""
     bq, bk = s.shape
     for i in range(bq):
         o = off[i]
         acc = _ZERO
         for j in range(bk):
-            y = _exp2(s[i, j] - o)
+            x = s[i, j]
+            if bias is not None:
+                x = x + c * bias[i, j]
+            y = _exp2(x - o)
             if bad is not None:
                 y = _ZERO if bad[i, j] else y
             s[i, j] = y
@@ -81,13 +85,16 @@ def exp2_rows(s: Any, off: Any, bad: Any, rowsum: Any) -> None:  # pragma: no co
 
 
 @_compiled
-def exp2_rows_bounded(s: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
-    """:func:`exp2_rows` with no offset, for ``-126 <= s <= 128`` (no range checks)."""
+def exp2_rows_bounded(s: Any, bias: Any, c: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
+    """:func:`exp2_rows` with no offset, for ``-126 <= s + c · bias <= 128`` (no range checks)."""
     bq, bk = s.shape
     for i in range(bq):
         acc = _ZERO
         for j in range(bk):
-            y = _pow2(s[i, j])
+            x = s[i, j]
+            if bias is not None:
+                x = x + c * bias[i, j]
+            y = _pow2(x)
             if bad is not None:
                 y = _ZERO if bad[i, j] else y
             s[i, j] = y

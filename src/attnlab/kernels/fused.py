@@ -5,7 +5,8 @@ entries, sum the rows" is three or four passes over a 1 MiB block, ~17 % of the 
 d = 64 (docs/performance.md). Here each is one pass, with the row sums accumulated while the values are in
 registers:
 
-* :func:`exp2_block` — ``s <- 2 ** (s - off[:, None])``, masked entries 0, optionally ``rowsum <- s.sum(1)``;
+* :func:`exp2_block` — ``s <- 2 ** (s + c · bias - off[:, None])``, masked entries 0, optionally
+  ``rowsum <- s.sum(1)``;
 * :func:`ds_block` — the backward's ``dp <- p * (dp - delta[:, None])``.
 
 The exponential is our own: ``2 ** x = 2 ** n · 2 ** f`` with ``n = rint(x)``, ``f in [-1/2, 1/2]``, ``2 ** f`` a
@@ -101,16 +102,21 @@ def exp2_block(
     bad: np.ndarray | None = None,
     rowsum: np.ndarray | None = None,
     *,
+    bias: np.ndarray | None = None,
+    bias_scale: float = 1.0,
     bounded: bool = False,
 ) -> None:
-    """In place: ``s[i, j] <- 2 ** (s[i, j] - off[i])``, 0 where ``bad[i, j]``; ``rowsum[i] <- sum_j s[i, j]``.
+    """In place: ``s[i, j] <- 2 ** (s[i, j] + bias_scale · bias[i, j] - off[i])``, 0 where ``bad[i, j]``;
+    ``rowsum[i] <- sum_j s[i, j]``.
 
     Args:
         s: the score block ``[bq, bk]``, float32, C-contiguous; overwritten with the (masked) powers.
         off: per-row offsets ``[bq]`` float32, or None for 0 (``+inf`` gives a row of zeros).
         bad: ``[bq, bk]`` bool, True = blocked (set to 0), or None.
         rowsum: ``[bq]`` float32, overwritten with the row sums of the result, or None.
-        bounded: the caller guarantees ``-126 <= s <= 128`` everywhere (``off`` must be None): skips the range
+        bias: ``[bq, bk]`` float32 added (times ``bias_scale``, in float32) before the exponential, or None; any
+            strides (a broadcast view is read as it is).
+        bounded: the caller guarantees ``-126 <= s + bias_scale · bias <= 128`` (``off`` must be None): skips the range
             checks for ``-inf``, overflow and NaN, ~30 % faster. The tiled forward proves the bound from the norms
             of q and k; outside it the result is wrong, not an error.
 
@@ -130,12 +136,17 @@ def exp2_block(
         _check("bad", bad, (bq, bk), np.bool_)
     if rowsum is not None:
         _check("rowsum", rowsum, (bq,))
+    if bias is not None:
+        _check("bias", bias, (bq, bk))
+    c = np.float32(bias_scale)
+    if not np.isfinite(c):
+        raise ShapeError(f"bias_scale: expected a finite number, got {bias_scale!r}")
     if bounded:
         if off is not None:
             raise ShapeError("off: must be None with bounded=True (the bound is on s itself)")
-        jit.exp2_rows_bounded(s, bad, rowsum)
+        jit.exp2_rows_bounded(s, bias, c, bad, rowsum)
     else:
-        jit.exp2_rows(s, np.zeros(bq, dtype=np.float32) if off is None else off, bad, rowsum)
+        jit.exp2_rows(s, bias, c, np.zeros(bq, dtype=np.float32) if off is None else off, bad, rowsum)
 
 
 def ds_block(dp: np.ndarray, delta: np.ndarray, p: np.ndarray) -> None:
