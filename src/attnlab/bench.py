@@ -446,9 +446,9 @@ def run_bench(
         fns = _make_methods(q, k, v, c, pass_ == "backward", methods, kw, naive_ok)
         label = f"{pass_} n={n} d={dd} causal={c}"
         peaks: dict[str, float | None] = {}
-        for name in sorted(fns, key=lambda name: name != "torch"):  # PyTorch's first: see SETTLE_S
-            if callable(fns[name]):
-                _, peaks[name] = peak_memory(fns[name])
+        for name, fn in fns.items():
+            if callable(fn):
+                _, peaks[name] = peak_memory(fn)
         tick(f"{label}: warm-up")
         times: dict[str, list[float]] = {name: [] for name, fn in fns.items() if callable(fn)}
         groups = _groups(list(times))

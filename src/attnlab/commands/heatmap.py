@@ -64,7 +64,8 @@ def from_inputs(args: argparse.Namespace) -> HeatmapData:
 def from_weights_file(args: argparse.Namespace) -> HeatmapData:
     """Weights saved earlier (``.npy``/``.json``/``.csv``: ``[n_q, n_k]``, or ``.npy`` ``[h, n_q, n_k]``)."""
     from ..errors import ShapeError
-    from ..explain.inputs import load_matrix, parse_tokens
+    from ..explain.args import labels_from_args
+    from ..explain.inputs import load_matrix
 
     path = args.weights
     if path.lower().endswith(".npy"):
@@ -75,15 +76,7 @@ def from_weights_file(args: argparse.Namespace) -> HeatmapData:
     else:
         w = load_matrix(path, "--weights")
     n_q, n_k = w.shape[-2:]
-    ql = kl = None
-    if args.tokens is not None:
-        if n_q != n_k:
-            raise ShapeError(f"--tokens: n_q={n_q} != n_k={n_k}; use --query-tokens and --key-tokens")
-        ql = kl = parse_tokens(args.tokens, n_q, "--tokens")
-    if args.query_tokens is not None:
-        ql = parse_tokens(args.query_tokens, n_q, "--query-tokens")
-    if args.key_tokens is not None:
-        kl = parse_tokens(args.key_tokens, n_k, "--key-tokens")
+    ql, kl = labels_from_args(args, n_q, n_k)
     allowed = None
     if args.mask is not None:
         from ..explain.inputs import load_mask

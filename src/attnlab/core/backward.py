@@ -23,7 +23,7 @@ import numpy as np
 from .._arrays import device_of, namespace, shape_of
 from ..errors import DTypeError, MaskedRowError, ShapeError
 from .attention import AttentionTrace
-from .dropout import Dropout
+from .dropout import Dropout, dropout_multiplier
 from .inputs import check_finite
 
 __all__ = ["AttentionGrads", "attention_backward"]
@@ -118,14 +118,7 @@ def attention_backward(trace: AttentionTrace, d_out: Any, *, dropout: Dropout | 
     if dropout is not None:
         if not isinstance(dropout, Dropout):
             raise DTypeError(f"dropout: expected a Dropout (from the forward) or None, got {type(dropout).__name__}")
-        try:
-            np.broadcast_shapes(dropout.keep.shape, shape_of(a))
-        except ValueError:
-            raise ShapeError(
-                f"dropout: keep mask shape {dropout.keep.shape} does not match the weights' {shape_of(a)}"
-            ) from None
-        mult = dropout.multiplier
-        mult = xp.asarray(mult, dtype=cdt) if xp is np else xp.asarray(mult, dtype=cdt, device=device_of(a))
+        mult = dropout_multiplier(a, dropout)  # keep / (1 - p), broadcastable to [..., n_q, n_k]
         a_drop = a * mult  # [..., n_q, n_k]
     else:
         mult = None

@@ -29,7 +29,7 @@ import numpy as np
 from .._arrays import device_of, namespace, shape_of
 from ..errors import DTypeError, ShapeError
 
-__all__ = ["Dropout", "apply_dropout", "make_dropout"]
+__all__ = ["Dropout", "apply_dropout", "dropout_multiplier", "make_dropout"]
 
 
 @dataclass(frozen=True)
@@ -85,17 +85,22 @@ def apply_dropout(weights: Any, dropout: Dropout | None) -> Any:
     """
     if dropout is None:
         return weights
-    xp = namespace(weights)
+    return weights * dropout_multiplier(weights, dropout)
+
+
+def dropout_multiplier(weights: Any, dropout: Dropout) -> Any:
+    """``keep / (1 - p)`` in the weights' library, dtype and device, after checking that it broadcasts to them.
+
+    Shapes: ``weights [..., n_q, n_k]``; the result as ``dropout.keep`` (broadcastable to the weights).
+    """
     try:
         np.broadcast_shapes(dropout.keep.shape, shape_of(weights))
     except ValueError:
         raise ShapeError(
             f"dropout: keep mask shape {dropout.keep.shape} does not broadcast to the weights' {shape_of(weights)}"
         ) from None
+    xp = namespace(weights)
     m = dropout.multiplier
-    m = (
-        xp.asarray(m, dtype=weights.dtype)
-        if xp is np
-        else xp.asarray(m, dtype=weights.dtype, device=device_of(weights))
-    )
-    return weights * m
+    if xp is np:
+        return xp.asarray(m, dtype=weights.dtype)
+    return xp.asarray(m, dtype=weights.dtype, device=device_of(weights))

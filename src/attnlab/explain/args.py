@@ -68,7 +68,11 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _labels(args: argparse.Namespace, n_q: int, n_k: int, tokens: Any) -> tuple[Any, Any]:
+def labels_from_args(
+    args: argparse.Namespace, n_q: int, n_k: int, tokens: Any = None
+) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+    """Query and key labels from ``--tokens``, ``--query-tokens`` and ``--key-tokens`` (these win over ``tokens``
+    from an inputs file), checked against ``n_q`` and ``n_k``; None where none is given."""
     from .inputs import parse_tokens
 
     ql = kl = None
@@ -125,7 +129,7 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         setup = setup_from_example(args.example, **options)
         if mask is not None:
             setup = setup.with_options(mask=mask)
-        ql, kl = _labels(args, setup.n_q, setup.n_k, None)
+        ql, kl = labels_from_args(args, setup.n_q, setup.n_k, None)
         return setup.with_options(query_labels=ql, key_labels=kl)
     data: dict[str, Any] = {}
     if args.inputs:
@@ -146,5 +150,5 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         raise ShapeError(f"--v: {v.shape[0]} rows but --k has n_k={k.shape[0]}; one value row per key")
     if mask is None and data.get("mask") is not None:
         mask = np.asarray(data["mask"], dtype=bool)
-    ql, kl = _labels(args, q.shape[0], k.shape[0], data.get("tokens"))
+    ql, kl = labels_from_args(args, q.shape[0], k.shape[0], data.get("tokens"))
     return Setup(q, k, v, mask, query_labels=ql, key_labels=kl, **options)

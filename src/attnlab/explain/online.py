@@ -143,12 +143,11 @@ def explain_online(setup: Setup, block_k: int) -> Explanation:
     if empty.any() and setup.masked_rows == "nan":
         out[empty] = np.nan
     lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, l)))
-    dense, dense_lse = np.asarray(t.output, dtype=np.float64), np.asarray(t.lse, dtype=np.float64)
     full = ~empty
-    diff = float(np.abs(out[full] - dense[full]).max()) if full.any() else 0.0
-    diff_lse = float(np.abs(lse[full] - dense_lse[full]).max()) if full.any() else 0.0
-    tol = 1e-9 * max(1.0, float(np.abs(dense[full]).max()) if full.any() else 1.0)
-    if diff > tol or diff_lse > 1e-9 * max(1.0, float(np.abs(dense_lse[full]).max()) if full.any() else 1.0):
+    dense, dense_lse = np.asarray(t.output, np.float64)[full], np.asarray(t.lse, np.float64)[full]
+    diff = float(np.abs(out[full] - dense).max(initial=0.0))
+    diff_lse = float(np.abs(lse[full] - dense_lse).max(initial=0.0))
+    if not (np.allclose(out[full], dense, rtol=1e-9, atol=1e-9) and np.allclose(lse[full], dense_lse, rtol=1e-9)):
         raise AssertionError("explain: the online softmax disagrees with attnlab.attention_trace")
     lines = [
         f"o[{r}] = {vec(acc[i])} / {num(l[i])} = {vec(out[i])};  lse = {num(m[i])} + log {num(l[i])} = {num(lse[i])}"

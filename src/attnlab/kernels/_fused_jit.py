@@ -65,28 +65,10 @@ def _exp2(x: Any) -> Any:  # pragma: no cover - compiled
 
 @_compiled
 def exp2_rows(s: Any, bias: Any, c: Any, off: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
-    """``s <- 2 ** (s + c · bias - off[:, None])``, 0 where ``bad``; ``rowsum <- s.sum(1)`` (``bias``, ``bad`` and
-    ``rowsum`` may be None; ``c`` is a float32)."""
-    bq, bk = s.shape
-    for i in range(bq):
-        o = off[i]
-        acc = _ZERO
-        for j in range(bk):
-            x = s[i, j]
-            if bias is not None:
-                x = x + c * bias[i, j]
-            y = _exp2(x - o)
-            if bad is not None:
-                y = _ZERO if bad[i, j] else y
-            s[i, j] = y
-            acc += y
-        if rowsum is not None:
-            rowsum[i] = acc
-
-
-@_compiled
-def exp2_rows_bounded(s: Any, bias: Any, c: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
-    """:func:`exp2_rows` with no offset, for ``-126 <= s + c · bias <= 128`` (no range checks)."""
+    """``s <- 2 ** (s + c · bias - off[:, None])``, 0 where ``bad``; ``rowsum <- s.sum(1)``. ``bias``, ``bad`` and
+    ``rowsum`` may be None; ``c`` is a float32. ``off=None`` means no offset *and* ``-126 <= s + c · bias <= 128``
+    (the caller's bound): the range checks for ``-inf``, overflow and NaN are left out (numba compiles the two
+    cases separately, so neither pays for the other's branch)."""
     bq, bk = s.shape
     for i in range(bq):
         acc = _ZERO
@@ -94,7 +76,10 @@ def exp2_rows_bounded(s: Any, bias: Any, c: Any, bad: Any, rowsum: Any) -> None:
             x = s[i, j]
             if bias is not None:
                 x = x + c * bias[i, j]
-            y = _pow2(x)
+            if off is None:
+                y = _pow2(x)
+            else:
+                y = _exp2(x - off[i])
             if bad is not None:
                 y = _ZERO if bad[i, j] else y
             s[i, j] = y

@@ -24,7 +24,6 @@ without it, :data:`AVAILABLE` is False and the tiled kernels use NumPy passes.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import warnings
 from typing import Any
@@ -41,17 +40,27 @@ AVAILABLE = importlib.util.find_spec("numba") is not None
 
 def version() -> str | None:
     """numba's version, or None without numba."""
-    return importlib.metadata.version("numba") if AVAILABLE else None
+    if not AVAILABLE:
+        return None
+    import importlib.metadata  # ~8 ms: not at ``import attnlab`` time
+
+    return importlib.metadata.version("numba")
+
+
+_jit: Any = None  # the compiled module, once imported
 
 
 def kernels() -> Any:
     """The compiled passes (:mod:`attnlab.kernels._fused_jit`; the first call imports numba and loads or compiles
     them). Raises :class:`~attnlab.errors.MissingExtraError` without numba."""
+    global _jit
     if not AVAILABLE:
         raise missing_extra("numba", "fast")
-    from . import _fused_jit
+    if _jit is None:
+        from . import _fused_jit
 
-    return _fused_jit
+        _jit = _fused_jit
+    return _jit
 
 
 _loaded: bool | None = None  # None: not tried yet; False: numba is installed but did not load
@@ -141,12 +150,11 @@ def exp2_block(
     c = np.float32(bias_scale)
     if not np.isfinite(c):
         raise ShapeError(f"bias_scale: expected a finite number, got {bias_scale!r}")
-    if bounded:
-        if off is not None:
-            raise ShapeError("off: must be None with bounded=True (the bound is on s itself)")
-        jit.exp2_rows_bounded(s, bias, c, bad, rowsum)
-    else:
-        jit.exp2_rows(s, bias, c, np.zeros(bq, dtype=np.float32) if off is None else off, bad, rowsum)
+    if bounded and off is not None:
+        raise ShapeError("off: must be None with bounded=True (the bound is on s itself)")
+    if not bounded and off is None:
+        off = np.zeros(bq, dtype=np.float32)  # the compiled pass reads off=None as "bounded"
+    jit.exp2_rows(s, bias, c, off, bad, rowsum)
 
 
 def ds_block(dp: np.ndarray, delta: np.ndarray, p: np.ndarray) -> None:

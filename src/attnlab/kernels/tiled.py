@@ -741,8 +741,8 @@ def _forward_task(
     """One query block against its key blocks.
 
     Fast path: when ``|scale · q_i · k_j| <= ex.safe`` for the whole block (Cauchy-Schwarz on the norms),
-    ``exp(S)`` needs no running maximum at all: each key block costs one product, one in-place ``exp2``, one
-    product with ``V`` and a matrix-vector product with ones (the row sums). Otherwise the online softmax with a
+    ``exp(S)`` needs no running maximum at all: each key block costs one product, one exponential with the row
+    sums (:func:`_exp_bounded`) and one product with ``V``. Otherwise the online softmax with a
     running maximum ``m_i`` (see the module docstring) runs.
     """
     idx, i0, i1 = task
@@ -758,33 +758,15 @@ def _forward_task(
     ones = _ones(plan.block_k, dt.str)
     q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
     bounded = q_norm * float(ex.k_norm[idx]) * E.back + ex.bias_max <= ex.safe and not _FORCE_ONLINE
-    c_bias = dt.type(E.unit / plan.temperature)  # bias -> logits in E's units
-    if bounded and E.fused:
-        matmul, exp2_rows = np.matmul, fused.kernels().exp2_rows_bounded
+    if bounded:
+        matmul = np.matmul
         for j0, j1, bad in plan.key_blocks(idx, i0, i1):
             bk = j1 - j0
             s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
             matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] logits · log2(e), |s + bias| <= safe · log2(e) < 126
-            bias = _bias_block(plan, idx, i0, i1, j0, j1)
-            exp2_rows(s, bias, c_bias, _bad_array(bad), lt)  # P = 2 ** (s + bias), masked 0, lt = P 1: one pass
+            _exp_bounded(plan, E, idx, i0, j0, s, bad, lt, ones)  # P = exp(logits), masked 0, lt = P 1
             matmul(s, V[j0:j1], out=pv)
             acc += pv
-            l_i += lt
-        m_i = np.zeros(bq, dtype=dt)
-    elif bounded:
-        matmul, exp2 = np.matmul, E.fn
-        for j0, j1, bad in plan.key_blocks(idx, i0, i1):
-            bk = j1 - j0
-            s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
-            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] logits · log2(e), |s| <= safe · log2(e)
-            if plan.bias is not None:
-                s += plan.bias[idx][i0:i1, j0:j1] * c_bias
-            exp2(s, out=s)  # P = exp(scores) (unnormalised, offset 0); every score is bounded, masked or not
-            if bad is not None:
-                _zero_masked(s, bad)  # after exp2, which is slow on -inf
-            matmul(s, V[j0:j1], out=pv)
-            acc += pv
-            matmul(s, ones[:bk], out=lt)
             l_i += lt
         m_i = np.zeros(bq, dtype=dt)
     else:
@@ -803,14 +785,49 @@ def _forward_task(
         lse[idx][i0:i1] = np.where(full, m_i * dt.type(E.back) + np.log(safe_l), -np.inf)
 
 
+def _bias_unit(plan: _Plan, E: _Exp) -> Any:
+    """What turns the bias into logits in E's units: ``unit / temperature`` (a scalar of the compute dtype)."""
+    return plan.q.dtype.type(E.unit / plan.temperature)
+
+
+def _add_bias(plan: _Plan, E: _Exp, idx: tuple[int, ...], i0: int, j0: int, s: np.ndarray) -> None:
+    """``s += bias block · unit / temperature`` in place, if there is a bias (the NumPy passes)."""
+    if plan.bias is not None:
+        s += plan.bias[idx][i0 : i0 + s.shape[0], j0 : j0 + s.shape[1]] * _bias_unit(plan, E)
+
+
 def _logits(
-    plan: _Plan, idx: tuple[int, ...], qs: np.ndarray, Kj: np.ndarray, i0: int, j0: int, j1: int, E: _Exp, s: np.ndarray
+    plan: _Plan, E: _Exp, idx: tuple[int, ...], qs: np.ndarray, Kj: np.ndarray, i0: int, j0: int, s: np.ndarray
 ) -> np.ndarray:
     """The block's logits in E's units into ``s``: ``qs Kjᵀ`` (q already scaled) plus the bias block, if any."""
     np.matmul(qs, Kj.T, out=s)
-    if plan.bias is not None:
-        s += plan.bias[idx][i0 : i0 + s.shape[0], j0:j1] * s.dtype.type(E.unit / plan.temperature)
+    _add_bias(plan, E, idx, i0, j0, s)
     return s
+
+
+def _exp_bounded(
+    plan: _Plan,
+    E: _Exp,
+    idx: tuple[int, ...],
+    i0: int,
+    j0: int,
+    s: np.ndarray,
+    bad: np.ndarray | _PositionMask | None,
+    lt: np.ndarray,
+    ones: np.ndarray,
+) -> None:
+    """The fast path's exponential of one block of bounded scores ``s`` (``qs Kjᵀ``, bias not yet added), in
+    place, with no offset: masked entries 0, ``lt`` = the row sums. One fused pass, or NumPy's passes (the mask
+    multiplied in after the exponential, which is slow on ``-inf``; the row sums as ``P 1``)."""
+    if E.fused:
+        bias = _bias_block(plan, idx, i0, i0 + s.shape[0], j0, j0 + s.shape[1])
+        fused.kernels().exp2_rows(s, bias, _bias_unit(plan, E), None, _bad_array(bad), lt)
+        return
+    _add_bias(plan, E, idx, i0, j0, s)
+    E.fn(s, out=s)
+    if bad is not None:
+        _zero_masked(s, bad)
+    np.matmul(s, ones[: s.shape[1]], out=lt)
 
 
 def _online_softmax(
@@ -836,7 +853,7 @@ def _online_softmax(
     ready = False  # every row has a finite m_i
     lazy = True  # try blocks without the max pass; off after the first block whose scores outgrew m_i
     jit = fused.kernels() if E.fused else None
-    c_bias = dt.type(E.unit / plan.temperature)  # bias -> logits in E's units
+    c_bias = _bias_unit(plan, E)
     for j0, j1, bad in plan.key_blocks(idx, i0, i1):
         bk = j1 - j0
         s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
@@ -847,7 +864,7 @@ def _online_softmax(
             bias = _bias_block(plan, idx, i0, i1, j0, j1)
             jit.exp2_rows(s, bias, c_bias, m_i, _bad_array(bad), lt)  # P relative to the running max
         else:
-            _logits(plan, idx, qs, Kj, i0, j0, j1, E, s)  # [bq, bk]
+            _logits(plan, E, idx, qs, Kj, i0, j0, s)  # [bq, bk]
             if bad is not None:
                 _apply_mask(s, bad)
             if skip_max:
@@ -862,7 +879,7 @@ def _online_softmax(
                 l_i += lt
                 continue
             lazy = False  # scores that grow along the keys (ALiBi, a window) would fail block after block
-            _logits(plan, idx, qs, Kj, i0, j0, j1, E, s)  # scores grew too much: redo this block with the max pass
+            _logits(plan, E, idx, qs, Kj, i0, j0, s)  # scores grew too much: redo this block with the max pass
             if bad is not None:
                 _apply_mask(s, bad)
         m_new = np.maximum(m_i, s.max(axis=1))
@@ -1049,7 +1066,7 @@ def _backward_task(
     dO, L, D = d_o[idx], lse_safe[idx], delta[idx]
     dq = None
     jit = fused.kernels() if E.fused else None
-    c_bias = dt.type(E.unit / plan.temperature)  # bias -> logits in E's units
+    c_bias = _bias_unit(plan, E)
     for j0 in range(ja, jb, plan.block_k):
         j1 = min(j0 + plan.block_k, jb)
         Kj, Vj = K[j0:j1], V[j0:j1]
@@ -1062,12 +1079,11 @@ def _backward_task(
             if bad is False:
                 continue
             s = Qs[i0:i1] @ Kj.T  # [bq, bk] logits · log2(e)
-            bias = _bias_block(plan, idx, i0, i1, j0, j1) if E.fused else None
             if E.fused:
+                bias = _bias_block(plan, idx, i0, i1, j0, j1)
                 jit.exp2_rows(s, bias, c_bias, L[i0:i1], _bad_array(bad), None)  # P, with bias and mask: one pass
             else:
-                if plan.bias is not None:
-                    s += plan.bias[idx][i0:i1, j0:j1] * c_bias
+                _add_bias(plan, E, idx, i0, j0, s)
                 if bad is not None:
                     _apply_mask(s, bad)
                 s -= L[i0:i1, None]
