@@ -399,8 +399,8 @@ def _scratch(size: int, dtype: np.dtype, purpose: str = "scores") -> np.ndarray:
 def _bias_block(plan: _Plan, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | None:
     """The bias block ``[i1-i0, j1-j0]`` copied into this thread's buffer, or None without a bias. The fused pass
     reads a C-contiguous block at full SIMD width; a strided view (a slice, a broadcast) it reads element by
-    element (measured per 512×512 block: copy + fused pass 47 µs, the fused pass on the view 282 µs, NumPy's
-    ``s += c · bias`` 79 µs)."""
+    element (per 512×512 block, ``benchmarks/bench_blocks.py --only blocks``: copy + fused pass 45–48 µs, the
+    fused pass on the view 280–286 µs, NumPy's ``s += c · bias`` + the pass 70–79 µs)."""
     if plan.bias is None:
         return None
     src = plan.bias[idx][i0:i1, j0:j1]
