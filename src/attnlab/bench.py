@@ -377,8 +377,9 @@ def _groups(names: list[str]) -> list[list[str]]:
 
 #: Seconds of idle before every timed call. Each method group (:func:`_groups`) starts with one untimed call of
 #: each of its methods: whatever runs first after a large PyTorch call, or after the naive method has freed
-#: gigabytes, is slowed for that whole call, by more than any pause undoes (at n = 8192, d = 128: the GEMM floor
-#: took 766-807 ms as the first call after SDPA, even after a 1 s pause, and 663-672 ms otherwise); with every
+#: gigabytes, is slowed for that whole call, by more than any pause undoes (at n = 8192, d = 128 the GEMM floor
+#: took 756-884 ms as the first call after SDPA, even after a 1 s pause, and 657-684 ms in the call after it:
+#: ``python benchmarks/bench_blocks.py --only after-torch``); with every
 #: method interleaved, the one timed after PyTorch took that penalty in most repetitions. The pause itself absorbs
 #: the ~10 ms that PyTorch's OpenMP threads spin after a call.
 SETTLE_S = 0.05
