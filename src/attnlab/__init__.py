@@ -44,6 +44,8 @@ from .errors import (
     MaskError,
     MissingExtraError,
     NonFiniteError,
+    OptionError,
+    RangeError,
     ShapeError,
 )
 from .kernels import FlashGrads, FlashResult, KVCache, cached_attention, flash_attention, flash_attention_backward
@@ -68,6 +70,8 @@ __all__ = [
     "MultiHeadResult",
     "MultiHeadWeights",
     "NonFiniteError",
+    "OptionError",
+    "RangeError",
     "Report",
     "ShapeError",
     "__version__",

@@ -16,6 +16,8 @@ __all__ = [
     "MaskedRowError",
     "MissingExtraError",
     "NonFiniteError",
+    "OptionError",
+    "RangeError",
     "ShapeError",
     "masked_rows_error",
     "missing_extra",
@@ -56,6 +58,18 @@ class MaskedRowError(AttnlabError, ValueError):
 
 class NonFiniteError(AttnlabError, ValueError):
     """An input holds NaN or infinity where only finite numbers make sense."""
+
+
+class RangeError(AttnlabError, ValueError):
+    """Finite inputs give a value outside the range of the dtype it is computed or stored in.
+
+    For example logits ``(Q Kᵀ · scale + bias) / temperature`` that overflow to infinity, or a value a float16 KV
+    cache cannot hold. The message names what overflowed, its largest magnitude and the dtype's limit.
+    """
+
+
+class OptionError(AttnlabError, ValueError):
+    """A keyword option (not an array) has a bad value or type: ``block_k: expected an int >= 1, got 0``."""
 
 
 class MissingExtraError(AttnlabError, ImportError):
