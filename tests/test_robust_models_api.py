@@ -427,7 +427,7 @@ def test_smollm2_names_bad_token_ids(smollm2, ids):
         llama_forward(smollm2, ids)
 
 
-def test_smollm2_names_bad_options_and_empty_prompts(smollm2):
+def test_smollm2_names_bad_options_and_empty_prompts(smollm2, one_blas_thread):
     from attnlab.models import generate, llama_forward, make_cache, position_check
 
     cases = [
