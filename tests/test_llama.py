@@ -12,7 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnlab.errors import DTypeError, MissingExtraError, ShapeError
+from attnlab.errors import DTypeError, MissingExtraError, OptionError, ShapeError
 from attnlab.models import gguf as gguf_mod
 from attnlab.models.gguf import smollm2_gguf_path
 from attnlab.models.llama import generate, llama_forward, make_cache, position_check
@@ -276,9 +276,9 @@ def test_errors(model, monkeypatch):
         llama_forward(model, [1.0, 2.0])
     with pytest.raises(ShapeError, match=r"token_ids: expected a non-empty \[n\] or \[B, n\]"):
         llama_forward(model, np.zeros((0,), dtype=int))
-    with pytest.raises(ShapeError, match=r"attention: expected 'dense' or 'tiled', got 'flash'"):
+    with pytest.raises(OptionError, match=r"attention: expected one of 'dense', 'tiled', got 'flash'"):
         llama_forward(model, [1, 2], attention="flash")
-    with pytest.raises(ShapeError, match=r"max_new_tokens: expected an int >= 1, got 0"):
+    with pytest.raises(OptionError, match=r"max_new_tokens: expected an int >= 1, got 0"):
         generate(model, [1, 2], max_new_tokens=0)
     with pytest.raises(ShapeError, match=r"positions: expected integers of shape \[n\] or \[B, n\] with B=1, n=2"):
         llama_forward(model, [1, 2], positions=[0, 1, 2])

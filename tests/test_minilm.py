@@ -18,7 +18,7 @@ import torch
 
 from attnlab import masks
 from attnlab.core.multihead import multi_head_attention
-from attnlab.errors import ShapeError
+from attnlab.errors import OptionError, ShapeError
 from attnlab.models import minilm
 
 SENTENCES = [
@@ -122,7 +122,7 @@ def test_sentence_embeddings_match_sentence_transformers(model):
 
 
 def test_errors(model):
-    with pytest.raises(ShapeError, match=r"layer: expected an int in \[0, 6\), got 6"):
+    with pytest.raises(OptionError, match=r"layer: expected an int in \[0, 5\], got 6"):
         model.attention(6)
     with pytest.raises(ShapeError, match=r"input_ids: expected integer ids \[B, n\]"):
         model.encode(np.zeros(3, np.int64))

@@ -10,7 +10,7 @@ from test_multihead import random_weights
 from attnlab import masks
 from attnlab.core import weights_io
 from attnlab.core.multihead import multi_head_attention
-from attnlab.errors import ShapeError
+from attnlab.errors import OptionError, ShapeError
 
 
 def _masks(rng, b, n_q, n_k):
@@ -102,7 +102,7 @@ def test_to_torch_mha_without_bias_and_errors():
         weights_io.to_torch_mha(random_weights(rng, 8, 2, 1))
     with pytest.raises(ShapeError, match="num_heads \\* head_dim = 6 != d_model=8"):
         weights_io.to_torch_mha(random_weights(rng, 8, 2, d=3))
-    with pytest.raises(ShapeError, match="num_heads: required with a state dict"):
+    with pytest.raises(OptionError, match="num_heads: required with a state dict"):
         weights_io.from_torch_mha(sd)
     with pytest.raises(ShapeError, match="add_bias_kv"):
         weights_io.from_torch_mha(torch.nn.MultiheadAttention(8, 2, add_bias_kv=True))
@@ -179,3 +179,125 @@ def test_llama_import_from_numpy_dict_with_biases():
         np.testing.assert_array_equal(getattr(back, name), a)
     with pytest.raises(ShapeError, match="num_kv_heads=3 must divide num_heads=4"):
         weights_io.from_llama(sd, 0, num_heads=4, num_kv_heads=3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GQA, MQA, any head width: to_torch_attention (and expand_kv for nn.MultiheadAttention)
+
+LAYOUTS = {  # name: (d_model, num_heads, num_kv_heads, head_dim, d_kv)
+    "mha": (16, 4, 4, None, None),
+    "gqa": (16, 4, 2, None, None),
+    "mqa": (12, 6, 1, None, None),
+    "head_width": (10, 4, 2, 3, None),  # 4 * 3 != 10
+    "wide_heads": (8, 2, 1, 7, None),  # 2 * 7 > 8
+    "cross_gqa": (8, 4, 2, 5, 6),
+}
+
+
+def _bool_mask(rng, b, n_q, n_k):
+    m = rng.random((b, 1, n_q, n_k)) < 0.7
+    m[..., 0] = True  # no empty row
+    return m
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("bias", [True, False])
+def test_to_torch_attention_equals_attnlab(layout, bias):
+    d_model, h, h_kv, d, d_kv = LAYOUTS[layout]
+    rng = np.random.default_rng(len(layout))
+    w = random_weights(rng, d_model, h, h_kv, d=d, d_kv=d_kv, bias=bias)
+    m = weights_io.to_torch_attention(w)
+    assert not m.training and m.q_proj.weight.dtype == torch.float64
+    assert (m.num_heads, m.num_kv_heads, m.head_dim) == (w.num_heads, w.num_kv_heads, w.head_dim)
+    x_q = rng.standard_normal((2, 5, d_model))
+    x_kv = None if d_kv is None else rng.standard_normal((2, 7, d_kv))
+    n_k = 5 if x_kv is None else 7
+    mask = _bool_mask(rng, 2, 5, n_k)
+    ours = multi_head_attention(x_q, x_kv, w, mask).output
+    with torch.no_grad():
+        kv = None if x_kv is None else torch.from_numpy(x_kv)
+        theirs = m(torch.from_numpy(x_q), kv, torch.from_numpy(mask)).numpy()
+        if x_kv is None:
+            causal = m(torch.from_numpy(x_q), is_causal=True).numpy()
+            np.testing.assert_allclose(causal, multi_head_attention(x_q, None, w, causal=True).output, atol=1e-12)
+    np.testing.assert_allclose(theirs, ours, atol=1e-12, rtol=0)
+    back = weights_io.from_torch_attention(m)
+    assert (back.num_heads, back.num_kv_heads, back.head_dim) == (w.num_heads, w.num_kv_heads, w.head_dim)
+    assert set(back.arrays()) == set(w.arrays())
+    for name, a in w.arrays().items():
+        np.testing.assert_array_equal(getattr(back, name), a)  # exact: a copy, transposed twice
+
+
+def test_to_torch_attention_loads_into_hf_llama_attention():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    rng = np.random.default_rng(0)
+    w = random_weights(rng, 16, 4, 2, d=6)  # GQA, 4 * 6 != 16, all four biases
+    cfg = LlamaConfig(hidden_size=16, num_attention_heads=4, num_key_value_heads=2, head_dim=6, attention_bias=True)
+    cfg._attn_implementation = "sdpa"  # eager's softmax runs in float32 even for float64 inputs
+    att = LlamaAttention(cfg, layer_idx=0).to(torch.float64).eval()
+    att.load_state_dict(weights_io.to_torch_attention(w).state_dict())  # strict: every name and shape fits
+    x = rng.standard_normal((2, 5, 16))
+    no_rope = (torch.ones(2, 5, 6, dtype=torch.float64), torch.zeros(2, 5, 6, dtype=torch.float64))
+    with torch.no_grad():
+        out, _ = att(torch.from_numpy(x), position_embeddings=no_rope, attention_mask=None)  # causal
+    np.testing.assert_allclose(out.numpy(), multi_head_attention(x, None, w, causal=True).output, atol=1e-12)
+    back = weights_io.from_torch_attention(att)  # heads from its config
+    for name, a in w.arrays().items():
+        np.testing.assert_array_equal(getattr(back, name), a)
+    half = weights_io.from_torch_attention(att.to(torch.bfloat16))
+    assert half.w_q.dtype == np.float32 and half.num_kv_heads == 2  # bfloat16 comes back as float32
+
+
+def test_to_torch_attention_dtype_and_state_dict_import():
+    rng = np.random.default_rng(1)
+    w = random_weights(rng, 8, 4, 1, d=3, bias=False).astype(np.float32)
+    m = weights_io.to_torch_attention(w)
+    assert m.q_proj.weight.dtype == torch.float32 and m.q_proj.bias is None
+    assert weights_io.to_torch_attention(w, dtype=torch.float64).o_proj.weight.dtype == torch.float64
+    sd = {"attn." + k: v for k, v in m.state_dict().items()}
+    back = weights_io.from_torch_attention(sd, num_heads=4, prefix="attn.")  # head_dim and kv heads from the shapes
+    assert (back.num_kv_heads, back.head_dim, back.b_q) == (1, 3, None)
+    np.testing.assert_array_equal(back.w_k, w.w_k)
+
+
+@pytest.mark.parametrize(("h_kv", "bias"), [(2, True), (1, False)])
+def test_to_torch_mha_expand_kv_is_the_equivalent_mha(h_kv, bias):
+    rng = np.random.default_rng(4)
+    w = random_weights(rng, 16, 4, h_kv, bias=bias)
+    sd = weights_io.to_torch_mha(w, expand_kv=True)
+    mha = torch.nn.MultiheadAttention(16, 4, bias=bias, batch_first=True, dtype=torch.float64)
+    mha.load_state_dict(sd)
+    x = rng.standard_normal((2, 5, 16))
+    mask = _bool_mask(rng, 1, 5, 5)[0, 0]
+    with torch.no_grad():
+        t = torch.from_numpy(x)
+        out, _ = mha(t, t, t, attn_mask=torch.from_numpy(~mask), need_weights=False)  # torch: True = blocked
+    np.testing.assert_allclose(out.numpy(), multi_head_attention(x, None, w, mask).output, atol=1e-12)
+    wide = weights_io.from_torch_mha(sd, num_heads=4)  # an MHA layer now: each kv head's columns repeated
+    np.testing.assert_array_equal(wide.w_k[:, :4], w.w_k[:, :4])
+    np.testing.assert_array_equal(wide.w_k.reshape(16, h_kv, 4 // h_kv, 4)[:, :, 1], w.w_k.reshape(16, h_kv, 4))
+
+
+def test_exporters_refuse_only_what_the_target_cannot_hold():
+    rng = np.random.default_rng(5)
+    gqa, narrow = random_weights(rng, 8, 4, 2), random_weights(rng, 10, 4, 2, d=3)
+    cross = random_weights(rng, 8, 2, d_kv=5)
+    with pytest.raises(ShapeError, match=r"pass expand_kv=True .* or use weights_io\.to_torch_attention"):
+        weights_io.to_torch_mha(gqa)
+    with pytest.raises(ShapeError, match=r"num_heads \* head_dim = 12 != d_model=10.*weights_io\.to_torch_attention"):
+        weights_io.to_torch_mha(narrow, expand_kv=True)
+    with pytest.raises(ShapeError, match=r"num_kv_heads=2 != num_heads=4 \(BERT has no GQA\).*weights_io\.to_llama"):
+        weights_io.to_bert(gqa, 0)
+    with pytest.raises(ShapeError, match=r"d_kv=5 != d_model=8 \(cross attention\).*to_torch_attention"):
+        weights_io.to_llama(cross, 0)
+    # what the targets can hold goes through
+    assert weights_io.to_llama(narrow, 0)["model.layers.0.self_attn.q_proj.weight"].shape == (12, 10)
+    assert "in_proj_weight" not in weights_io.to_torch_mha(cross)  # kdim != embed_dim: separate q/k/v
+    with pytest.raises(ShapeError, match=r"nn\.MultiheadAttention's layout; use weights_io\.from_torch_mha"):
+        weights_io.from_torch_attention(torch.nn.MultiheadAttention(8, 2))
+    with pytest.raises(ShapeError, match=r"not nn\.MultiheadAttention's; use weights_io\.from_torch_attention"):
+        weights_io.from_torch_mha(weights_io.to_torch_attention(gqa).state_dict(), num_heads=4)
+    with pytest.raises(OptionError, match=r"num_heads: required with a state dict"):
+        weights_io.from_torch_attention({"q_proj.weight": np.zeros((4, 4))})

@@ -23,7 +23,7 @@ from .core import (
     weights_io,
 )
 from .core.backward import AttentionGrads, attention_backward
-from .core.dropout import Dropout
+from .core.dropout import Dropout, DropoutResult, dropout
 from .core.multihead import (
     MultiHeadGrads,
     MultiHeadResult,
@@ -59,6 +59,7 @@ __all__ = [
     "AttnlabWarning",
     "DTypeError",
     "Dropout",
+    "DropoutResult",
     "Finding",
     "FlashGrads",
     "FlashResult",
@@ -81,6 +82,7 @@ __all__ = [
     "cached_attention",
     "check",
     "cost",
+    "dropout",
     "flash_attention",
     "flash_attention_backward",
     "init_multi_head",

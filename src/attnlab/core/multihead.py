@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from .._arrays import compute_dtype, namespace, shape_of
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, OptionError, RangeError, ShapeError
+from ..validate import check_choice, check_float, check_int
 from .attention import AttentionTrace, attention_trace
 from .backward import attention_backward, upstream_gradient
 from .dropout import Dropout, apply_dropout, make_dropout
@@ -230,31 +231,49 @@ def init_multi_head(
     num_kv_heads: int | None = None,
     head_dim: int | None = None,
     bias: bool = True,
+    bias_std: float = 0.0,
     rng: np.random.Generator,
     d_kv: int | None = None,
     dtype: Any = np.float64,
 ) -> MultiHeadWeights:
-    """Seeded Xavier/Glorot-uniform weights (``U(±sqrt(6 / (d_in + d_out)))`` per matrix), zero biases.
+    """Seeded Xavier/Glorot-uniform weights (``U(±sqrt(6 / (d_in + d_out)))`` per matrix), zero or normal biases.
+
+    Shapes: ``w_q [d_model, h * head_dim]``, ``w_k, w_v [d_kv, h_kv * head_dim]``, ``w_o [h * head_dim, d_model]``,
+    biases ``[h * head_dim]``, ``[h_kv * head_dim]`` (k and v), ``[d_model]`` (o).
 
     Args:
         d_model: width of the queries' input and of the output.
         num_heads: query heads ``h``.
         num_kv_heads: key/value heads (default ``h``; 1 = MQA); must divide ``h``.
         head_dim: width of one head (default ``d_model / h``, which must then be an integer).
-        bias: whether the four projections have biases (initialised to 0, as ``nn.MultiheadAttention``).
+        bias: whether the four projections have biases.
+        bias_std: the biases' standard deviation: 0 (default) gives zero biases, as ``nn.MultiheadAttention``;
+            ``> 0`` draws each bias from ``N(0, bias_std²)``, after the weights, so the weights of a seed do not
+            depend on it. Needs ``bias=True``.
         rng: the ``numpy.random.Generator`` to draw from (required: same seed, same weights).
         d_kv: width of the keys'/values' input for cross attention (default ``d_model``).
-        dtype: NumPy dtype of the arrays.
+        dtype: a floating dtype for the arrays: ``np.float16``, ``np.float32``, ``np.float64`` or bfloat16
+            (``ml_dtypes.bfloat16``); the values are drawn in float64 and rounded to it.
+
+    Raises:
+        OptionError: a size that is not an int >= 1, a negative ``bias_std``, or ``bias_std`` without biases.
+        ShapeError: ``num_kv_heads`` that does not divide ``num_heads``, or ``d_model`` not divisible by
+            ``num_heads`` without ``head_dim``.
+        DTypeError: ``rng`` that is not a Generator, or a ``dtype`` that is not floating (integer weights would
+            round every Xavier value to 0).
+        RangeError: biases that overflow ``dtype`` (``bias_std=1e5`` in float16).
 
     >>> w = init_multi_head(512, 8, rng=np.random.default_rng(0))  # the articles' d_model=512, 8 heads
     >>> w.head_dim, w.w_q.shape, w.w_o.shape
     (64, (512, 512), (512, 512))
     >>> init_multi_head(512, 8, num_kv_heads=2, rng=np.random.default_rng(0)).w_k.shape  # GQA
     (512, 128)
+    >>> init_multi_head(4, 2, bias_std=0.1, rng=np.random.default_rng(0)).b_o.round(3)  # non-zero biases
+    array([-0.066,  0.094,  0.005,  0.2  ])
     """
-    d_model = _int("d_model", d_model)
-    h = _int("num_heads", num_heads)
-    h_kv = h if num_kv_heads is None else _int("num_kv_heads", num_kv_heads)
+    d_model = check_int("d_model", d_model, minimum=1)
+    h = check_int("num_heads", num_heads, minimum=1)
+    h_kv = h if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads, minimum=1)
     if not isinstance(rng, np.random.Generator):
         raise DTypeError(f"rng: expected a numpy.random.Generator (np.random.default_rng(seed)), got {rng!r}")
     if h % h_kv:
@@ -266,17 +285,66 @@ def init_multi_head(
                 f"(then the heads' width h * head_dim need not equal d_model)"
             )
         head_dim = d_model // h
-    d = _int("head_dim", head_dim)
-    d_kv = d_model if d_kv is None else _int("d_kv", d_kv)
+    d = check_int("head_dim", head_dim, minimum=1)
+    d_kv = d_model if d_kv is None else check_int("d_kv", d_kv, minimum=1)
+    check_choice("bias", bias, (True, False))
+    bias_std = check_float("bias_std", bias_std, minimum=0.0)
+    if bias_std > 0 and not bias:
+        raise OptionError(f"bias_std={bias_std} draws biases, but bias=False asks for none; pass bias=True")
+    dt = _float_dtype(dtype)
 
     def xavier(d_in: int, d_out: int) -> np.ndarray:
         limit = math.sqrt(6.0 / (d_in + d_out))
-        return rng.uniform(-limit, limit, size=(d_in, d_out)).astype(dtype)
+        return rng.uniform(-limit, limit, size=(d_in, d_out)).astype(dt)
 
     w_q, w_k, w_v = xavier(d_model, h * d), xavier(d_kv, h_kv * d), xavier(d_kv, h_kv * d)
     w_o = xavier(h * d, d_model)
-    biases = [np.zeros(n, dtype=dtype) for n in (h * d, h_kv * d, h_kv * d, d_model)] if bias else [None] * 4
+    biases: list[np.ndarray | None] = [None] * 4
+    if bias:
+        widths = (h * d, h_kv * d, h_kv * d, d_model)
+        if bias_std == 0:
+            biases = [np.zeros(n, dtype=dt) for n in widths]
+        else:
+            drawn = [rng.normal(0.0, bias_std, size=n) for n in widths]
+            with np.errstate(over="ignore"):  # an overflow is reported just below, by name
+                biases = [b.astype(dt) for b in drawn]
+            for name, b64, b in zip(("b_q", "b_k", "b_v", "b_o"), drawn, biases, strict=True):
+                if not np.isfinite(b.astype(np.float64)).all():
+                    raise RangeError(
+                        f"bias_std={bias_std}: {name} draws reach {np.abs(b64).max():.3g}, beyond what {dt} can "
+                        f"hold; use a smaller bias_std or a wider dtype"
+                    )
     return MultiHeadWeights(w_q, w_k, w_v, w_o, *biases, num_heads=h, num_kv_heads=h_kv, head_dim=d)
+
+
+_FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
+
+
+def _float_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a NumPy floating dtype that weights may have, or a :class:`DTypeError` naming ``dtype``."""
+    want = "a floating dtype: np.float16, np.float32, np.float64 or ml_dtypes.bfloat16"
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+        if str(dtype) == "bfloat16":
+            try:
+                import ml_dtypes
+
+                dt = np.dtype(ml_dtypes.bfloat16)
+            except ImportError:
+                raise DTypeError("dtype: bfloat16 in NumPy needs ml_dtypes: pip install ml_dtypes") from None
+    if dt is None:
+        raise DTypeError(
+            f"dtype: expected {want} (init_multi_head makes NumPy arrays; convert them for another library "
+            f"afterwards, e.g. weights_io.to_torch_attention), got {dtype!r}"
+        )
+    if dt.name not in _FLOAT_DTYPES:
+        raise DTypeError(
+            f"dtype: expected {want}, got {dt}"
+            + (" (integer or boolean weights would round every Xavier value to 0)" if dt.kind in "iub" else "")
+        )
+    return dt
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..core.multihead import MultiHeadWeights
 from ..core.rope import interleaved_to_half
-from ..errors import MissingExtraError, ShapeError, missing_extra
+from ..errors import DTypeError, MissingExtraError, ShapeError, missing_extra
 from .llama import LlamaConfig, LlamaLayer, LlamaModel
 
 __all__ = [
@@ -165,7 +165,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``."""
         if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+            raise DTypeError(f"text: expected a str, got {type(text).__name__}")
         return list(self.backend.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Any, *, skip_special: bool = False) -> str:

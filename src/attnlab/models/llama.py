@@ -26,6 +26,7 @@ from ..core import attention_trace
 from ..core.multihead import MultiHeadWeights, merge_heads, repeat_kv, split_heads
 from ..core.rope import RopeTables, apply_rope, rope_tables
 from ..errors import DTypeError, ShapeError
+from ..validate import check_choice, check_int
 
 __all__ = [
     "Generation",
@@ -259,6 +260,11 @@ def swiglu_mlp(x: np.ndarray, layer: LlamaLayer) -> np.ndarray:
     return (silu(x @ layer.w_gate) * (x @ layer.w_up)) @ layer.w_down
 
 
+def _check_model(model: Any) -> None:
+    if not isinstance(model, LlamaModel):
+        raise DTypeError(f"model: expected a LlamaModel (e.g. load_smollm2()), got {type(model).__name__}")
+
+
 def make_cache(model: LlamaModel, batch: int = 1, *, capacity: int = 256) -> tuple[Any, ...]:
     """One empty :class:`attnlab.kernels.kv_cache.KVCache` per layer (the model's dtype, kv heads and head_dim).
 
@@ -266,6 +272,9 @@ def make_cache(model: LlamaModel, batch: int = 1, *, capacity: int = 256) -> tup
     """
     from ..kernels.kv_cache import KVCache
 
+    _check_model(model)
+    batch = check_int("batch", batch, minimum=1)
+    capacity = check_int("capacity", capacity, minimum=1)
     c = model.config
     return tuple(
         KVCache(batch, c.num_kv_heads, c.head_dim, capacity=capacity, dtype=model.dtype) for _ in range(c.num_layers)
@@ -273,7 +282,13 @@ def make_cache(model: LlamaModel, batch: int = 1, *, capacity: int = 256) -> tup
 
 
 def _as_ids(model: LlamaModel, token_ids: Any) -> np.ndarray:
-    ids = np.asarray(token_ids)
+    _check_model(model)
+    if isinstance(token_ids, str):
+        raise DTypeError("token_ids: expected integer token ids, got a str; use model.encode(text) first")
+    try:
+        ids = np.asarray(token_ids)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ShapeError(f"token_ids: expected a rectangular [n] or [B, n] array of ints ({err})") from None
     if ids.ndim == 1:
         ids = ids[None, :]
     if ids.ndim != 2 or ids.shape[1] == 0:
@@ -342,11 +357,11 @@ def llama_forward(
     Returns:
         a :class:`LlamaOutput`.
     """
+    _check_model(model)
     if blas_threads is not None:
         from ..kernels.threads import pinned_blas
 
-        if isinstance(blas_threads, bool) or not isinstance(blas_threads, int) or blas_threads < 1:
-            raise ShapeError(f"blas_threads: expected None or an int >= 1, got {blas_threads!r}")
+        blas_threads = check_int("blas_threads", blas_threads, minimum=1)
         with pinned_blas(blas_threads):
             return llama_forward(
                 model,
@@ -359,8 +374,10 @@ def llama_forward(
                 last_only=last_only,
                 positions=positions,
             )
-    if attention not in ("dense", "tiled"):
-        raise ShapeError(f"attention: expected 'dense' or 'tiled', got {attention!r}")
+    check_choice("attention", attention, ("dense", "tiled"))
+    for name, flag in (("rope", rope), ("causal", causal), ("return_attention", return_attention)):
+        check_choice(name, flag, (True, False))
+    check_choice("last_only", last_only, (True, False))
     c = model.config
     ids = _as_ids(model, token_ids)
     B, n = ids.shape
@@ -488,6 +505,7 @@ def position_check(model: LlamaModel, token_ids: Any, *, perm: Any = None, seed:
         perm: a permutation of ``range(n)`` (default: a seeded random one that moves some token).
         seed: seed of the default permutation.
     """
+    _check_model(model)
     ids = _as_ids(model, model.encode(token_ids) if isinstance(token_ids, str) else token_ids)
     if ids.shape[0] != 1 or ids.shape[1] < 2:
         raise ShapeError(f"token_ids: expected one sequence of at least 2 tokens, got shape {ids.shape}")
@@ -569,10 +587,16 @@ def generate(
     Returns:
         a :class:`Generation`.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ShapeError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
-    ids = model.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    prompt_ids = _as_ids(model, np.asarray(ids, dtype=np.int64))[0]
+    _check_model(model)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, minimum=1)
+    check_choice("attention", attention, ("dense", "tiled"))
+    check_choice("use_cache", use_cache, (True, False))
+    if on_token is not None and not callable(on_token):
+        raise DTypeError(f"on_token: expected a function of one token id, or None, got {on_token!r}")
+    ids = _as_ids(model, model.encode(prompt) if isinstance(prompt, str) else prompt)
+    if ids.shape[0] != 1:
+        raise ShapeError(f"prompt: expected one sequence (text or [n] ids), got shape {ids.shape}")
+    prompt_ids = ids[0].astype(np.int64)
     eos = model.config.eos_id if stop_at_eos else None
     cache = make_cache(model, 1, capacity=len(prompt_ids) + max_new_tokens) if use_cache else None
     new: list[int] = []
