@@ -110,22 +110,28 @@ def test_options_reach_the_checker(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["check", "nowhere.py:f"], "attnlab check: target 'nowhere.py:f': file nowhere.py does not exist"),
+        (["check", "nowhere.py:f"], "attnlab check: error: target 'nowhere.py:f': file nowhere.py does not exist"),
         (
             ["check", "just_a_name"],
-            "attnlab check: target 'just_a_name': expected path/to/file.py:func or package.module:func",
+            "attnlab check: error: target 'just_a_name': expected path/to/file.py:func or package.module:func",
         ),
-        (["check", "zoo.numpy_zoo:missing"], "attnlab check: zoo.numpy_zoo has no attribute 'missing'"),
+        (["check", "zoo.numpy_zoo:missing"], "attnlab check: error: zoo.numpy_zoo has no attribute 'missing'"),
         (
             ["check", "no_such_module_xyz:f"],
-            "attnlab check: target 'no_such_module_xyz:f': cannot import module "
+            "attnlab check: error: target 'no_such_module_xyz:f': cannot import module "
             "no_such_module_xyz: ModuleNotFoundError",
         ),
-        (["check", "zoo.numpy_zoo:correct", "--unsupported", "warp"], "attnlab check: unsupported: expected one of"),
-        (["check", "zoo.numpy_zoo:correct", "--probes", "speed"], "attnlab check: probes: unknown probe 'speed'"),
+        (
+            ["check", "zoo.numpy_zoo:correct", "--unsupported", "warp"],
+            "attnlab check: error: unsupported: expected one of",
+        ),
+        (
+            ["check", "zoo.numpy_zoo:correct", "--probes", "speed"],
+            "attnlab check: error: probes: unknown probe 'speed'",
+        ),
         (
             ["check-model", "gpt5"],
-            "attnlab check-model: unknown model 'gpt5'; expected one of gpt2-tiny, "
+            "attnlab check-model: error: unknown model 'gpt5'; expected one of gpt2-tiny, "
             "llama-tiny, bert-tiny, minilm, smollm2, a local model directory or module:factory",
         ),
     ],

@@ -18,4 +18,4 @@ def test_smollm2_with_a_broken_causal_mask_names_the_leak(capsys):
 
 def test_break_causal_is_for_smollm2_only(capsys):
     assert main(["check-model", "gpt2-tiny", "--break-causal"]) == 2
-    assert "--break-causal applies to smollm2 only" in capsys.readouterr().err
+    assert capsys.readouterr().err == "attnlab check-model: error: --break-causal: applies to smollm2 only\n"

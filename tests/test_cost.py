@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab import masks
 from attnlab.cli import main
@@ -16,7 +18,7 @@ from attnlab.cost import (
     kv_cache_bytes,
     score_elements,
 )
-from attnlab.errors import DTypeError, ShapeError
+from attnlab.errors import DTypeError, OptionError, ShapeError
 
 
 def test_articles_figures():
@@ -84,8 +86,14 @@ def test_bytes_and_errors():
         head_dim(512, 7)
     with pytest.raises(ShapeError, match="kv_heads: 3 does not divide heads=8"):
         attention_cost(10, kv_heads=3)
-    with pytest.raises(ShapeError, match="n_q: expected a positive int, got 0"):
+    with pytest.raises(OptionError, match="n_q: expected an int >= 1, got 0"):
         attention_cost(0)
+    with pytest.raises(OptionError, match="n_k: expected an int >= 1, got True"):
+        causal_pairs(3, True)
+    with pytest.raises(DTypeError, match="dtype: 'U' is <U0, not a numeric dtype"):
+        bytes_per_element("U")
+    with pytest.raises(OptionError, match="causal: expected one of False, True, got 'yes'"):
+        attention_cost(4, causal="yes")
 
 
 def test_cost_command(capsys):
@@ -117,4 +125,50 @@ def test_cost_command(capsys):
     out = capsys.readouterr().out
     assert "h_kv=8 (GQA)" in out and out.splitlines()[3].split()[-2:] == ["512", "MiB"]
     assert main(["cost", "10", "--heads", "7"]) == 2
-    assert "heads: 7 heads do not divide d_model=512" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "attnlab cost: error: --heads: 7 heads do not divide --d-model=512 (d_head = d_model / heads must be an int)\n"
+    )
+
+
+def _pairs_by_mask(n_q, n_k):  # the independent count: the mask itself, one row at a time
+    return sum(int(row.sum()) for row in masks.causal(n_q, n_k, align="bottom_right"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 70), st.integers(1, 70))
+def test_causal_pairs_formula_equals_counting_the_mask(n_q, n_k):
+    assert causal_pairs(n_q, n_k) == _pairs_by_mask(n_q, n_k)
+    c = attention_cost(n_q, n_k, causal=True, d_model=16, heads=2)
+    assert c.pairs == _pairs_by_mask(n_q, n_k) and c.score_flops == 2 * 2 * c.pairs * 8
+
+
+def test_causal_counts_are_exact_for_huge_n():
+    # closed forms: no array of n (10^18 would need 8 EB), exact Python ints (no float rounding)
+    n = 10**18
+    assert causal_pairs(n) == n * (n + 1) // 2 == 500000000000000000500000000000000000
+    assert causal_pairs(n, 3 * 10**9) == 3 * 10**9 * (3 * 10**9 + 1) // 2  # n_q > n_k: only the last n_k rows
+    assert causal_pairs(3 * 10**9, n) == 3 * 10**9 * n - (3 * 10**9) * (3 * 10**9 - 1) // 2
+    c = attention_cost(10**12, causal=True)
+    assert c.pairs == 10**12 * (10**12 + 1) // 2 and type(c.pairs) is int
+    assert c.score_flops == 2 * 8 * c.pairs * 64 == 512 * 10**12 * (10**12 + 1) == 512000000000512000000000000
+    assert c.score_elements == 8 * 10**24 and c.kv_cache_bytes == 10**12 * 8 * 64 * 2 * 2
+    assert crossover_length(10**18, heads=8, kv_heads=2) == 10**18 + 2 * 10**18 // 8  # exact, no float
+
+
+def test_sizes_given_as_numpy_ints_do_not_overflow():
+    c = attention_cost(np.int64(2**20), d_model=np.int64(2**20), heads=np.int64(8))
+    # Q, O: 2·n·d²·2 = 2^62; K, V: 2·n·d·h_kv·d_head·2 = 2^62; together 2^63, one past int64's range
+    assert c.projection_flops == 2 * 2**20 * 2**40 * 2 + 2 * 2**20 * 2**20 * 8 * 2**17 * 2 == 2**63
+    assert type(c.projection_flops) is int
+
+
+def test_cost_command_with_huge_causal_n(capsys):
+    assert main(["cost", "1000000000000", "--causal"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith(", causal")
+    assert lines[2].split()[:3] == ["n_q", "n_k", "causal"]
+    assert lines[3].split()[:3] == ["1000000000000", "1000000000000", "500,000,000,000,500,000,000,000"]
+    assert main(["cost", "1e18", "3000000000", "--causal"]) == 0
+    out = capsys.readouterr().out
+    assert "500,000,000,000,000,000,500,000,000,000,000,000" in out and "4,500,000,001,500,000,000" in out
+    assert "×3e-09 tokens" in out

@@ -377,7 +377,7 @@ def test_own_matrices_inline_json_csv_npy_and_inputs_file(capsys, tmp_path):
 )
 def test_cli_errors_are_one_clear_line(capsys, argv, message):
     code, out, err = run_cli(capsys, *argv)
-    assert code == 1
+    assert code == 2
     assert out == ""
     assert err.startswith("attnlab explain: error: ") and message in err
     assert "Traceback" not in err

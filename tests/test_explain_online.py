@@ -121,5 +121,5 @@ def test_cli(capsys):
     assert "--tiled needs Q and K" in capsys.readouterr().err
     assert main(["explain", "2x2", "--tiled", "1", "--mistake", "no-scale"]) == 2
     assert "--tiled and --mistake: give one of them" in capsys.readouterr().err
-    assert main(["explain", "2x2", "--tiled", "0"]) == 1
-    assert "block_k: expected a positive int" in capsys.readouterr().err
+    assert main(["explain", "2x2", "--tiled", "0"]) == 2
+    assert capsys.readouterr().err == "attnlab explain: error: --tiled: expected an int >= 1, got 0\n"

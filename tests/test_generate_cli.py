@@ -56,7 +56,7 @@ def test_generate_usage_errors(capsys):
     assert main(["generate", "x", "-n", "0"]) == 2
     assert "--max-new-tokens: expected an int >= 1, got 0" in capsys.readouterr().err
     assert main(["generate", "x", "--threads", "0"]) == 2
-    assert "--threads: expected an int >= 1, got 0" in capsys.readouterr().err
+    assert capsys.readouterr().err == "attnlab generate: error: --threads: expected an int in [1, 1024], got 0\n"
 
 
 def test_intervene_table_and_reading(capsys, tmp_path):
@@ -83,9 +83,12 @@ def test_intervene_json_and_minilm(capsys):
 
 def test_intervene_errors(capsys):
     assert main(["intervene", "The capital of France is", "--target", "9"]) == 2
-    assert "target: position 9 is outside 1..4" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        "attnlab intervene: error: --target: expected an int in [1, 4] (a position with earlier tokens; the prompt "
+        "is 5 tokens), got 9\n"
+    )
     assert main(["intervene", "--model", "minilm", "A cat.", "--replacement", "dog"]) == 2
-    assert "apply to --model smollm2 only" in capsys.readouterr().err
+    assert "--replacement: applies to --model smollm2 only" in capsys.readouterr().err
 
 
 def test_heatmap_of_a_real_model(model, capsys, tmp_path):
@@ -112,10 +115,12 @@ def test_heatmap_of_a_real_model(model, capsys, tmp_path):
     svg = one.read_text()
     assert "·capital" in svg and "layer 3 head 8" in svg
     grid = tmp_path / "grid.png"
-    assert main(["heatmap", "--model", "minilm", "--text", "The cat sat.", "--layer", "-1", "-o", str(grid)]) == 0
+    assert main(["heatmap", "--model", "minilm", "--text", "The cat sat.", "--layer", "5", "-o", str(grid)]) == 0
     assert grid.read_bytes()[:4] == b"\x89PNG"
-    assert main(["heatmap", "--model", "smollm2", "--text", "hi there", "--layer", "30", "-o", str(grid)]) == 1
-    assert "layer: expected an int in [0, 30) for SmolLM2-135M, got 30" in capsys.readouterr().err
+    assert main(["heatmap", "--model", "smollm2", "--text", "hi there", "--layer", "30", "-o", str(grid)]) == 2
+    assert capsys.readouterr().err == (
+        "attnlab heatmap: error: --layer: expected an int in [0, 29] (30 layers of SmolLM2-135M), got 30\n"
+    )
 
 
 def test_generate_does_not_change_the_cached_model(model):

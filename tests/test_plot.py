@@ -138,7 +138,8 @@ def test_heatmap_cli_every_kind_and_source(tmp_path, capsys):
     assert capsys.readouterr().out == f"wrote {out}\n"
     for kind, ext in (("last-row", "svg"), ("mask", "pdf"), ("growth", "png")):
         p = tmp_path / f"{kind}.{ext}"
-        assert main(["heatmap", "2x2-causal", "--kind", kind, "-o", str(p)]) == 0
+        source = [] if kind == "growth" else ["2x2-causal"]  # growth draws from no input
+        assert main(["heatmap", *source, "--kind", kind, "-o", str(p)]) == 0
         assert p.read_bytes().startswith(MAGIC[ext])
     assert main(["heatmap", "saturation", "-o", str(tmp_path / "s.png")]) == 0
     w = np.random.default_rng(0).random((4, 3, 3))
@@ -152,11 +153,11 @@ def test_heatmap_cli_every_kind_and_source(tmp_path, capsys):
 
 
 def test_heatmap_cli_errors(tmp_path, capsys):
-    assert main(["heatmap", "causal-4", "-o", str(tmp_path / "x.gif")]) == 1
-    assert "must end in .png, .svg or .pdf" in capsys.readouterr().err
+    assert main(["heatmap", "causal-4", "-o", str(tmp_path / "x.gif")]) == 2
+    assert "--output: " in (err := capsys.readouterr().err) and "must end in .png, .svg or .pdf" in err
     assert main(["heatmap", "-o", str(tmp_path / "x.png")]) == 2
     assert "give a named example" in capsys.readouterr().err
-    assert main(["heatmap", "--q", "1,a", "--k", "1,0", "--v", "1", "-o", str(tmp_path / "x.png")]) == 1
+    assert main(["heatmap", "--q", "1,a", "--k", "1,0", "--v", "1", "-o", str(tmp_path / "x.png")]) == 2
     assert "--q: 'a' at row 0, column 1 is not a number" in capsys.readouterr().err
 
 

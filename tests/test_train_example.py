@@ -45,5 +45,5 @@ def test_cli_prints_falling_loss_and_pattern(capsys):
 
 def test_cli_rejects_bad_options(capsys):
     assert main(["train", "--pairs", "9", "--keys", "8"]) == 2
-    assert "need 2 <= --pairs <= --keys" in capsys.readouterr().err
+    assert "--keys: expected an int >= --pairs=9 (each example's keys differ), got 8" in capsys.readouterr().err
     assert main(["train", "--steps", "0"]) == 2

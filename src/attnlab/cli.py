@@ -1,48 +1,93 @@
 """The ``attnlab`` command: parse, call library functions that return data, print.
 
 Each subcommand lives in its own module of :mod:`attnlab.commands`; this file only wires them together.
+
+Exit status: 0 on success (for ``check`` and ``check-model``: no bug found), 1 when ``check``/``check-model`` find a
+bug, 2 for a usage error. A usage error is one line on stderr, ``attnlab COMMAND: error: --flag: what was
+expected, got what``: a bad value (checked by the option's ``type=`` before anything runs), options that do not
+fit together (the command's ``check_args(args)``, also before anything runs), a value outside a range that is
+only known once a model or an example is loaded, or an :class:`~attnlab.errors.AttnlabError` raised by the work
+itself. Any other exception is a bug in attnlab and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
 
 from .commands import COMMANDS
+from .errors import AttnlabError
 
-__all__ = ["main"]
+__all__ = ["main", "one_line"]
 
 
-def _build_parser() -> tuple[argparse.ArgumentParser, dict]:
+def _flag(names: str) -> str:
+    """The long name among argparse's ``--batch/-B`` (else the first)."""
+    parts = names.split("/")
+    return next((p for p in parts if p.startswith("--")), parts[0])
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``attnlab cost: error: --batch: expected an int >= 1, got 0`` (no usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("argument ") and ": " in message:  # "argument --batch/-B: ..." -> "--batch: ..."
+            names, rest = message[len("argument ") :].split(": ", 1)
+            message = f"{_flag(names)}: {rest}"
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> object:
+        # Python 3.11's argparse drops the value of ``--flag=--`` and stores [] without calling the type
+        if action.nargs is None and arg_strings == ["--"]:
+            self.error(f"argument {'/'.join(action.option_strings) or action.dest}: expected a value, got '--'")
+        return super()._get_values(action, arg_strings)
+
+
+def _build_parser() -> tuple[argparse.ArgumentParser, dict, dict]:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="attnlab", description="Attention that is exact, checkable and visible.")
+    parser = _Parser(prog="attnlab", description="Attention that is exact, checkable and visible.")
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    modules = {}
+    modules, parsers = {}, {}
     for name in COMMANDS:
         mod = importlib.import_module(f".commands.{name}", __package__)
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=(mod.__doc__ or "").strip().splitlines()[0])
         mod.add_arguments(p)
         modules[mod.NAME] = mod
-    return parser, modules
+        parsers[mod.NAME] = p
+    return parser, modules, parsers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
-
-    Usage errors exit with 2 (argparse's convention).
-    """
-    parser, modules = _build_parser()
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status (see the module)."""
+    parser, modules, parsers = _build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            (parsers[args.command] if args.command else parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, --version and usage errors
         return int(exc.code or 0)
     if args.command is None:
         parser.print_help()
         return 2
-    return modules[args.command].run(args)
+    mod = modules[args.command]
+    try:
+        check_args = getattr(mod, "check_args", None)
+        if check_args is not None:
+            check_args(args)
+        return mod.run(args)
+    except AttnlabError as err:
+        sys.stdout.flush()
+        sys.stderr.write(f"attnlab {mod.NAME}: error: {one_line(err)}\n")
+        return 2
+
+
+def one_line(err: BaseException) -> str:
+    """The message of ``err`` on one line (a library message that draws a mask has several)."""
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
 if __name__ == "__main__":  # pragma: no cover

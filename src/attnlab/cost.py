@@ -17,17 +17,24 @@ The articles' figures:
 >>> head_dim(512, 8)
 64
 >>> crossover_length(512)  # MHA self-attention: QKᵀ + AV outweigh the projections beyond n = 2 · d_model
-1024.0
+1024
+
+Every count is an exact Python int computed in closed form (no array of n), so any size works:
+
+>>> causal_pairs(10**18)
+500000000000000000500000000000000000
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .errors import DTypeError, ShapeError
+from .validate import check_choice, check_int
 
 __all__ = [
     "AttentionCost",
@@ -42,23 +49,33 @@ __all__ = [
 
 
 def _pos(name: str, x: Any) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
-        raise ShapeError(f"{name}: expected a positive int, got {x!r}")
-    return int(x)
+    return check_int(name, x, minimum=1)
 
 
 def bytes_per_element(dtype: Any) -> int:
-    """Bytes of one element of ``dtype`` (a NumPy dtype or name; ``"bfloat16"`` is 2, ``"int8"`` 1), or an int."""
+    """Bytes of one element of ``dtype`` (a numeric NumPy dtype or name; ``"bfloat16"`` is 2, ``"int8"`` 1), or an
+    int (a byte count >= 1)."""
     if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
         return _pos("bytes_per_element", dtype)
     if str(dtype).split(".")[-1] == "bfloat16":
         return 2
+    hint = "try 'float16', 'bfloat16', 'float32', 'int8' or a byte count"
     try:
-        return np.dtype(dtype).itemsize
-    except TypeError:
-        raise DTypeError(
-            f"dtype: {dtype!r} is not a dtype (try 'float16', 'bfloat16', 'float32' or a byte count)"
-        ) from None
+        with warnings.catch_warnings():  # NumPy 2 deprecates some aliases ('a'); the answer is the same
+            warnings.simplefilter("ignore", DeprecationWarning)
+            dt = np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError):
+        raise DTypeError(f"dtype: {dtype!r} is not a dtype ({hint})") from None
+    if dt.kind not in "biufc" or dt.itemsize < 1:
+        raise DTypeError(f"dtype: {dtype!r} is {dt}, not a numeric dtype ({hint})")
+    return int(dt.itemsize)
+
+
+def _kv_heads(heads: int, kv_heads: int | None) -> int:
+    kv = heads if kv_heads is None else _pos("kv_heads", kv_heads)
+    if heads % kv:
+        raise ShapeError(f"kv_heads: {kv} does not divide heads={heads} (GQA needs h % h_kv == 0)")
+    return kv
 
 
 def head_dim(d_model: int, heads: int) -> int:
@@ -72,13 +89,18 @@ def head_dim(d_model: int, heads: int) -> int:
 def causal_pairs(n_q: int, n_k: int | None = None) -> int:
     """Allowed (query, key) pairs of a bottom-right causal mask (top-left is the same when n_q == n_k).
 
-    >>> causal_pairs(4), causal_pairs(1, 8)
-    (10, 8)
+    Query ``i`` sees ``i + n_k - n_q + 1`` keys, clipped to ``[0, n_k]``: when ``n_q <= n_k`` that is
+    ``n_k - n_q + 1 .. n_k``, when ``n_q > n_k`` the first ``n_q - n_k`` rows see nothing and the last ``n_k``
+    see ``1 .. n_k``. With ``m = min(n_q, n_k)`` both sums are ``m·n_k - m(m-1)/2`` (``n(n+1)/2`` for ``n_q = n_k
+    = n``), an exact int for any size.
+
+    >>> causal_pairs(4), causal_pairs(1, 8), causal_pairs(8, 3)
+    (10, 8, 6)
     """
     n_q = _pos("n_q", n_q)
     n_k = n_q if n_k is None else _pos("n_k", n_k)
-    i = np.arange(n_q, dtype=np.int64)
-    return int(np.clip(i + (n_k - n_q) + 1, 0, n_k).sum())
+    m = min(n_q, n_k)
+    return m * n_k - m * (m - 1) // 2
 
 
 def score_elements(n_q: int, n_k: int | None = None, *, batch: int = 1, heads: int = 1) -> int:
@@ -182,10 +204,10 @@ def attention_cost(
     n_q = _pos("n_q", n_q)
     n_k = n_q if n_k is None else _pos("n_k", n_k)
     batch, layers = _pos("batch", batch), _pos("layers", layers)
+    d_model, heads = _pos("d_model", d_model), _pos("heads", heads)  # Python ints: no int64 overflow below
     d_h = head_dim(d_model, heads)
-    kv = heads if kv_heads is None else _pos("kv_heads", kv_heads)
-    if heads % kv:
-        raise ShapeError(f"kv_heads: {kv} does not divide heads={heads} (GQA needs h % h_kv == 0)")
+    kv = _kv_heads(heads, kv_heads)
+    causal = check_choice("causal", bool(causal) if isinstance(causal, np.bool_) else causal, (False, True))
     nbytes = bytes_per_element(dtype)
     pairs = causal_pairs(n_q, n_k) if causal else n_q * n_k
     proj = 2 * batch * n_q * d_model * d_model * 2 + 2 * batch * n_k * d_model * kv * d_h * 2  # Q, O + K, V
@@ -201,7 +223,7 @@ def attention_cost(
         d_head=d_h,
         layers=layers,
         bytes_per_element=nbytes,
-        causal=bool(causal),
+        causal=causal,
         pairs=pairs,
         projection_flops=proj * layers,
         score_flops=score * layers,
@@ -212,15 +234,16 @@ def attention_cost(
     )
 
 
-def crossover_length(d_model: int, *, heads: int = 8, kv_heads: int | None = None) -> float:
+def crossover_length(d_model: int, *, heads: int = 8, kv_heads: int | None = None) -> int:
     """The self-attention length n at which ``Q Kᵀ + A V`` cost as many FLOPs as the four projections.
 
     Projections grow like ``n`` (``(4 + 4·h_kv/h)·n·d_model²``), the scores like ``n²`` (``4·n²·d_model``): below
-    this n the projections dominate, above it the n² term does. For MHA it is ``2·d_model``.
+    this n the projections dominate, above it the n² term does. The ratio is the exact int
+    ``d_model + h_kv·d_head``: ``2·d_model`` for MHA.
     """
-    d_model = _pos("d_model", d_model)
+    d_model, heads = _pos("d_model", d_model), _pos("heads", heads)
     d_h = head_dim(d_model, heads)
-    kv = heads if kv_heads is None else _pos("kv_heads", kv_heads)
-    per_token_proj = 4 * d_model * d_model + 4 * d_model * kv * d_h  # FLOPs per token
-    per_pair = 4 * d_model  # FLOPs per (query, key) pair: 2·d_model for Q Kᵀ, 2·d_model for A V
-    return per_token_proj / per_pair
+    kv = _kv_heads(heads, kv_heads)
+    # FLOPs per token of the projections, 4·d_model² + 4·d_model·h_kv·d_head, over FLOPs per (query, key) pair,
+    # 4·d_model (2·d_model for Q Kᵀ, 2·d_model for A V)
+    return d_model + kv * d_h

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import float_type, int_type
+from ..errors import AttnlabError
+
 NAME = "check"
 HELP = "check an attention function (file.py:func or package.module:func) and name its bugs"
 
@@ -20,8 +23,11 @@ _FRAMEWORKS = ("auto", "numpy", "torch", "jax")
 _SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
 _CONVENTIONS = ("allow", "block", "additive", "keep")
 
+#: ``--timeout`` at most, in seconds (a day).
+MAX_TIMEOUT = 86400.0
 
-class TargetError(Exception):
+
+class TargetError(AttnlabError):
     """The target could not be imported or is not callable."""
 
 
@@ -108,46 +114,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal-arg", default=None, help="name of the causal flag parameter")
     parser.add_argument("--scale-arg", default=None, help="name of the scale parameter")
     parser.add_argument("--probes", type=_csv, default=None, help="comma-separated probes to run (default all)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds one call may take (default 10)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--timeout",
+        type=float_type(positive=True, maximum=MAX_TIMEOUT, expected=f"a number of seconds in (0, {MAX_TIMEOUT}]"),
+        default=10.0,
+        help=f"seconds one call may take, at most {MAX_TIMEOUT} (default 10)",
+    )
+    parser.add_argument("--seed", type=int_type(minimum=0), default=0, help="random seed, >= 0 (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--width", type=int, default=None, help="columns of the text report (default: terminal)")
+    parser.add_argument(
+        "--width", type=int_type(minimum=20), default=None, help="columns of the text report (default: terminal)"
+    )
     parser.add_argument("--no-color", action="store_true", help="plain text without colour")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..check import DTYPES, UsageError, check
+    from ..check import DTYPES, check
 
-    try:
-        fn = load_target(args.target)
-    except TargetError as err:
-        sys.stderr.write(f"attnlab check: {err}\n")
-        return 2
-    try:
-        report = check(
-            fn,
-            framework=args.framework,
-            signature=args.signature,
-            mask_convention=args.mask_convention,
-            layout=args.layout,
-            returns=args.returns,
-            causal_only=args.causal_only,
-            causal_align=args.causal_align,
-            causal_value=args.causal_value,
-            gqa=args.gqa,
-            dtypes=args.dtypes or DTYPES,
-            unsupported=args.unsupported,
-            mask_arg=args.mask_arg,
-            causal_arg=args.causal_arg,
-            scale_arg=args.scale_arg,
-            timeout=args.timeout,
-            probes=args.probes,
-            seed=args.seed,
-            name=args.target,
-        )
-    except UsageError as err:
-        sys.stderr.write(f"attnlab check: {err}\n")
-        return 2
+    fn = load_target(args.target)  # a TargetError, and the checker's UsageError, are usage errors (exit 2)
+    report = check(
+        fn,
+        framework=args.framework,
+        signature=args.signature,
+        mask_convention=args.mask_convention,
+        layout=args.layout,
+        returns=args.returns,
+        causal_only=args.causal_only,
+        causal_align=args.causal_align,
+        causal_value=args.causal_value,
+        gqa=args.gqa,
+        dtypes=args.dtypes or DTYPES,
+        unsupported=args.unsupported,
+        mask_arg=args.mask_arg,
+        causal_arg=args.causal_arg,
+        scale_arg=args.scale_arg,
+        timeout=args.timeout,
+        probes=args.probes,
+        seed=args.seed,
+        name=args.target,
+    )
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:

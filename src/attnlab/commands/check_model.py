@@ -15,11 +15,17 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
+
+from ..argtypes import int_type
 
 NAME = "check-model"
 HELP = "check a Hugging Face model: causal LMs by future tokens, encoders by padding"
 
 BUILTIN = {"gpt2-tiny": "gpt2", "llama-tiny": "llama", "bert-tiny": "bert"}
+
+#: ``--seq-len`` at most for any model (a model's own position limit may be lower), ``--vocab-size`` at most.
+MAX_SEQ_LEN, MAX_VOCAB = 2**20, 2**31 - 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,54 +36,81 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--kind", choices=("causal-lm", "encoder"), default=None, help="default: from the model")
     parser.add_argument("--attn-implementation", default="eager", help="eager, sdpa, or a registered name")
-    parser.add_argument("--vocab-size", type=int, default=None, help="token ids range (plain callables only)")
-    parser.add_argument("--seq-len", type=int, default=12)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--vocab-size",
+        type=int_type(minimum=2, maximum=MAX_VOCAB),
+        default=None,
+        help="token ids range (plain callables only)",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=int_type(minimum=4, maximum=MAX_SEQ_LEN),
+        default=12,
+        help="tokens per checked sequence, 4 up to the model's maximum positions (default 12)",
+    )
+    parser.add_argument("--seed", type=int_type(minimum=0), default=0, help="random seed, >= 0 (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--width", type=int, default=None, help="columns of the text report (default 100)")
+    parser.add_argument(
+        "--width", type=int_type(minimum=20), default=None, help="columns of the text report (default 100)"
+    )
     parser.add_argument("--no-color", action="store_true", help="plain text without colour")
+
+
+def max_positions(model: Any) -> int | None:
+    """The most tokens ``model`` takes: ``context_length`` (attnlab's Llama), ``max_position_embeddings`` or
+    ``n_positions`` (Hugging Face configs); None when the model does not say (a plain callable)."""
+    cfg = getattr(model, "config", None)
+    for name in ("context_length", "max_position_embeddings", "n_positions"):
+        n = getattr(cfg, name, None)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
+def check_seq_len(seq_len: int, model: Any, name: str) -> None:
+    """``--seq-len`` within the model's maximum positions (known once it is loaded), before it is checked: a longer
+    sequence is the user's error, not a bug of the model."""
+    from ..errors import OptionError
+
+    most = max_positions(model)
+    if most is not None and seq_len > most:
+        raise OptionError(
+            f"--seq-len: expected an int in [4, {most}] ({name} takes at most {most} positions), got {seq_len}"
+        )
+
+
+def check_args(args: argparse.Namespace) -> None:
+    from ..errors import OptionError
+
+    if args.break_causal and args.model != "smollm2":
+        raise OptionError("--break-causal: applies to smollm2 only")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..check.model import check_causal_lm, check_encoder, check_model, minilm, tiny_model
-    from ..errors import MissingExtraError
+    from ..errors import OptionError
     from .check import TargetError, load_target
 
-    if args.break_causal and args.model != "smollm2":
-        sys.stderr.write("attnlab check-model: --break-causal applies to smollm2 only\n")
-        return 2
-    try:
-        if args.model == "smollm2":
-            from ..models.gguf import load_smollm2
-            from ..models.llama import logits_fn
+    if args.model == "smollm2":
+        from ..models.gguf import load_smollm2
+        from ..models.llama import logits_fn
 
-            model = load_smollm2()
-            report = check_causal_lm(
-                logits_fn(model, break_causal=args.break_causal),
-                vocab_size=model.config.vocab_size,
-                seq_len=args.seq_len,
-                seed=args.seed,
-                name="smollm2" + (" (causal mask broken)" if args.break_causal else ""),
-            )
-            return _print(report, args)
+        model = load_smollm2()
+        check_seq_len(args.seq_len, model, model.config.name)
+        report = check_causal_lm(
+            logits_fn(model, break_causal=args.break_causal),
+            vocab_size=model.config.vocab_size,
+            seq_len=args.seq_len,
+            seed=args.seed,
+            name="smollm2" + (" (causal mask broken)" if args.break_causal else ""),
+        )
+        return _print(report, args)
+    try:
         if ":" in args.model and not Path(args.model).is_dir():
             try:
                 made = load_target(args.model)()
             except TargetError as err:
-                sys.stderr.write(f"attnlab check-model: {err}\n")
-                return 2
-            if not hasattr(made, "config"):
-                if not callable(made) or args.kind is None or args.vocab_size is None:
-                    sys.stderr.write(
-                        f"attnlab check-model: {args.model} returned a {type(made).__name__}; a plain logits_fn or "
-                        "encode_fn needs --kind and --vocab-size\n"
-                    )
-                    return 2
-                check_fn = check_causal_lm if args.kind == "causal-lm" else check_encoder
-                report = check_fn(
-                    made, vocab_size=args.vocab_size, seq_len=args.seq_len, seed=args.seed, name=args.model
-                )
-                return _print(report, args)
+                raise OptionError(str(err)) from None
             model = made
         elif args.model in BUILTIN:
             model = tiny_model(BUILTIN[args.model], seed=args.seed, attn_implementation=args.attn_implementation)
@@ -90,15 +123,25 @@ def run(args: argparse.Namespace) -> int:
             cls = tr.AutoModelForCausalLM if args.kind == "causal-lm" else tr.AutoModel
             model = cls.from_pretrained(args.model, local_files_only=True, attn_implementation=args.attn_implementation)
         else:
-            sys.stderr.write(
-                f"attnlab check-model: unknown model {args.model!r}; expected one of "
-                f"{', '.join([*BUILTIN, 'minilm', 'smollm2'])}, a local model directory or module:factory\n"
+            raise OptionError(
+                f"unknown model {args.model!r}; expected one of {', '.join([*BUILTIN, 'minilm', 'smollm2'])}, a local "
+                "model directory or module:factory"
             )
-            return 2
-        report = check_model(model, kind=args.kind, seq_len=args.seq_len, seed=args.seed, name=args.model)
-    except (MissingExtraError, ValueError, OSError) as err:
-        sys.stderr.write(f"attnlab check-model: {err}\n")
-        return 2
+    except (ValueError, OSError) as err:  # transformers' (or a factory's) errors: a bad directory, attn_implementation
+        if isinstance(err, OptionError):
+            raise
+        raise OptionError(f"MODEL {args.model!r}: {err}") from None
+    if not hasattr(model, "config"):  # a factory's plain logits_fn / encode_fn
+        if not callable(model) or args.kind is None or args.vocab_size is None:
+            raise OptionError(
+                f"{args.model} returned a {type(model).__name__}; a plain logits_fn or encode_fn needs --kind and "
+                "--vocab-size"
+            )
+        check_fn = check_causal_lm if args.kind == "causal-lm" else check_encoder
+        report = check_fn(model, vocab_size=args.vocab_size, seq_len=args.seq_len, seed=args.seed, name=args.model)
+        return _print(report, args)
+    check_seq_len(args.seq_len, model, args.model)
+    report = check_model(model, kind=args.kind, seq_len=args.seq_len, seed=args.seed, name=args.model)
     return _print(report, args)
 
 

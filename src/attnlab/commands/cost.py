@@ -5,22 +5,39 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..argtypes import int_type
+
 NAME = "cost"
 HELP = "FLOPs, score memory and KV-cache bytes for given sizes (article 001 §13-15)"
 
+#: The largest size any option takes: 10^30 (counts stay exact ints; their ratios stay within a float's range).
+MAX_SIZE = 10**30
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+
+def _ratio(a: int, b: int, spec: str) -> str:
+    """``a / b`` of two exact ints (Python's int division rounds once, exactly), formatted with ``spec``."""
+    return format(a / b, spec)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("EiB", 2**60), ("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
-            return f"{n / size:.4g} {unit}"
-    return f"{int(n)} B"
+            return f"{_ratio(n, size, '.4g')} {unit}"
+    return f"{n} B"
 
 
-def _flops(n: float) -> str:
-    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+def _flops(n: int) -> str:
+    for unit, size in (
+        ("EFLOP", 10**18),
+        ("PFLOP", 10**15),
+        ("TFLOP", 10**12),
+        ("GFLOP", 10**9),
+        ("MFLOP", 10**6),
+        ("kFLOP", 10**3),
+    ):
         if n >= size:
-            return f"{n / size:.4g} {unit}"
-    return f"{int(n)} FLOP"
+            return f"{_ratio(n, size, '.4g')} {unit}"
+    return f"{n} FLOP"
 
 
 def cost_text(
@@ -35,7 +52,11 @@ def cost_text(
     dtype: str = "float16",
     causal: bool = False,
 ) -> str:
-    """The table ``attnlab cost`` prints: one row per sequence length, then growth and crossover."""
+    """The table ``attnlab cost`` prints: one row per sequence length, then growth and crossover.
+
+    Every count is an exact int (any size: ``attnlab cost 1000000000000000000 --causal`` works); with ``causal`` a
+    column gives the exact number of allowed (query, key) pairs per sequence and head.
+    """
     from ..cost import attention_cost, crossover_length
 
     costs = [
@@ -53,19 +74,32 @@ def cost_text(
         for n in lengths
     ]
     c0 = costs[0]
+    header = ["n_q", "n_k", *(["causal pairs"] if causal else []), "projections", "QKᵀ + AV", "attn/proj"]
+    header += ["score elements", "score memory", "KV cache"]
+    rows = [
+        [
+            str(c.n_q),
+            str(c.n_k),
+            *([f"{c.pairs:,}"] if causal else []),
+            _flops(c.projection_flops),
+            _flops(c.attention_flops),
+            _ratio(c.attention_flops, c.projection_flops, ".3g"),
+            f"{c.score_elements:,}",
+            _bytes(c.score_bytes),
+            _bytes(c.kv_cache_bytes),
+        ]
+        for c in costs
+    ]
+    least = {"n_q": 8, "n_k": 8, "projections": 13, "QKᵀ + AV": 13, "attn/proj": 9, "score elements": 15}
+    least |= {"score memory": 13, "KV cache": 11}
+    widths = [max(least.get(h, 0), len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines = [
         f"attention cost: B={batch}, d_model={d_model}, h={heads} (d_head={c0.d_head}), h_kv={c0.kv_heads} "
         f"({c0.kind}), layers={layers}, {dtype} ({c0.bytes_per_element} B/element){', causal' if causal else ''}",
         "",
-        f"{'n_q':>8} {'n_k':>8} {'projections':>13} {'QKᵀ + AV':>13} {'attn/proj':>9} {'score elements':>15} "
-        f"{'score memory':>13} {'KV cache':>11}",
+        " ".join(f"{h:>{w}}" for h, w in zip(header, widths, strict=True)),
     ]
-    for c in costs:
-        lines.append(
-            f"{c.n_q:>8} {c.n_k:>8} {_flops(c.projection_flops):>13} {_flops(c.attention_flops):>13} "
-            f"{c.attention_flops / c.projection_flops:>9.3g} {c.score_elements:>15,} {_bytes(c.score_bytes):>13} "
-            f"{_bytes(c.kv_cache_bytes):>11}"
-        )
+    lines += [" ".join(f"{x:>{w}}" for x, w in zip(r, widths, strict=True)) for r in rows]
     lines.append("")
     lines.append(
         "projections O(B n d_model²); QKᵀ + AV O(B n_q n_k d_model); score memory O(B h n_q n_k) per layer; "
@@ -73,45 +107,65 @@ def cost_text(
     )
     for c in costs[1:]:
         lines.append(
-            f"n_q {c0.n_q} -> {c.n_q}: ×{c.n_q / c0.n_q:g} tokens, ×{c.score_elements / c0.score_elements:g} score "
-            f"elements, ×{c.attention_flops / c0.attention_flops:g} QKᵀ + AV FLOPs"
+            f"n_q {c0.n_q} -> {c.n_q}: ×{_ratio(c.n_q, c0.n_q, '.6g')} tokens, "
+            f"×{_ratio(c.score_elements, c0.score_elements, '.6g')} score elements, "
+            f"×{_ratio(c.attention_flops, c0.attention_flops, '.6g')} QKᵀ + AV FLOPs"
         )
     x = crossover_length(d_model, heads=heads, kv_heads=kv_heads)
-    lines.append(
-        f"self-attention: QKᵀ + AV exceed the projections beyond n = {x:g} tokens (projections dominate below)"
-    )
+    lines.append(f"self-attention: QKᵀ + AV exceed the projections beyond n = {x} tokens (projections dominate below)")
     return "\n".join(lines) + "\n"
 
 
+def _dtype(text: str) -> str:
+    from ..cost import bytes_per_element
+    from ..errors import DTypeError
+
+    try:
+        bytes_per_element(text)
+    except DTypeError as err:
+        raise argparse.ArgumentTypeError(str(err).split(": ", 1)[1]) from None
+    return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("n", type=int, nargs="+", metavar="N", help="sequence length(s) n_q (several: growth)")
-    parser.add_argument("--n-k", type=int, default=None, help="keys / cached tokens L (default: n)")
-    parser.add_argument("--batch", "-B", type=int, default=1)
-    parser.add_argument("--d-model", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA/MQA; default: heads)")
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--dtype", default="float16", help="float16, bfloat16, float32, float64, int8 ...")
+    size = int_type(minimum=1, maximum=MAX_SIZE)
+    parser.add_argument("n", type=size, nargs="+", metavar="N", help="sequence length(s) n_q (several: growth)")
+    parser.add_argument("--n-k", type=size, default=None, help="keys / cached tokens L (default: n)")
+    parser.add_argument("--batch", "-B", type=size, default=1)
+    parser.add_argument("--d-model", type=size, default=512)
+    parser.add_argument("--heads", type=size, default=8)
+    parser.add_argument("--kv-heads", type=size, default=None, help="key/value heads (GQA/MQA; default: heads)")
+    parser.add_argument("--layers", type=size, default=1)
+    parser.add_argument("--dtype", type=_dtype, default="float16", help="float16, bfloat16, float32, float64, int8 ...")
     parser.add_argument("--causal", action="store_true", help="count only causal pairs in the FLOPs")
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..errors import AttnlabError
+def check_args(args: argparse.Namespace) -> None:
+    """--heads must divide --d-model and --kv-heads must divide --heads."""
+    from ..errors import OptionError
 
-    try:
-        text = cost_text(
-            args.n,
-            n_k=args.n_k,
-            batch=args.batch,
-            d_model=args.d_model,
-            heads=args.heads,
-            kv_heads=args.kv_heads,
-            layers=args.layers,
-            dtype=args.dtype,
-            causal=args.causal,
+    if args.d_model % args.heads:
+        raise OptionError(
+            f"--heads: {args.heads} heads do not divide --d-model={args.d_model} (d_head = d_model / heads must be "
+            "an int)"
         )
-    except AttnlabError as err:
-        sys.stderr.write(f"attnlab cost: error: {err}\n")
-        return 2
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        raise OptionError(
+            f"--kv-heads: {args.kv_heads} does not divide --heads={args.heads} (GQA needs heads % kv_heads == 0)"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    text = cost_text(
+        args.n,
+        n_k=args.n_k,
+        batch=args.batch,
+        d_model=args.d_model,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        layers=args.layers,
+        dtype=args.dtype,
+        causal=args.causal,
+    )
     sys.stdout.write(text)
     return 0

@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 
+from ..argtypes import int_type
 from ..explain.args import add_input_arguments, examples_listing
 
 NAME = "explain"
@@ -34,17 +35,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help=f"show a classic mistake next to the right computation: {', '.join(_MISTAKES)}, or all (repeatable)",
     )
-    o.add_argument("--heads", type=int, default=8, help="heads for --mistake sqrt-d-model: d_model = heads·d_k (8)")
+    o.add_argument(
+        "--heads",
+        type=int_type(minimum=1, maximum=2**20),
+        default=8,
+        help="heads for --mistake sqrt-d-model: d_model = heads·d_k (8)",
+    )
     o.add_argument(
         "--format",
         choices=("auto", "rich", "text", "markdown", "json"),
         default="auto",
         help="auto: rich tables in a terminal, plain text in a pipe",
     )
-    o.add_argument("--width", type=int, default=100, help="line width of the text format (default 100)")
+    o.add_argument(
+        "--width", type=int_type(minimum=20), default=100, help="line width of the text format (>= 20, default 100)"
+    )
     o.add_argument(
         "--tiled",
-        type=int,
+        type=int_type(minimum=1),
         metavar="B",
         help="FlashAttention's online softmax instead: the keys in blocks of B, a running max, sum and accumulator",
     )
@@ -55,13 +63,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _error(msg: str, code: int = 1) -> int:
-    sys.stderr.write(f"attnlab explain: error: {msg}\n")
-    return code
+def check_args(args: argparse.Namespace) -> None:
+    """Options that do not fit together, before anything is computed."""
+    from ..errors import OptionError
+
+    if args.list or args.positions:
+        return
+    if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
+        raise OptionError("give a named example (see --list) or your matrices with --q, --k and --v")
+    if args.tiled is not None and args.mistake:
+        raise OptionError("--tiled and --mistake: give one of them")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import AttnlabError, MaskedRowError
+    from ..errors import MaskedRowError
     from ..explain import compare, explain_example, explain_online, explain_setup, to_dict, to_markdown, to_text
     from ..explain.args import setup_from_args
 
@@ -73,30 +88,25 @@ def run(args: argparse.Namespace) -> int:
 
         sys.stdout.write(permutation_demo().text() + "\n")
         return 0
-    if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
-        return _error("give a named example (see --list) or your matrices with --q, --k and --v", 2)
+    setup = setup_from_args(args)
+    names = list(dict.fromkeys(n for m in (args.mistake or ()) for n in (_MISTAKES if m == "all" else (m,))))
     try:
-        setup = setup_from_args(args)
-        names = list(dict.fromkeys(n for m in (args.mistake or ()) for n in (_MISTAKES if m == "all" else (m,))))
         if isinstance(setup, str):
             if names or args.tiled is not None:
+                from ..errors import OptionError
+
                 flag = "--mistake" if names else "--tiled"
-                return _error(f"{flag} needs Q and K; the example {setup!r} does not start from them", 2)
+                raise OptionError(f"{flag} needs Q and K; the example {setup!r} does not start from them")
             e = explain_example(setup)
             mistakes = []
         elif args.tiled is not None:
-            if names:
-                return _error("--tiled and --mistake: give one of them", 2)
             e = explain_online(setup, args.tiled)
             mistakes = []
         else:
             e = explain_setup(setup)
             mistakes = [compare(setup, n, heads=args.heads) for n in names]
-    except (AttnlabError, ValueError, KeyError, FileNotFoundError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        if isinstance(err, MaskedRowError):
-            msg += " (on the command line: --masked-rows zero or --masked-rows nan)"
-        return _error(msg)
+    except MaskedRowError as err:
+        raise type(err)(f"{err} (on the command line: --masked-rows zero or --masked-rows nan)", err.rows) from None
     fmt = args.format
     if fmt == "auto":
         fmt = "text"

@@ -16,39 +16,54 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..argtypes import int_type, text_type
+
 NAME = "generate"
 HELP = "continue a prompt with SmolLM2-135M on attnlab's attention (greedy), with tokens/s"
+
+#: ``--threads`` at most.
+MAX_THREADS = 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """PROMPT and decoding options."""
-    parser.add_argument("prompt", help="the text to continue")
-    parser.add_argument("-n", "--max-new-tokens", type=int, default=32, help="tokens to add at most (default 32)")
+    parser.add_argument("prompt", type=text_type, help="the text to continue")
+    parser.add_argument(
+        "-n",
+        "--max-new-tokens",
+        type=int_type(minimum=1),
+        default=32,
+        help="tokens to add at most (default 32; prompt + new tokens fit the model's context of 8192)",
+    )
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the instruct model's chat format")
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
     parser.add_argument("--attention", choices=("dense", "tiled"), default="dense", help="prefill attention")
     parser.add_argument("--ignore-eos", action="store_true", help="keep going after the end-of-text token")
-    parser.add_argument("--threads", type=int, default=None, help="BLAS threads (default: BLAS's own setting)")
+    parser.add_argument(
+        "--threads",
+        type=int_type(minimum=1, maximum=MAX_THREADS),
+        default=None,
+        help=f"BLAS threads, 1 to {MAX_THREADS} (default: BLAS's own setting)",
+    )
     parser.add_argument("--no-stream", action="store_true", help="print the text once at the end")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import AttnlabError, MissingExtraError
+    from ..errors import OptionError
     from ..models.gguf import load_smollm2
     from ..models.llama import generate
 
-    if args.max_new_tokens < 1:
-        sys.stderr.write(f"attnlab generate: --max-new-tokens: expected an int >= 1, got {args.max_new_tokens}\n")
-        return 2
-    if args.threads is not None and args.threads < 1:
-        sys.stderr.write(f"attnlab generate: --threads: expected an int >= 1, got {args.threads}\n")
-        return 2
-    try:
-        model = load_smollm2()
-    except MissingExtraError as err:
-        sys.stderr.write(f"attnlab generate: {err}\n")
-        return 2
+    model = load_smollm2()
     prompt = model.tokenizer.chat_prompt(args.prompt) if args.chat else args.prompt
+    ids = model.encode(prompt)
+    context = model.config.context_length  # the room is known once the prompt is tokenized: checked before decoding
+    if len(ids) >= context:
+        raise OptionError(f"PROMPT: {len(ids)} tokens; {model.config.name}'s context of {context} leaves no room")
+    if args.max_new_tokens > context - len(ids):
+        raise OptionError(
+            f"--max-new-tokens: expected an int in [1, {context - len(ids)}], got {args.max_new_tokens} (the prompt "
+            f"is {len(ids)} of {model.config.name}'s {context} tokens of context)"
+        )
     stream = not args.no_stream
     shown: list[int] = []
     printed = [""]
@@ -64,20 +79,16 @@ def run(args: argparse.Namespace) -> int:
 
     if stream and not args.chat:
         sys.stdout.write(args.prompt)
-    try:
-        g = generate(
-            model,
-            prompt,
-            max_new_tokens=args.max_new_tokens,
-            use_cache=not args.no_cache,
-            attention=args.attention,
-            stop_at_eos=not args.ignore_eos,
-            on_token=on_token if stream else None,
-            blas_threads=args.threads,
-        )
-    except AttnlabError as err:
-        sys.stderr.write(f"\nattnlab generate: {err}\n")
-        return 2
+    g = generate(
+        model,
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        use_cache=not args.no_cache,
+        attention=args.attention,
+        stop_at_eos=not args.ignore_eos,
+        on_token=on_token if stream else None,
+        blas_threads=args.threads,
+    )
     if stream:
         sys.stdout.write(g.text[len(printed[0]) :] + "\n")
     else:

@@ -24,12 +24,21 @@ from typing import Any
 
 import numpy as np
 
+from ..argtypes import index_in, input_file, int_type, output_file, text_type
 from ..explain.args import add_input_arguments, examples_listing
 
 NAME = "heatmap"
 HELP = "draw attention weights as a heatmap (PNG, SVG or PDF)"
 
 KINDS = ("weights", "last-row", "mask", "growth")
+
+#: ``--dpi`` at least (below it FreeType cannot size the smallest labels) and at most (a 10-inch figure is then
+#: 12000 pixels wide).
+MIN_DPI, MAX_DPI = 10, 1200
+#: A PNG may have at most this many pixels per side (matplotlib's limit is 2^16) and in all (256 MiB of RGBA).
+MAX_SIDE, MAX_PIXELS = 2**16 - 1, 2**26
+
+OUTPUT = output_file((".png", ".svg", ".pdf"))
 
 
 @dataclass(frozen=True)
@@ -63,25 +72,29 @@ def from_inputs(args: argparse.Namespace) -> HeatmapData:
 
 def from_weights_file(args: argparse.Namespace) -> HeatmapData:
     """Weights saved earlier (``.npy``/``.json``/``.csv``: ``[n_q, n_k]``, or ``.npy`` ``[h, n_q, n_k]``)."""
-    from ..errors import ShapeError
-    from ..explain.args import labels_from_args
+    from ..errors import DTypeError, NonFiniteError, ShapeError
+    from ..explain.args import labels_from_args, read_source
     from ..explain.inputs import load_matrix
 
     path = args.weights
     if path.lower().endswith(".npy"):
-        w = np.load(path, allow_pickle=False)
+        w = read_source("--weights", path, np.load, allow_pickle=False)
         if w.ndim not in (2, 3):
             raise ShapeError(f"--weights: expected [n_q, n_k] or [h, n_q, n_k], got shape {w.shape}")
+        if w.dtype == np.bool_ or not np.issubdtype(w.dtype, np.number) or np.iscomplexobj(w):
+            raise DTypeError(f"--weights: expected real numbers, got dtype {w.dtype}")
         w = w.astype(np.float64)
     else:
-        w = load_matrix(path, "--weights")
+        w = read_source("--weights", path, load_matrix, "--weights")
+    if not np.isfinite(w).all():
+        raise NonFiniteError(f"--weights: {int((~np.isfinite(w)).sum())} entries are NaN or infinite")
     n_q, n_k = w.shape[-2:]
     ql, kl = labels_from_args(args, n_q, n_k)
     allowed = None
     if args.mask is not None:
         from ..explain.inputs import load_mask
 
-        allowed = load_mask(args.mask, "--mask", convention=args.mask_convention)
+        allowed = read_source("--mask", args.mask, load_mask, "--mask", convention=args.mask_convention)
     return HeatmapData(w, allowed, ql, kl, f"weights from {path}")
 
 
@@ -89,9 +102,20 @@ def from_model(args: argparse.Namespace) -> HeatmapData:
     """A real model's attention on ``--text`` (SmolLM2 or MiniLM): one head, or every head of ``--layer``."""
     from ..models.interventions import attention_maps
 
-    if not args.text:
-        raise ValueError("--text: give the prompt/sentence whose attention --model should draw")
-    m = attention_maps(args.model, args.text, layer=args.layer, head=args.head)
+    if args.model == "smollm2":
+        from ..models.gguf import load_smollm2
+
+        model = load_smollm2()
+        name = "SmolLM2-135M"
+    else:
+        from ..models.minilm import MiniLM
+
+        model = MiniLM.load()
+        name = "all-MiniLM-L6-v2"
+    # the ranges are known once the model is loaded: checked before its forward pass
+    layer = index_in("--layer", args.layer, model.config.num_layers, f"layers of {name}")
+    head = index_in("--head", args.head, model.config.num_heads, f"heads of {name}")
+    m = attention_maps(args.model, args.text, layer=layer or 0, head=head, model_obj=model)
     return HeatmapData(m.weights, m.allowed, m.labels, m.labels, m.title, m.head_names)
 
 
@@ -114,14 +138,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_input_arguments(parser)
     s = parser.add_argument_group("other sources")
     s.add_argument(
-        "--weights", metavar="FILE", help="draw saved weights: .npy [n_q, n_k] or [h, n_q, n_k], .json, .csv"
+        "--weights",
+        type=input_file,
+        metavar="FILE",
+        help="draw saved weights: .npy [n_q, n_k] or [h, n_q, n_k], .json, .csv",
     )
     s.add_argument("--model", choices=("smollm2", "minilm"), help="draw a real model's attention on --text")
-    s.add_argument("--text", help="--model: the prompt (SmolLM2) or sentence (MiniLM); its tokens label the axes")
-    s.add_argument("--layer", type=int, default=0, help="--model: layer (negative counts from the end; default 0)")
-    s.add_argument("--head", type=int, default=None, help="--model: one head (default: a grid of every head)")
+    s.add_argument(
+        "--text", type=text_type, help="--model: the prompt (SmolLM2) or sentence (MiniLM); its tokens label the axes"
+    )
+    s.add_argument("--layer", type=int_type(minimum=0), default=None, help="--model: layer, from 0 (default 0)")
+    s.add_argument(
+        "--head", type=int_type(minimum=0), default=None, help="--model: one head, from 0 (default: every head)"
+    )
     o = parser.add_argument_group("picture")
-    o.add_argument("-o", "--output", default="attention.png", help="file to write: .png, .svg or .pdf (attention.png)")
+    o.add_argument(
+        "-o", "--output", type=OUTPUT, default=None, help="file to write: .png, .svg or .pdf (attention.png)"
+    )
     o.add_argument(
         "--kind",
         choices=KINDS,
@@ -131,7 +164,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     o.add_argument("--title", help="figure title")
     o.add_argument("--values", action=argparse.BooleanOptionalAction, default=None, help="write weights in cells")
-    o.add_argument("--dpi", type=int, default=150, help="resolution of PNGs (150)")
+    o.add_argument(
+        "--dpi",
+        type=int_type(minimum=MIN_DPI, maximum=MAX_DPI),
+        default=150,
+        help=f"resolution of PNGs ({MIN_DPI} to {MAX_DPI}; default 150)",
+    )
 
 
 def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
@@ -174,30 +212,65 @@ def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
     )
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """One source, its options only with it, and a file to write, before anything is computed or drawn."""
+    from ..errors import OptionError
+
+    if args.list:
+        return
+    if args.output is None:
+        try:
+            args.output = OUTPUT("attention.png")
+        except argparse.ArgumentTypeError as err:
+            raise OptionError(f"--output: {err}") from None
+    inputs = [f for f, v in (("EXAMPLE", args.example), ("--q", args.q), ("--k", args.k), ("--v", args.v)) if v]
+    inputs += ["--inputs"] if args.inputs else []
+    given = [*inputs[:1], *(["--weights"] if args.weights else []), *(["--model"] if args.model else [])]
+    if args.kind == "growth":
+        if given:
+            raise OptionError(f"--kind growth draws the T² plot from no input; drop {given[0]}")
+        return
+    if len(given) > 1:
+        raise OptionError(f"{given[1]}: one source at a time; {given[0]} is given too")
+    if not given:
+        raise OptionError("give a named example (see --list), --q/--k/--v, --weights or --model")
+    for flag, value in (("--text", args.text), ("--layer", args.layer), ("--head", args.head)):
+        if value is not None and not args.model:
+            raise OptionError(f"{flag}: applies to --model only")
+    if args.model and not args.text:
+        raise OptionError("--text: give the prompt/sentence whose attention --model should draw")
+
+
+def _check_size(fig: Any, dpi: int) -> None:
+    """The picture's pixels at ``dpi`` within :data:`MAX_SIDE` and :data:`MAX_PIXELS`, before it is drawn."""
+    from ..errors import OptionError
+
+    w_in, h_in = (float(x) for x in fig.get_size_inches())
+    w, h = round(w_in * dpi), round(h_in * dpi)
+    if max(w, h) > MAX_SIDE or w * h > MAX_PIXELS:
+        most = int(min(MAX_SIDE / max(w_in, h_in), (MAX_PIXELS / (w_in * h_in)) ** 0.5))
+        raise OptionError(
+            f"--dpi: {dpi} dpi makes this {w_in:.3g} x {h_in:.3g} inch figure {w} x {h} pixels; at most "
+            f"{MAX_SIDE} per side and {MAX_PIXELS} in all (use --dpi {most} or less)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import plot
-    from ..errors import AttnlabError, MaskedRowError
+    from ..errors import MaskedRowError, OptionError
 
     if args.list:
         sys.stdout.write(examples_listing())
         return 0
     try:
-        data = None
-        if args.kind != "growth":
-            src = source_name(args)
-            if src == "inputs" and args.example is None and not any((args.q, args.k, args.v, args.inputs)):
-                sys.stderr.write(
-                    "attnlab heatmap: error: give a named example (see --list), --q/--k/--v or --weights\n"
-                )
-                return 2
-            data = SOURCES[src](args)
-        fig = _figure(args.kind, data, args)
+        data = None if args.kind == "growth" else SOURCES[source_name(args)](args)
+    except MaskedRowError as err:
+        raise type(err)(f"{err} (on the command line: --masked-rows zero or --masked-rows nan)", err.rows) from None
+    fig = _figure(args.kind, data, args)
+    _check_size(fig, args.dpi)
+    try:
         path = plot.save(fig, args.output, dpi=args.dpi)
-    except (AttnlabError, ValueError, KeyError, FileNotFoundError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
-        if isinstance(err, MaskedRowError):
-            msg += " (on the command line: --masked-rows zero or --masked-rows nan)"
-        sys.stderr.write(f"attnlab heatmap: error: {msg}\n")
-        return 1
+    except OSError as err:  # the folder was checked when parsing; it can still refuse (full disk, read-only mount)
+        raise OptionError(f"--output: cannot write {args.output!r}: {err.strerror or err}") from None
     sys.stdout.write(f"wrote {path}\n")
     return 0

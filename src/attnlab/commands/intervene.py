@@ -19,19 +19,21 @@ import argparse
 import json
 import sys
 
+from ..argtypes import int_type, output_file, text_type
+
 NAME = "intervene"
 HELP = "attention received vs. the effect of deleting/replacing each token (SmolLM2 or MiniLM)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """TEXT and what to intervene on."""
-    parser.add_argument("text", help="the prompt (SmolLM2) or sentence (MiniLM)")
+    parser.add_argument("text", type=text_type, help="the prompt (SmolLM2) or sentence (MiniLM)")
     parser.add_argument("--model", choices=("smollm2", "minilm"), default="smollm2")
     parser.add_argument(
         "--target",
-        type=int,
+        type=int_type(minimum=0),
         default=None,
-        help="query position (SmolLM2 default: last token; MiniLM default: mean over all queries)",
+        help="query position from 0 (SmolLM2 default: the last token; MiniLM default: the mean over all queries)",
     )
     parser.add_argument(
         "--target-token",
@@ -44,8 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="SmolLM2: the replacing token (one token of text; default <|endoftext|>); MiniLM: [MASK]",
     )
-    parser.add_argument("--layer", type=int, default=None, help="summarise this layer's heads (default: all layers)")
-    parser.add_argument("--plot", default=None, metavar="PATH", help="save a plot (.png, .svg or .pdf)")
+    parser.add_argument(
+        "--layer",
+        type=int_type(minimum=0),
+        default=None,
+        help="summarise this layer's heads, from 0 (default: all layers)",
+    )
+    parser.add_argument(
+        "--plot", type=output_file((".png", ".svg", ".pdf")), default=None, metavar="PATH", help="save a plot"
+    )
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of the table")
 
 
@@ -72,33 +81,57 @@ def _as_json(r) -> str:
     )
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Options that apply to SmolLM2 only, before a model is loaded."""
+    from ..errors import OptionError
+
+    if args.model == "minilm":
+        for flag, value in (("--target-token", args.target_token), ("--replacement", args.replacement)):
+            if value is not None:
+                raise OptionError(f"{flag}: applies to --model smollm2 only (MiniLM replaces with [MASK])")
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..errors import AttnlabError, MissingExtraError
+    from ..argtypes import index_in
+    from ..errors import OptionError
     from ..models.interventions import intervene, intervene_minilm, plot_intervention
 
-    try:
-        if args.model == "smollm2":
-            from ..models.gguf import load_smollm2
+    # the ranges of --target and --layer are known once the model is loaded and has tokenized the text: checked
+    # here, before any forward pass
+    if args.model == "smollm2":
+        from ..models.gguf import load_smollm2
 
-            r = intervene(
-                load_smollm2(),
-                args.text,
-                target=args.target,
-                target_token=args.target_token,
-                method=args.method,
-                replacement=args.replacement,
-                layer=args.layer,
+        model = load_smollm2()
+        n = len(model.encode(args.text))
+        if args.target is not None and n >= 2 and not 1 <= args.target < n:
+            raise OptionError(
+                f"--target: expected an int in [1, {n - 1}] (a position with earlier tokens; the prompt is {n} "
+                f"tokens), got {args.target}"
             )
-        else:
-            if args.target_token is not None or args.replacement is not None:
-                sys.stderr.write("attnlab intervene: --target-token and --replacement apply to --model smollm2 only\n")
-                return 2
-            r = intervene_minilm(args.text, target=args.target, method=args.method, layer=args.layer)
-        if args.plot:
+        index_in("--layer", args.layer, model.config.num_layers, f"layers of {model.config.name}")
+        r = intervene(
+            model,
+            args.text,
+            target=args.target,
+            target_token=args.target_token,
+            method=args.method,
+            replacement=args.replacement,
+            layer=args.layer,
+        )
+    else:
+        from ..models.minilm import MiniLM
+
+        model = MiniLM.load()
+        ids, _ = model.tokenize([args.text])
+        n = ids.shape[1]
+        index_in("--target", args.target, n, "tokens with [CLS] and [SEP]")
+        index_in("--layer", args.layer, model.config.num_layers, "layers of all-MiniLM-L6-v2")
+        r = intervene_minilm(args.text, model=model, target=args.target, method=args.method, layer=args.layer)
+    if args.plot:
+        try:
             plot_intervention(r, args.plot)
-    except (MissingExtraError, AttnlabError) as err:
-        sys.stderr.write(f"attnlab intervene: {err}\n")
-        return 2
+        except OSError as err:  # the folder was checked when parsing; it can still refuse (full disk, read-only)
+            raise OptionError(f"--plot: cannot write {args.plot!r}: {err.strerror or err}") from None
     if args.json:
         sys.stdout.write(_as_json(r) + "\n")
     else:

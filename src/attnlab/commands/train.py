@@ -121,7 +121,19 @@ def train_retrieval(
     (5, 2.7726)
     """
     from ..core.multihead import MultiHeadWeights, init_multi_head, multi_head_backward
+    from ..errors import OptionError
+    from ..validate import check_float, check_int
 
+    steps, batch = check_int("steps", steps, minimum=1), check_int("batch", batch, minimum=1)
+    n_pairs = check_int("n_pairs", n_pairs, minimum=2)
+    n_keys = check_int("n_keys", n_keys, minimum=n_pairs)
+    n_values = check_int("n_values", n_values, minimum=2)
+    num_heads, head_dim = check_int("num_heads", num_heads, minimum=1), check_int("head_dim", head_dim, minimum=1)
+    lr = check_float("lr", lr, positive=True)
+    dropout_p = check_float("dropout_p", dropout_p, minimum=0.0)
+    if dropout_p >= 1:
+        raise OptionError(f"dropout_p: expected 0 <= dropout_p < 1, got {dropout_p!r} (1 would drop every weight)")
+    seed = check_int("seed", seed, minimum=0)
     rng = np.random.default_rng(seed)
     d = n_keys + n_values
     attn = init_multi_head(d, num_heads, head_dim=head_dim, rng=rng)
@@ -207,30 +219,52 @@ def report_text(r: TrainResult, *, every: int = 50) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The most numbers one batch of the task may hold (``max(B, 512) · pairs · (keys + values + 8·heads)``, the eval
+#: batch is 512): 2^26, 512 MiB of float64 per array.
+MAX_BATCH_NUMBERS = 2**26
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=600, help="training steps (default 600)")
-    parser.add_argument("--batch", type=int, default=64, help="examples per step (default 64)")
-    parser.add_argument("--pairs", type=int, default=8, help="key-value pairs per example (default 8)")
-    parser.add_argument("--keys", type=int, default=16, help="key symbols (>= pairs, default 16)")
-    parser.add_argument("--values", type=int, default=16, help="value symbols (default 16)")
-    parser.add_argument("--heads", type=int, default=2, help="attention heads (default 2)")
-    parser.add_argument("--lr", type=float, default=0.02, help="Adam learning rate (default 0.02)")
-    parser.add_argument("--dropout", type=float, default=0.1, help="dropout on attention weights (default 0.1)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--every", type=int, default=50, help="print the mean loss every N steps (default 50)")
+    from ..argtypes import float_type, int_type, probability
+
+    count = int_type(minimum=1)
+    two = int_type(minimum=2)
+    parser.add_argument("--steps", type=count, default=600, help="training steps (default 600)")
+    parser.add_argument("--batch", type=count, default=64, help="examples per step (default 64)")
+    parser.add_argument("--pairs", type=two, default=8, help="key-value pairs per example (>= 2, default 8)")
+    parser.add_argument("--keys", type=two, default=16, help="key symbols (>= pairs, default 16)")
+    parser.add_argument("--values", type=two, default=16, help="value symbols (>= 2, default 16)")
+    parser.add_argument("--heads", type=count, default=2, help="attention heads (default 2)")
+    parser.add_argument(
+        "--lr",
+        type=float_type(positive=True, maximum=1.0, expected="a finite number in (0, 1]"),
+        default=0.02,
+        help="Adam learning rate, in (0, 1] (default 0.02)",
+    )
+    parser.add_argument(
+        "--dropout", type=probability, default=0.1, help="dropout on attention weights, in [0, 1) (default 0.1)"
+    )
+    parser.add_argument("--seed", type=int_type(minimum=0), default=0, help="random seed, >= 0 (default 0)")
+    parser.add_argument("--every", type=count, default=50, help="print the mean loss every N steps (default 50)")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """--pairs <= --keys (each example's keys are distinct) and a batch that fits in memory, before training."""
+    from ..errors import OptionError
+
+    if args.keys < args.pairs:
+        raise OptionError(
+            f"--keys: expected an int >= --pairs={args.pairs} (each example's keys differ), got {args.keys}"
+        )
+    numbers = max(args.batch, 512) * args.pairs * (args.keys + args.values + 8 * args.heads)
+    if numbers > MAX_BATCH_NUMBERS:
+        raise OptionError(
+            f"--batch, --pairs, --keys, --values, --heads: one batch would hold max(batch, 512)·pairs·(keys + values "
+            f"+ 8·heads) = {numbers} numbers; at most {MAX_BATCH_NUMBERS} (512 MiB of float64)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("steps", "batch", "pairs", "heads", "every"):
-        if getattr(args, name) < 1:
-            sys.stderr.write(f"attnlab train: --{name} must be >= 1, got {getattr(args, name)}\n")
-            return 2
-    if args.pairs < 2 or args.keys < args.pairs:
-        sys.stderr.write(f"attnlab train: need 2 <= --pairs <= --keys, got pairs={args.pairs}, keys={args.keys}\n")
-        return 2
-    if args.values < 2:
-        sys.stderr.write(f"attnlab train: --values must be >= 2, got {args.values}\n")
-        return 2
     result = train_retrieval(
         steps=args.steps,
         batch=args.batch,

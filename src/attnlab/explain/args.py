@@ -6,14 +6,25 @@ Kept light (NumPy only) because the CLI builds its parser from it before any com
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ..argtypes import float_type, input_file, int_type
 from ..articles import EXAMPLES, EXTRA_EXAMPLES
-from ..errors import ShapeError
+from ..errors import AttnlabError, OptionError, ShapeError
 
-__all__ = ["EXAMPLE_NAMES", "add_input_arguments", "examples_listing", "setup_from_args"]
+__all__ = [
+    "EXAMPLE_NAMES",
+    "TEMPERATURE",
+    "add_input_arguments",
+    "examples_listing",
+    "labels_from_args",
+    "read_source",
+    "setup_from_args",
+]
 
 EXAMPLE_NAMES: tuple[str, ...] = (*EXAMPLES, *EXTRA_EXAMPLES)
 
@@ -23,6 +34,11 @@ def examples_listing() -> str:
     from ..articles import example
 
     return "\n".join(f"{n:<18} {example(n).title}  [article {example(n).source}]" for n in EXAMPLE_NAMES) + "\n"
+
+
+#: ``--temperature``: finite and at least the smallest normal float64, so that ``1/T`` is finite (below it the
+#: logits ``x / T`` would be infinite for every x != 0).
+TEMPERATURE = float_type(minimum=sys.float_info.min)
 
 
 def add_input_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +58,12 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-q", "--q", metavar="Q", help="queries [n_q, d_k]")
     g.add_argument("-k", "--k", metavar="K", help="keys [n_k, d_k]")
     g.add_argument("-v", "--v", metavar="V", help="values [n_k, d_v]")
-    g.add_argument("--inputs", metavar="FILE", help="one .json object {q, k, v, mask?, tokens?} or an .npz archive")
+    g.add_argument(
+        "--inputs",
+        type=input_file,
+        metavar="FILE",
+        help="one .json object {q, k, v, mask?, tokens?} or an .npz archive",
+    )
     g.add_argument("--tokens", help="labels for the positions ('the cat sat' or 'the,cat,sat'); self-attention")
     g.add_argument("--query-tokens", help="labels for the queries (cross-attention)")
     g.add_argument("--key-tokens", help="labels for the keys (cross-attention)")
@@ -55,11 +76,22 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
         help="what 1/True means in --mask: allow (attnlab, PyTorch SDPA) or block (nn.MultiheadAttention)",
     )
     m.add_argument("--causal", action="store_true", help="query i sees keys j <= i")
-    m.add_argument("--padding", type=int, metavar="N", help="only N key positions are real tokens; the rest is padding")
+    m.add_argument(
+        "--padding",
+        type=int_type(minimum=0),
+        metavar="N",
+        help="only N key positions are real tokens (0 <= N <= n_k); the rest is padding",
+    )
     m.add_argument("--padding-side", choices=("right", "left"), default="right", help="where the padding sits")
-    m.add_argument("--temperature", type=float, default=1.0, metavar="T", help="divide the logits by T (default 1)")
-    m.add_argument("--shift", type=float, default=0.0, metavar="C", help="add C to every score after scaling")
-    m.add_argument("--scale", type=float, metavar="S", help="multiply Q Kᵀ by S instead of 1/sqrt(d_k)")
+    m.add_argument(
+        "--temperature",
+        type=TEMPERATURE,
+        default=1.0,
+        metavar="T",
+        help="divide the logits by T: finite, >= 2.2250738585072014e-308 so that 1/T is finite (default 1)",
+    )
+    m.add_argument("--shift", type=float_type(), default=0.0, metavar="C", help="add C to every score after scaling")
+    m.add_argument("--scale", type=float_type(), metavar="S", help="multiply Q Kᵀ by S instead of 1/sqrt(d_k)")
     m.add_argument(
         "--masked-rows",
         choices=("raise", "zero", "nan"),
@@ -95,10 +127,35 @@ def labels_from_args(
     return ql, kl
 
 
+def read_source(flag: str, source: str, load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``load(source, *args, **kwargs)``, with a file that cannot be read (missing, a folder, no permission, not
+    text, a broken .npy) raised as an :class:`~attnlab.errors.OptionError` naming ``flag``."""
+    try:
+        return load(source, *args, **kwargs)
+    except AttnlabError:
+        raise
+    except FileNotFoundError as err:  # the loaders' own message names the flag and the file
+        raise OptionError(str(err)) from None
+    except OSError as err:
+        raise OptionError(f"{flag}: cannot read {source!r}: {err.strerror or err}") from None
+    except (ValueError, EOFError) as err:  # UnicodeDecodeError, NumPy's errors for a file that is not .npy
+        raise OptionError(f"{flag}: cannot read {source!r}: {err}") from None
+
+
+def _check_sizes(args: argparse.Namespace, n_q: int, n_k: int) -> None:
+    if args.padding is not None and args.padding > n_k:
+        raise OptionError(f"--padding: expected an int in [0, {n_k}] (n_k = {n_k} keys), got {args.padding}")
+    if args.causal and n_q != n_k:
+        raise OptionError(
+            f"--causal: needs as many queries as keys, got n_q={n_q}, n_k={n_k}; give the mask you mean with --mask"
+        )
+
+
 def setup_from_args(args: argparse.Namespace) -> Any:
     """A :class:`~attnlab.explain.Setup`, or the name of an example that has none (weighted-average, saturation).
 
-    Raises :class:`ValueError` subclasses with a message naming the option at fault.
+    Raises :class:`~attnlab.errors.AttnlabError` subclasses with a message naming the option at fault (a file
+    that cannot be read too).
     """
     from ..articles import example
     from .inputs import load_inputs, load_mask, load_matrix
@@ -118,7 +175,9 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         "scale": args.scale,
         "masked_rows": args.masked_rows,
     }
-    mask = None if args.mask is None else load_mask(args.mask, "--mask", convention=args.mask_convention)
+    mask = None
+    if args.mask is not None:
+        mask = read_source("--mask", args.mask, load_mask, "--mask", convention=args.mask_convention)
     if args.example is not None:
         try:
             ex = example(args.example)
@@ -126,6 +185,7 @@ def setup_from_args(args: argparse.Namespace) -> Any:
             raise ShapeError(f"EXAMPLE: {err.args[0]}") from None
         if ex.q is None:
             return args.example
+        _check_sizes(args, int(np.shape(ex.q)[0]), int(np.shape(ex.k)[0]))
         setup = setup_from_example(args.example, **options)
         if mask is not None:
             setup = setup.with_options(mask=mask)
@@ -133,11 +193,11 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         return setup.with_options(query_labels=ql, key_labels=kl)
     data: dict[str, Any] = {}
     if args.inputs:
-        data = load_inputs(args.inputs)
+        data = read_source("--inputs", args.inputs, load_inputs)
     for a in ("q", "k", "v"):
         src = getattr(args, a)
         if src is not None:
-            data[a] = load_matrix(src, f"--{a}")
+            data[a] = read_source(f"--{a}", src, load_matrix, f"--{a}")
     missing = [f"--{a}" for a in ("q", "k", "v") if a not in data]
     if missing:
         raise ShapeError(
@@ -150,5 +210,6 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         raise ShapeError(f"--v: {v.shape[0]} rows but --k has n_k={k.shape[0]}; one value row per key")
     if mask is None and data.get("mask") is not None:
         mask = np.asarray(data["mask"], dtype=bool)
+    _check_sizes(args, q.shape[0], k.shape[0])
     ql, kl = labels_from_args(args, q.shape[0], k.shape[0], data.get("tokens"))
     return Setup(q, k, v, mask, query_labels=ql, key_labels=kl, **options)
