@@ -225,6 +225,7 @@ def check(
         seconds=time.perf_counter() - t0,
         spec=spec.as_dict(),
         isolation=backend.description,
+        import_seconds=getattr(backend, "import_seconds", 0.0),
     )
 
 

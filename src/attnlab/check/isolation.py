@@ -81,7 +81,7 @@ class WorkerBackend:
         spec: Spec,
         *,
         import_timeout: float = 60.0,
-        max_restarts: int = 3,
+        max_restarts: int = 5,
         sys_path: Any = None,
         start: str = "auto",
     ):

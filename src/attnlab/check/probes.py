@@ -400,11 +400,14 @@ class Battery:
         self.bug("crash", message, f"case {out.case.label}: {out.call}: {first}")
 
     def refusal(self, cap: str, e: CallError) -> bool:
-        """A clean refusal: NotImplementedError, the library refusing the input, or a message naming ``cap``."""
+        """A clean refusal: NotImplementedError, the library refusing the input, or a ValueError, TypeError or
+        RuntimeError whose message names ``cap`` (its argument, dtype or shape)."""
         if e.died or e.type_name in ("SystemExit", "KeyboardInterrupt", "WorkerExit"):
             return False
         if e.not_implemented or e.library:
             return True
+        if not {"ValueError", "TypeError", "RuntimeError"} & set(e.bases):
+            return False  # AttributeError, NameError, IndexError, AssertionError...: a bug, whatever it says
         r = self.backend.resolved
         names = {"mask": r.mask_arg, "causal": r.causal_arg, "scale": r.scale_arg}
         words = _REFUSAL_WORDS[cap] + (f"|{re.escape(names[cap])}" if names.get(cap) else "")
@@ -534,6 +537,22 @@ class Battery:
                     @ v,
                 )
             )
+        if case.scale is None and d_k > 1:  # two bugs at once: no scale, and a mask read wrongly
+            variants = []
+            if case.mask is not None or self.causal_in_mask(case):
+                variants.append(("mask-inverted", self._inverted_text(), inv))
+            if case.causal is not None:
+                variants.append(
+                    ("causal-leak", "your function ignores the causal mask", self.allowed(case, causal=None))
+                )
+            for code, text, a in variants:
+                out.append(
+                    (
+                        f"scale-missing+{code}",
+                        f"your function does not scale the scores by 1/sqrt(d_k); and {text[len('your function ') :]}",
+                        attend(1.0, a),
+                    )
+                )
         row_max = np.max(np.where(allowed, lg, -1e300), axis=-1, keepdims=True)
         e = np.where(allowed, np.exp(np.where(allowed, lg, row_max) - row_max), 0.0)
         out.append(
@@ -593,7 +612,12 @@ class Battery:
             c = compare(out, alt, cmp.bound, rows)
             if c.ok and (cmp.nonfinite > 0 or c.max_error * 10 <= cmp.max_error):
                 message = text if code != "reference-mismatch" else f"K/V heads are mapped wrongly: {text}"
-                self.bug(code, message, evidence + f"; the output matches that explanation to {c.max_error:.2g}")
+                matched = evidence + f"; the output matches that explanation to {c.max_error:.2g}"
+                if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
+                    for part in code.split("+"):
+                        self.bug(part, _single(part, message), matched + f" ({message})")
+                    return
+                self.bug(code, message, matched)
                 return
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
         self.experiments(case, out)
@@ -752,6 +776,12 @@ class Battery:
         self.primary = self.dtypes[0]
         for cap in ("mask", "causal", "scale", "cross", "dv", "rank", "gqa", "causal-cross"):
             if cap in self.unsupported:
+                continue
+            if cap == "causal" and self.causal_mode == "mask" and "mask" in self.crashed:
+                self.crashed[cap] = "needs the mask argument, which crashed on every attempt"
+                continue
+            if cap == "causal" and self.causal_mode == "mask" and "mask" in self.unsupported:
+                self.unsupported[cap] = "no causal flag, and the mask is not supported"
                 continue
             cases = [(lbl, g, ex) for lbl, g, req, ex in _GRID if req and req[0] == cap]
             if any(r not in self.caps for lbl, g, req, ex in _GRID if req and req[0] == cap for r in req[1:]):
@@ -1232,7 +1262,9 @@ class Battery:
 
         A code is explained when every case it was seen in also shows a named bug that accounts for it:
         ``reference-mismatch`` by any diagnosis, the leaks and ``not-normalized`` by ``softmax-axis``,
-        ``mask-after-softmax`` or ``mask-inverted``, the perturbation leaks by ``nondeterministic``.
+        ``mask-after-softmax`` or ``mask-inverted``. The one exception: once the function is seen to be
+        ``nondeterministic`` (in any case), the perturbation leaks are explained by it everywhere, since noise
+        makes a perturbation experiment unable to tell a leak from chance.
         """
         by_case: dict[str, set[str]] = {}
         for o in self.obs:
@@ -1247,9 +1279,13 @@ class Battery:
                 for c in _SPECIFIC:
                     if c in seen:
                         return c
-            if code in _PERTURBATION and "nondeterministic" in seen:
+            if code in _PERTURBATION and noisy:
+                # the one exception to "within the same case": noise invalidates the perturbation experiment
+                # itself, and a repeated call can match bitwise by chance (dropout on a single key)
                 return "nondeterministic"
             return None
+
+        noisy = any(o.finding.code == "nondeterministic" for o in self.obs)
 
         kept: dict[str, Finding] = {}
         explained: dict[str, Finding] = {}
@@ -1264,6 +1300,12 @@ class Battery:
         bugs = sorted(kept.values(), key=lambda f: order.index(f.code))
         also = sorted((f for c, f in explained.items() if c not in kept), key=lambda f: order.index(f.code))
         return tuple(bugs), tuple(also)
+
+
+def _single(code: str, combined: str) -> str:
+    """The message of one bug out of a combined explanation ``"... 1/sqrt(d_k); and ..."``."""
+    first, _, second = combined.partition("; and ")
+    return first if code == "scale-missing" else "your function " + second
 
 
 def _raised(e: CallError) -> str:

@@ -140,7 +140,8 @@ class Report:
             each one's first evidence and ``explained_by``.
         incomplete: core probes that could not run for a capability the function has, with the reason; when
             there are such and no bug, the verdict is ``"incomplete"``.
-        isolation: ``"worker process"`` (the function ran in its own process) or ``"in-process"``.
+        isolation: ``"worker process"`` (the function ran in its own process) or ``"in-process"``;
+            ``import_seconds``: how long the worker took to import the target (included in ``seconds``).
     """
 
     target: str
@@ -158,6 +159,7 @@ class Report:
     explained_findings: tuple[Finding, ...] = ()
     incomplete: tuple[Unsupported, ...] = ()
     isolation: str = "in-process"
+    import_seconds: float = 0.0
 
     @property
     def verdict(self) -> str:
@@ -214,6 +216,7 @@ class Report:
             "unsupported": [u.as_dict() for u in self.unsupported],
             "incomplete": [u.as_dict() for u in self.incomplete],
             "isolation": self.isolation,
+            "import_seconds": round(self.import_seconds, 4),
             "probes": [p.as_dict() for p in self.probes],
             "calls": self.calls,
             "seconds": round(self.seconds, 4),

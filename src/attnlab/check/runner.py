@@ -79,7 +79,8 @@ class CallError:
 
     ``exit_status`` is ``SystemExit``'s code, or the worker's exit status when it ended during the call;
     ``signal`` names the signal that killed the worker; ``library`` marks an error of the array library while
-    building the arguments (e.g. a dtype it lacks), before the function was called.
+    building the arguments (e.g. a dtype it lacks), before the function was called; ``bases`` are the names of
+    the exception's classes (its MRO).
     """
 
     type_name: str
@@ -90,6 +91,7 @@ class CallError:
     signal: str | None = None
     died: bool = False
     library: bool = False
+    bases: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:
@@ -111,6 +113,7 @@ class CallError:
             isinstance(err, NotImplementedError),
             code,
             library=library,
+            bases=tuple(c.__name__ for c in type(err).__mro__),
         )
 
 
@@ -307,6 +310,7 @@ class InProcessBackend:
 
     def __init__(self, adapter: Adapter):
         self.adapter = adapter
+        self.spec = adapter.spec
         self.framework = adapter.framework
         self.resolved: Resolved = adapter.resolved
         self.structural = adapter.structural_unsupported()
@@ -358,7 +362,9 @@ class Runner:
 
         parts = [f"{n} {arr(x)} {case.dtype}" for n, x in (("q", case.q), ("k", case.k), ("v", case.v))]
         if case.mask is not None and r.mask_arg is not None:
-            m = f"mask {arr(case.mask)}"
+            conv = getattr(getattr(self.backend, "spec", None), "mask_convention", "allow")
+            kind = {"allow": "bool", "block": "bool", "keep": "int64"}.get(conv, case.dtype)
+            m = f"{kind} {arr(case.mask)}"
             parts.append(m if r.mask_positional else f"{r.mask_arg}={m}")
         if causal_flag and r.causal_arg is not None:
             parts.append(f"{r.causal_arg}={causal_flag!r}")
