@@ -74,3 +74,8 @@ def test_assert_attention_correct_passes_clean_and_fails_with_the_report():
     with pytest.raises(AssertionError, match="1 bug found: softmax-axis") as info:
         assert_attention_correct(npz.softmax_axis, probes=("reference",))
     assert "fix: take the softmax over the last axis" in str(info.value)
+
+
+def test_assert_attention_correct_fails_an_incomplete_battery():
+    with pytest.raises(AssertionError, match="no bug found, but not run: causal, padding, masked-rows"):
+        assert_attention_correct(npz.correct, probes=("reference",))

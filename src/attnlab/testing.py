@@ -92,8 +92,11 @@ def assert_attention_close(
 
 
 def assert_attention_correct(fn: Callable[..., Any], **options: Any) -> Any:
-    """Run :func:`attnlab.check.check` on ``fn`` and raise ``AssertionError`` with the report if a bug is found.
+    """Run :func:`attnlab.check.check` on ``fn`` and raise ``AssertionError`` with the report unless the verdict
+    is clean: a bug found, or an incomplete battery (a core probe that could not run, e.g. left out with
+    ``probes=``) both fail, since neither shows the function correct.
 
+    ``fn`` may also be a target string ``"path/to/file.py:func"`` (checked in a worker process).
     ``options`` are :func:`~attnlab.check.check`'s keyword arguments (framework, signature, mask_convention, ...).
     Returns the :class:`~attnlab.check.Report` when ``fn`` is clean, so tests can look at its notes.
     """

@@ -121,6 +121,11 @@ def dropout_left_on(q, k, v, mask=None):
     return F.dropout(w, p=0.1, training=True) @ v
 
 
+def returns_numpy(q, k, v, mask=None):
+    """Subtle: right values, but hands back a NumPy array (.numpy()) where the caller expects a tensor."""
+    return _manual(q, k, v, mask).numpy()
+
+
 def softmax_nan(q, k, v, mask=None):
     """masked_fill(-inf) + torch.softmax: a fully masked row is NaN."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -145,7 +150,9 @@ ENTRIES = [
     Entry("torch-unstable", unstable, ("unstable-softmax",), also=("padding-leak", "masked-row-nan"), subtle=True),
     Entry("torch-returns-float32", returns_float32, ("dtype",), subtle=True),
     Entry("torch-mul-in-place", mul_in_place, ("mutates-input",), subtle=True),
-    Entry("torch-triu-diagonal", triu_diagonal, ("causal-leak",), subtle=True),
+    # also reference-mismatch: on the rectangular causal case triu(diagonal=2) matches neither alignment
+    Entry("torch-triu-diagonal", triu_diagonal, ("causal-leak",), also=("reference-mismatch",), subtle=True),
+    Entry("torch-returns-numpy", returns_numpy, ("output-type",), subtle=True),
     Entry("torch-dropout", dropout_left_on, ("nondeterministic",), also=("not-normalized",)),
     Entry("torch-softmax-nan", softmax_nan, ("masked-row-nan",)),
 ]

@@ -28,14 +28,16 @@ from typing import Any
 
 from .adapters import CAPABILITIES, DTYPES, Adapter, Spec, UsageError
 from .probes import FIXES, PROBES, Battery
-from .report import CODES, Finding, ProbeResult, Report, Unsupported
+from .report import CODES, CORE_PROBES, ExitStatus, Finding, ProbeResult, Report, Unsupported
 
 __all__ = [
     "CAPABILITIES",
     "CODES",
+    "CORE_PROBES",
     "DTYPES",
     "FIXES",
     "PROBES",
+    "ExitStatus",
     "Finding",
     "ProbeResult",
     "Report",
@@ -45,6 +47,9 @@ __all__ = [
     "check",
 ]
 
+#: Default seconds the worker may take to import the target module (torch and JAX imports take seconds).
+IMPORT_TIMEOUT = 60.0
+
 
 def _name(fn: Any) -> str:
     mod = getattr(fn, "__module__", None)
@@ -52,8 +57,43 @@ def _name(fn: Any) -> str:
     return f"{mod}:{qual}" if mod else str(qual)
 
 
+def _seconds(name: str, value: Any) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name}: expected a number of seconds, got {value!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise UsageError(f"{name}: expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _importable(fn: Any) -> str:
+    """``module:qualname`` of a function a worker process can import by name, or a UsageError saying why not."""
+    import importlib
+
+    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    why = None
+    if not mod or not qual or "<" in qual or mod == "__main__":
+        why = "it is a lambda, a closure, or defined in __main__"
+    else:
+        try:
+            obj: Any = importlib.import_module(mod)
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+            if obj is not fn:
+                why = f"{mod}:{qual} names another object"
+        except Exception as err:
+            why = f"{mod}:{qual} cannot be imported ({type(err).__name__})"
+    if why is not None:
+        raise UsageError(
+            f"isolate=True: a worker process imports the function by name, and {why}; pass a target string "
+            "'path/to/file.py:func', or isolate=False"
+        )
+    return f"{mod}:{qual}"
+
+
 def check(
-    fn: Callable[..., Any],
+    fn: Callable[..., Any] | str,
     *,
     framework: str = "auto",
     signature: str = "auto",
@@ -70,21 +110,29 @@ def check(
     causal_arg: str | None = None,
     scale_arg: str | None = None,
     timeout: float = 10.0,
+    import_timeout: float = IMPORT_TIMEOUT,
+    isolate: bool | None = None,
     probes: Iterable[str] | None = None,
     seed: int = 0,
     name: str | None = None,
 ) -> Report:
-    """Run ``fn`` through the probes and return a :class:`Report` (``report.ok`` when no bug was found).
+    """Run ``fn`` through the probes and return a :class:`Report` (``report.ok`` when the verdict is clean).
 
     Args:
-        fn: the attention function, ``fn(q, k, v, ...)`` over NumPy arrays, PyTorch tensors or JAX arrays.
+        fn: the attention function, ``fn(q, k, v, ...)`` over NumPy arrays, PyTorch tensors or JAX arrays; or a
+            target string ``"path/to/file.py:func"`` / ``"package.module:func"``, imported in a worker process.
         framework, signature, mask_convention, layout, returns, causal_only, causal_align, causal_value, gqa,
             dtypes, unsupported, mask_arg, causal_arg, scale_arg: what ``fn`` is and supports; see :class:`Spec`.
-        timeout: seconds one call may take; after a timeout nothing more is called (the hung thread cannot be
-            killed and keeps running until the process exits).
-        probes: the probes to run (default all, see :data:`PROBES`); the preflight always runs.
+        timeout: seconds one call may take; after a timeout nothing more is called (in-process, the hung thread
+            cannot be killed and keeps running until the process exits; a worker process is killed).
+        import_timeout: seconds the worker may take to import a target string's module.
+        isolate: run the function in its own worker process (POSIX). Default: yes for a target string, no for
+            a callable (a lambda or closure cannot be imported by another process); ``True`` with a callable
+            needs one importable by ``module:qualname``.
+        probes: the probes to run (default all, see :data:`PROBES`); the preflight always runs. Leaving out a
+            core probe (:data:`CORE_PROBES`) makes the verdict incomplete at best.
         seed: seed of the random inputs (the report is reproducible).
-        name: how the report names ``fn`` (default ``module:qualname``).
+        name: how the report names ``fn`` (default ``module:qualname``, or the target string).
 
     Shapes: the checker passes ``q [B, h, n_q, d_k]``, ``k [B, h_kv, n_k, d_k]``, ``v [B, h_kv, n_k, d_v]``
     (``[B, n, h, d]`` with ``layout="bnhd"``; also 3-D ``[h, n, d]`` when rank is supported) and masks
@@ -92,16 +140,20 @@ def check(
     ``(out, weights [B, h, n_q, n_k])``.
 
     Raises:
-        UsageError: an option has an invalid value, or the framework's library is not installed.
+        UsageError: an option has an invalid value, the framework's library is not installed, the target does
+            not exist or is not callable, or the options leave no dtype to try.
     """
-    if not callable(fn):
+    from .isolation import WorkerBackend, available
+    from .runner import InProcessBackend
+    from .target import TargetError, load_target, parse_target
+
+    target = fn if isinstance(fn, str) else None
+    if target is None and not callable(fn):
         raise UsageError(f"fn: expected a callable attention function, got {type(fn).__name__}")
-    try:
-        timeout = float(timeout)
-    except (TypeError, ValueError):
-        raise UsageError(f"timeout: expected a number of seconds, got {timeout!r}") from None
-    if not timeout > 0:
-        raise UsageError(f"timeout: expected a positive number of seconds, got {timeout!r}")
+    timeout = _seconds("timeout", timeout)
+    import_timeout = _seconds("import_timeout", import_timeout)
+    if isolate not in (None, True, False):
+        raise UsageError(f"isolate: expected True, False or None, got {isolate!r}")
     selected = tuple(PROBES if probes is None else probes)
     for p in selected:
         if p not in PROBES:
@@ -122,23 +174,122 @@ def check(
         causal_arg=causal_arg,
         scale_arg=scale_arg,
     )
-    adapter = Adapter(fn, spec)
+    isolated = (target is not None if isolate is None else isolate) and available()
+    if target is not None:
+        try:
+            parse_target(target)
+        except TargetError as err:
+            raise UsageError(str(err)) from None
     t0 = time.perf_counter()
-    battery = Battery(adapter, timeout=timeout, seed=seed, probes=selected)
-    battery.run()
+    if isolated:
+        if target is None:
+            target = _importable(fn)
+        label = name or target
+        try:
+            backend: Any = WorkerBackend(target, spec, import_timeout=import_timeout)
+        except TargetError as err:  # pragma: no cover - parse_target ran first
+            raise UsageError(str(err)) from None
+        if backend.import_failure is not None:
+            backend.close()
+            return _import_report(label, backend, spec, selected, time.perf_counter() - t0, import_timeout)
+    else:
+        if target is not None:
+            try:
+                fn = load_target(target)
+            except TargetError as err:
+                raise UsageError(str(err)) from None
+        label = name or target or _name(fn)
+        backend = InProcessBackend(Adapter(fn, spec))
+    try:
+        left = [d for d in DTYPES if d not in backend.structural]
+        if not left:
+            why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
+            raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
+        battery = Battery(backend, spec, timeout=timeout, seed=seed, probes=selected)
+        battery.run()
+    finally:
+        backend.close()
     findings, explained = battery.findings_list()
     return Report(
-        target=name or _name(fn),
-        framework=adapter.framework,
-        signature=adapter.resolved.describe(),
+        target=label,
+        framework=backend.framework,
+        signature=backend.resolved.describe(),
         findings=findings,
         notes=tuple(battery.notes),
         unsupported=battery.unsupported_list(),
         probes=tuple(battery.probe_results),
-        explained=explained,
+        explained=tuple(f.code for f in explained),
+        explained_findings=explained,
+        incomplete=tuple(battery.incomplete),
         calls=battery.runner.calls,
         seconds=time.perf_counter() - t0,
         spec=spec.as_dict(),
+        isolation=backend.description,
+        import_seconds=getattr(backend, "import_seconds", 0.0),
+    )
+
+
+def _import_report(
+    label: str, backend: Any, spec: Spec, selected: tuple[str, ...], seconds: float, import_timeout: float
+) -> Report:
+    """The report when the target's module did not import: a ``crash`` or ``timeout`` finding, nothing run."""
+    fail = backend.import_failure
+    e = fail.error
+    if fail.timed_out:
+        finding = Finding(
+            "timeout",
+            f"importing the module did not finish within {import_timeout:g} s (import_timeout)",
+            f"import of {label}; the worker process was killed (with its threads and child processes)",
+            FIXES["timeout"] + "; a module must not loop or wait when it is imported",
+            "import",
+        )
+    else:
+        if e.died:
+            message = f"importing the module ended the process: {e.message.split(';')[0]}"
+        elif e.type_name == "SystemExit":
+            message = f"the module called sys.exit({e.exit_status!r}) while it was imported"
+        else:
+            message = f"importing the module raised {e.type_name}"
+        first = (e.text.splitlines() or [e.type_name])[0][:300]
+        tb = e.traceback.strip().splitlines()
+        where = next((ln.strip() for ln in reversed(tb) if ln.strip().startswith("File ")), "")
+        finding = Finding(
+            "crash",
+            message,
+            f"import of {label}: {first}" + (f" ({where})" if where else ""),
+            "make the module importable without side effects: no exit(), no work at import time; keep scripts "
+            "under `if __name__ == '__main__':`",
+            "import",
+        )
+    notes = []
+    for name, cap in backend.output().items():
+        if cap.total:
+            notes.append(
+                Finding(
+                    "printed",
+                    f"the module wrote {cap.total} bytes to {name} while it was imported",
+                    cap.text(600),
+                    "",
+                    "import",
+                    severity="note",
+                )
+            )
+    detail = "not run: the module did not import"
+    probes = (
+        ProbeResult("import", "failed", 0, fail.seconds, "", (finding.code,)),
+        *(ProbeResult(p, "not run", detail=detail) for p in selected),
+    )
+    return Report(
+        target=label,
+        framework=spec.framework,
+        signature="(not imported)",
+        findings=(finding,),
+        notes=tuple(notes),
+        probes=probes,
+        incomplete=tuple(Unsupported(p, detail) for p in CORE_PROBES),
+        seconds=seconds,
+        spec=spec.as_dict(),
+        isolation=backend.description,
     )
 
 

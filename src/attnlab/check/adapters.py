@@ -317,6 +317,7 @@ class Returned:
     weights: np.ndarray | None = None
     out_dtype: str | None = None
     problem: str | None = None
+    wrong_type: str | None = None
 
 
 class Adapter:
@@ -484,7 +485,21 @@ class Adapter:
             return Returned(problem=f"returned something that could not be read as an array ({err})")
         if out.dtype.kind not in "fc":
             return Returned(problem=f"returned an array of dtype {out.dtype}, not floating point")
-        return Returned(out=out, weights=w, out_dtype=framework_dtype_name(value))
+        wrong = self.foreign(value, "output") or (None if weights is None else self.foreign(weights, "weights"))
+        return Returned(out=out, weights=w, out_dtype=framework_dtype_name(value), wrong_type=wrong)
+
+    def foreign(self, x: Any, what: str) -> str | None:
+        """Why ``x`` is not an array of the function's own library, or None when it is."""
+        kind = type(x)
+        name = f"{kind.__module__}.{kind.__qualname__}"
+        if self.framework == "numpy":
+            ok, want = isinstance(x, np.ndarray), "numpy.ndarray"
+        elif self.framework == "torch":
+            ok, want = isinstance(x, self._lib.Tensor), "torch.Tensor"
+        else:
+            jax, _ = self._lib
+            ok, want = isinstance(x, jax.Array), "jax.Array"
+        return None if ok else f"the {what} is a {name}; a {self.framework} function must return a {want}"
 
     def snapshot(self, args: tuple, kwargs: dict) -> list[tuple[str, np.ndarray]]:
         """Copies of every array argument, to detect writes into the caller's inputs."""

@@ -24,12 +24,18 @@ probe                     experiment                                            
 ``determinism``           the same call three times; outputs must be bitwise equal                     --
 ========================  ===========================================================================  ===========
 
-``crash``, ``timeout``, ``dtype`` (output dtype = input dtype) and ``mutates-input`` are checked on every call.
+``crash``, ``timeout``, ``dtype`` (output dtype = input dtype), ``output-type`` (an array of the function's own
+library) and ``mutates-input`` are checked on every call.
+
+Every bug a probe sees is an observation tied to its *case* (one grid case, or one perturbation experiment: its
+base call, the repeated base call and the perturbed calls). A generic code is "explained" only by a named bug
+seen in the same case; a probe that saw any bug is ``failed`` and lists the codes it saw.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +44,17 @@ import numpy as np
 
 from .. import masks as _masks
 from ..invariants import check_arrays
-from .adapters import CAPABILITIES, Adapter, round_to
-from .report import Finding, ProbeResult, Unsupported
-from .runner import Case, Outcome, Runner
+from .adapters import CAPABILITIES, round_to
+from .report import CORE_PROBES, Finding, ProbeResult, Unsupported
+from .runner import CallError, Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, _expand_kv, bound, compare, golden_output, naive_output
 
 __all__ = ["FIXES", "PROBES", "Battery"]
+
+DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+
+#: How many mismatching cases no hypothesis explains get perturbation experiments of their own.
+EXPERIMENT_CASES = 40
 
 PROBES = (
     "reference",
@@ -88,6 +99,41 @@ FIXES: dict[str, str] = {
     "mutates-input": "never write into the caller's arrays: use out-of-place operations (q = q * scale, not "
     "q *= scale / q.mul_())",
     "timeout": "make sure the function returns for every input; the per-call limit is the timeout option",
+    "output-type": "return an array of the library the inputs came in (torch.Tensor for tensors, numpy.ndarray for "
+    "NumPy arrays), e.g. torch.from_numpy(out) or out.numpy(); never convert the result to another library",
+}
+
+#: Codes a named bug seen in the same case accounts for (``explained_by``).
+_LEAKS = ("not-normalized", "padding-leak", "causal-leak", "masked-row-nan", "batch-leak")
+_SPECIFIC = ("softmax-axis", "mask-after-softmax", "mask-inverted")
+_PERTURBATION = ("causal-leak", "padding-leak", "batch-leak")
+_NOT_DIAGNOSES = ("reference-mismatch", "crash", "timeout", "dtype", "mutates-input", "output-type")
+
+#: How a call of each capability is described, and the words that make an error a clean refusal of it.
+_CAP_PHRASE = {
+    "mask": "with a mask",
+    "causal": "with the causal flag",
+    "scale": "with a scale argument",
+    "cross": "with n_q != n_k",
+    "dv": "with d_v != d_k",
+    "rank": "on 3-D inputs [h, n, d]",
+    "gqa": "with fewer K/V heads than query heads",
+    "causal-cross": "causal with n_q != n_k",
+}
+_SHAPE_CAPS = ("cross", "dv", "rank", "gqa", "causal-cross")
+_REFUSAL_WORDS = {
+    "float64": r"float64|double|\bf64\b|dtype",
+    "float32": r"float32|\bsingle\b|'float'|\bf32\b|dtype",
+    "float16": r"float16|\bhalf\b|\bf16\b|dtype",
+    "bfloat16": r"bfloat16|\bbf16\b|dtype",
+    "mask": r"mask",
+    "causal": r"causal",
+    "scale": r"scale",
+    "cross": r"n_q|n_k|length|\bseq|square|same|cross|shape|size",
+    "dv": r"d_v|\bdv\b|value|head.?dim|dimension|shape|size",
+    "rank": r"rank|\bdim|ndim|[234]-?d\b|shape",
+    "gqa": r"gqa|group|head|shape",
+    "causal-cross": r"causal|align|n_q|n_k|square|shape",
 }
 
 
@@ -106,7 +152,15 @@ class _Geom:
 
 
 class _Abort(Exception):
-    """A call timed out; nothing more is called."""
+    """A call timed out, or the worker ended too often; nothing more is called."""
+
+
+@dataclass(frozen=True)
+class _Obs:
+    """One bug seen: the finding and the case it was seen in."""
+
+    finding: Finding
+    case: str
 
 
 # the grid: (label, geometry, required capabilities, extra)
@@ -150,15 +204,20 @@ def _softmax(logits: np.ndarray, axis: int) -> np.ndarray:
 
 
 class Battery:
-    """One run of the probes on one function."""
+    """One run of the probes on one function, called through ``backend`` (in-process or a worker process)."""
 
-    def __init__(self, adapter: Adapter, *, timeout: float, seed: int, probes: tuple[str, ...]):
-        self.ad = adapter
-        self.spec = adapter.spec
-        self.runner = Runner(adapter, timeout=timeout)
+    def __init__(self, backend: Any, spec: Any, *, timeout: float, seed: int, probes: tuple[str, ...]):
+        self.backend = backend
+        self.spec = spec
+        self.runner = Runner(backend, timeout=timeout)
         self.rng = np.random.default_rng(seed)
         self.selected = probes
         self.findings: dict[str, Finding] = {}
+        self.obs: list[_Obs] = []
+        self.case_key: str | None = None
+        self.probe_codes: list[str] = []
+        self.crashed: dict[str, str] = {}
+        self.incomplete: list[Unsupported] = []
         self.notes: list[Finding] = []
         self.unsupported: dict[str, str] = {}
         self.caps: set[str] = set()
@@ -171,7 +230,8 @@ class Battery:
         self.align_seen: str | None = None
         self.returns_weights = False
         self.base_ok: dict[str, bool] = {}
-        r = adapter.resolved
+        self.experiments_left = EXPERIMENT_CASES
+        r = backend.resolved
         if self.spec.causal_only:
             self.causal_mode = "only"
         elif r.causal_arg is not None:
@@ -182,9 +242,13 @@ class Battery:
             self.causal_mode = None
 
     # ------------------------------------------------------------------------------------------------ findings
-    def bug(self, code: str, message: str, evidence: str) -> None:
-        if code not in self.findings:
-            self.findings[code] = Finding(code, message, evidence, FIXES[code], self.current)
+    def bug(self, code: str, message: str, evidence: str, *, case: str | None = None) -> None:
+        """Record that ``code`` was seen in ``case`` (default: the case being worked on)."""
+        f = Finding(code, message, evidence, FIXES[code], self.current)
+        self.obs.append(_Obs(f, case or self.case_key or self.current))
+        self.findings.setdefault(code, f)
+        if code not in self.probe_codes:
+            self.probe_codes.append(code)
 
     def note(self, code: str, message: str, evidence: str, fix: str = "") -> None:
         if not any(n.code == code and n.message == message for n in self.notes):
@@ -223,6 +287,36 @@ class Battery:
             align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
         return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
 
+    @staticmethod
+    def key(case: Case) -> str:
+        """The case an observation belongs to (grid cases are keyed by label and dtype)."""
+        return f"{case.label} ({case.dtype})"
+
+    def base_call(self, case: Case, key: str) -> Outcome | None:
+        """The base call of a perturbation experiment, or None when it failed.
+
+        It is compared with the reference (a named bug it shows is seen in this case, and explains a leak found
+        here) and repeated once: noise between two identical calls is nondeterminism, not a leak.
+        """
+        self.case_key = key
+        base = self.call(case)
+        if not base.ok:
+            self.crash(base)
+            return None
+        self.compare_case(base)
+        again = self.call(case)
+        if not again.ok:
+            self.crash(again)
+        elif again.out.shape != base.out.shape or not np.array_equal(again.out, base.out, equal_nan=True):
+            diff = np.abs(again.out - base.out) if again.out.shape == base.out.shape else np.array([np.inf])
+            self.bug(
+                "nondeterministic",
+                "the same inputs give different outputs from one call to the next",
+                f"case {case.label}: {case.shapes()}; max difference {float(np.nanmax(diff)):.3g} between two "
+                "identical calls",
+            )
+        return base
+
     def allowed(self, case: Case, *, causal: str | None = "same") -> np.ndarray:
         """The full boolean mask of ``case`` ``[..., h, n_q, n_k]`` (user mask AND causal)."""
         n_q, n_k = case.q.shape[-2], case.k.shape[-2]
@@ -233,12 +327,16 @@ class Battery:
             a = a & _masks.causal(n_q, n_k, align=c)
         return a
 
+    def causal_in_mask(self, case: Case) -> bool:
+        """Whether the causal part of ``case`` reaches the function inside its mask argument."""
+        return case.causal is not None and (
+            self.causal_mode == "mask" or (self.causal_mode == "flag" and case.mask is not None)
+        )
+
     def call(self, case: Case) -> Outcome:
         """Call the function on ``case`` and check what every call must satisfy (crash, timeout, dtype, writes)."""
         passed = case
-        if case.causal is not None and (
-            self.causal_mode == "mask" or (self.causal_mode == "flag" and case.mask is not None)
-        ):
+        if self.causal_in_mask(case):
             # no causal flag, or a flag and a mask (PyTorch SDPA refuses both): the causal part goes in the mask
             passed = Case(case.q, case.k, case.v, case.dtype, self.allowed(case), None, case.scale, case.label)
         flag: bool | str = passed.causal is not None
@@ -246,14 +344,24 @@ class Battery:
             flag = passed.causal
         out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
         out.case = case
+        if out.skipped:
+            raise _Abort
         if out.timed_out:
+            after = (
+                "the worker process was killed (with its threads and child processes)"
+                if self.backend.isolated
+                else "a Python thread cannot be killed; it may still be running"
+            )
             self.bug(
                 "timeout",
                 f"the function did not return within {self.runner.timeout:g} s",
-                f"case {case.label}: {case.shapes()}; no further calls were made (a Python thread cannot be "
-                "killed; it may still be running)",
+                f"case {case.label}: {out.call}; no further calls were made ({after})",
             )
             raise _Abort
+        if out.error is not None and out.error.died:
+            self.crash(out)
+            if self.runner.stopped is not None:
+                raise _Abort
         if out.mutated:
             self.bug(
                 "mutates-input",
@@ -261,7 +369,13 @@ class Battery:
                 f"case {case.label}: {case.shapes()}; {', '.join(out.mutated)} differ after the call",
             )
         if out.returned.problem is not None:
-            self.bug("crash", f"your function {out.returned.problem}", f"case {case.label}: {case.shapes()}")
+            self.bug("crash", f"your function {out.returned.problem}", f"case {case.label}: {out.call}")
+        if out.ok and out.returned.wrong_type is not None:
+            self.bug(
+                "output-type",
+                f"your function returns the wrong kind of array: {out.returned.wrong_type}",
+                f"case {case.label}: {out.call}",
+            )
         if out.ok and out.returned.out_dtype is not None and out.returned.out_dtype != case.dtype:
             self.bug(
                 "dtype",
@@ -272,13 +386,34 @@ class Battery:
             self.returns_weights = True
         return out
 
-    def crash(self, out: Outcome) -> None:
-        if out.error is not None:
-            self.bug(
-                "crash",
-                f"your function raised {type(out.error).__name__} on an input it otherwise supports",
-                f"case {out.case.label}: {out.case.shapes()}: {out.error_text.splitlines()[0][:300]}",
-            )
+    def crash(self, out: Outcome, message: str | None = None) -> None:
+        """A ``crash`` finding for an outcome that raised (or ended the worker), naming the call and the error."""
+        e = out.error
+        if e is None:
+            return
+        if message is None:
+            if e.died:
+                message = f"your function ended the process it ran in: {e.message.split(';')[0]}"
+            else:
+                message = f"your function {_raised(e)} on an input it otherwise supports"
+        first = (e.text.splitlines() or [e.type_name])[0][:300]
+        self.bug("crash", message, f"case {out.case.label}: {out.call}: {first}")
+
+    def refusal(self, cap: str, e: CallError) -> bool:
+        """A clean refusal: NotImplementedError, the library refusing the input, or a ValueError, TypeError or
+        RuntimeError whose message names ``cap`` (its argument, dtype or shape)."""
+        if e.died or e.type_name in ("SystemExit", "KeyboardInterrupt", "WorkerExit"):
+            return False
+        if e.not_implemented or e.library:
+            return True
+        if not {"ValueError", "TypeError", "RuntimeError"} & set(e.bases):
+            return False  # AttributeError, NameError, IndexError, AssertionError...: a bug, whatever it says
+        r = self.backend.resolved
+        names = {"mask": r.mask_arg, "causal": r.causal_arg, "scale": r.scale_arg}
+        words = _REFUSAL_WORDS[cap] + (f"|{re.escape(names[cap])}" if names.get(cap) else "")
+        if cap in _SHAPE_CAPS:  # a shape written out names it: "expects [B, h, n, d]", "(1, 5, 2, 6)"
+            words += r"|\[[\w\s,.]*\]|\(\d+(?:,\s*\d+)+\)"
+        return re.search(words, e.message, flags=re.IGNORECASE) is not None
 
     # ------------------------------------------------------------------------------------------------ expected
     def expected(self, case: Case, *, causal: str | None = "same") -> tuple[np.ndarray, float, np.ndarray]:
@@ -362,11 +497,15 @@ class Battery:
                 _softmax(lg, -2) @ v,
             )
         )
-        if case.mask is not None:
-            inv = ~np.broadcast_to(case.mask, allowed.shape)
-            if case.causal is not None:
-                inv = inv & _masks.causal(q.shape[-2], k.shape[-2], align=case.causal)
+        if case.mask is not None or self.causal_in_mask(case):
+            if self.causal_in_mask(case):  # the function received one mask, causal part included: all of it inverted
+                inv = ~allowed
+            else:
+                inv = ~np.broadcast_to(case.mask, allowed.shape)
+                if case.causal is not None:
+                    inv = inv & _masks.causal(q.shape[-2], k.shape[-2], align=case.causal)
             out.append(("mask-inverted", self._inverted_text(), attend(s0, inv)))
+        if case.mask is not None:
             out.append(
                 (
                     "padding-leak",
@@ -398,6 +537,22 @@ class Battery:
                     @ v,
                 )
             )
+        if case.scale is None and d_k > 1:  # two bugs at once: no scale, and a mask read wrongly
+            variants = []
+            if case.mask is not None or self.causal_in_mask(case):
+                variants.append(("mask-inverted", self._inverted_text(), inv))
+            if case.causal is not None:
+                variants.append(
+                    ("causal-leak", "your function ignores the causal mask", self.allowed(case, causal=None))
+                )
+            for code, text, a in variants:
+                out.append(
+                    (
+                        f"scale-missing+{code}",
+                        f"your function does not scale the scores by 1/sqrt(d_k); and {text[len('your function ') :]}",
+                        attend(1.0, a),
+                    )
+                )
         row_max = np.max(np.where(allowed, lg, -1e300), axis=-1, keepdims=True)
         e = np.where(allowed, np.exp(np.where(allowed, lg, row_max) - row_max), 0.0)
         out.append(
@@ -457,9 +612,112 @@ class Battery:
             c = compare(out, alt, cmp.bound, rows)
             if c.ok and (cmp.nonfinite > 0 or c.max_error * 10 <= cmp.max_error):
                 message = text if code != "reference-mismatch" else f"K/V heads are mapped wrongly: {text}"
-                self.bug(code, message, evidence + f"; the output matches that explanation to {c.max_error:.2g}")
+                matched = evidence + f"; the output matches that explanation to {c.max_error:.2g}"
+                if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
+                    for part in code.split("+"):
+                        self.bug(part, _single(part, message), matched + f" ({message})")
+                    return
+                self.bug(code, message, matched)
                 return
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
+        self.experiments(case, out)
+
+    def experiments(self, case: Case, out: np.ndarray) -> None:
+        """Perturbation experiments on a mismatching case that no hypothesis explains, so that what they find is
+        seen in this case: the same call repeated, its future tokens, its blocked keys, another batch element,
+        another head, V = ones. At most :data:`EXPERIMENT_CASES` cases per run get them."""
+        if self.experiments_left <= 0 or out.shape != (*case.q.shape[:-1], case.v.shape[-1]):
+            return
+        self.experiments_left -= 1
+        finite = np.abs(out[np.isfinite(out)])
+        tol = FLOORS[case.dtype] * max(1.0, float(finite.max()) if finite.size else 1.0) * 4
+        ev = f"case {case.label}: {case.shapes()}"
+
+        def moved(new: Outcome, idx: Any, rows: np.ndarray | None = None) -> float | None:
+            if not new.ok or new.out.shape != out.shape:
+                return None
+            a, b = new.out[idx], out[idx]
+            with np.errstate(invalid="ignore"):
+                d = np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0.0, np.abs(a - b))  # NaN that stays is no move
+            if rows is not None:
+                d = np.where(rows[idx][..., None], d, 0.0)
+            bad = d[~(d <= tol)]
+            if not bad.size:
+                return None
+            finite = bad[np.isfinite(bad)]
+            return float(finite.max()) if finite.size else math.inf
+
+        again = self.call(case)
+        if again.ok and (again.out.shape != out.shape or not np.array_equal(again.out, out, equal_nan=True)):
+            self.bug("nondeterministic", "the same inputs give different outputs from one call to the next", ev)
+        n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+        if case.causal is not None:
+            off = n_k - n_q if case.causal == "bottom_right" else 0
+            t = max(0, n_q // 2 - 1)
+            if t + off + 1 < n_k:
+                sel = {
+                    "q": (..., slice(t + 1, None), slice(None)),
+                    "k": (..., slice(t + off + 1, None), slice(None)),
+                    "v": (..., slice(t + off + 1, None), slice(None)),
+                }
+                m = moved(self.call(self._perturbed(case, sel)), (..., slice(0, t + 1), slice(None)))
+                if m is not None:
+                    self.bug(
+                        "causal-leak",
+                        f"queries 0..{t} change when the tokens after them (their future) change",
+                        ev + f", causal; max change {m:.3g} (tolerance {tol:.2g})",
+                    )
+        allowed = self.allowed(case)
+        rows = allowed.any(axis=-1)
+        if case.mask is not None and allowed.ndim >= 3:
+            # keys no query of any head of the last batch element may attend: changing their K/V must not move
+            # that element's outputs (the other elements are left out: a batch leak would confound them)
+            b = (case.q.shape[0] - 1,) if case.q.ndim == 4 else ()
+            blocked = ~allowed[b].any(axis=(-3, -2))  # [n_k]
+            if blocked.any():
+                k, v = case.k.copy(), case.v.copy()
+                for arr in (k, v):
+                    part = arr[(*b, slice(None), blocked, slice(None))]
+                    arr[(*b, slice(None), blocked, slice(None))] = round_to(
+                        self.rng.normal(0, 3, part.shape), case.dtype
+                    ).astype(np.float64)
+                pert = Case(case.q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label)
+                m = moved(self.call(pert), (*b, ...), rows)
+                if m is not None:
+                    self.bug(
+                        "padding-leak",
+                        "the output changes when the K/V of keys the mask blocks change",
+                        ev + f", with a mask; max change {m:.3g} (tolerance {tol:.2g})",
+                    )
+        if case.q.ndim == 4 and case.q.shape[0] > 1:
+            m = moved(self.call(self._perturbed(case, (1,))), (0,))
+            if m is not None:
+                self.bug(
+                    "batch-leak",
+                    "the output of batch element 0 changes when only batch element 1 changes",
+                    ev + f" (layout {self.spec.layout}); max change {m:.3g} (tolerance {tol:.2g})",
+                )
+        if case.q.ndim >= 3 and case.q.shape[-3] > 1 and not case.gqa:
+            m = moved(
+                self.call(self._perturbed(case, (..., 1, slice(None), slice(None)))), (..., 0, slice(None), slice(None))
+            )
+            if m is not None:
+                self.bug(
+                    "batch-leak",
+                    "the output of head 0 changes when only head 1 changes",
+                    ev + f" (layout {self.spec.layout}); max change {m:.3g} (tolerance {tol:.2g})",
+                )
+        ones = Case(case.q, case.k, np.ones_like(case.v), case.dtype, case.mask, case.causal, case.scale, case.label)
+        res = self.call(ones)
+        if res.ok and res.out.shape == out.shape:
+            coarse = max(FLOORS[case.dtype], FLOORS.get(res.returned.out_dtype or case.dtype, 0.0))
+            cmp = compare(res.out, np.ones(res.out.shape), coarse * 4, rows)
+            if not cmp.ok and not cmp.nonfinite:  # NaN says nothing about the normalization
+                self.bug(
+                    "not-normalized",
+                    "with V = ones every output must be 1 (the weights of a row sum to 1); yours is not",
+                    ev + f" with V = ones; max |out - 1| = {cmp.max_error:.3g}",
+                )
 
     def compare_case(self, out: Outcome) -> bool:
         """Compare one outcome with the reference; on a mismatch diagnose it. Returns True when it matches."""
@@ -505,11 +763,12 @@ class Battery:
     # ------------------------------------------------------------------------------------------------ preflight
     def preflight(self) -> None:
         """Find the dtypes and capabilities the function supports, with two attempts each."""
-        self.unsupported = dict(self.ad.structural_unsupported())
+        self.unsupported = dict(self.backend.structural)
         base = [(lbl, g, req, ex) for lbl, g, req, ex in _GRID if not req]
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             if dtype in self.unsupported:
                 continue
+            self.case_key = f"preflight {dtype}"
             outs = [self.call(self.make(g, dtype, label=f"{lbl} {dtype}")) for lbl, g, _, _ in base]
             self._classify(dtype, outs, is_dtype=True)
         if not self.dtypes:
@@ -518,31 +777,61 @@ class Battery:
         for cap in ("mask", "causal", "scale", "cross", "dv", "rank", "gqa", "causal-cross"):
             if cap in self.unsupported:
                 continue
+            if cap == "causal" and self.causal_mode == "mask" and "mask" in self.crashed:
+                self.crashed[cap] = "needs the mask argument, which crashed on every attempt"
+                continue
+            if cap == "causal" and self.causal_mode == "mask" and "mask" in self.unsupported:
+                self.unsupported[cap] = "no causal flag, and the mask is not supported"
+                continue
             cases = [(lbl, g, ex) for lbl, g, req, ex in _GRID if req and req[0] == cap]
             if any(r not in self.caps for lbl, g, req, ex in _GRID if req and req[0] == cap for r in req[1:]):
                 continue
+            self.case_key = f"preflight {cap}"
             outs = [self.call(self.make(g, self.primary, label=lbl, **ex)) for lbl, g, ex in cases]
             self._classify(cap, outs)
+        self.case_key = None
 
     def _classify(self, cap: str, outs: list[Outcome], *, is_dtype: bool = False) -> None:
         errs = [o for o in outs if o.error is not None]
         bad = [o for o in outs if o.returned.problem is not None]
         if not errs and not bad:
-            if is_dtype:
-                self.dtypes.append(cap)
-            else:
-                self.caps.add(cap)
-            self.grid.extend(outs)
+            self._supported(cap, outs, is_dtype)
             return
-        if len(errs) == len(outs):
+        if len(errs) == len(outs) and all(self.refusal(cap, o.error) for o in errs):
             self.unsupported[cap] = f"refused on every attempt: {errs[0].error_text.splitlines()[0][:200]}"
             return
-        if len(bad) == len(outs):
-            self.unsupported[cap] = "no usable return value (see the crash finding)"
+        if len(errs) + len(bad) < len(outs):  # it works on some inputs of this capability: keep testing it
+            for o in errs:
+                self.crash(o)
+            self._supported(cap, outs, is_dtype)
             return
-        for o in errs:
-            self.crash(o)
-        # it works on some inputs of this capability: keep testing it (the crash is reported)
+        first = errs[0] if errs else bad[0]
+        if is_dtype and errs and "mask" not in self.unsupported:
+            # no call without a mask worked: does the function need one?
+            probe = self.make(_GRID[0][1], cap, label=f"base {cap}, with a mask", mask=np.ones((1, 1, 1, 1), bool))
+            with_mask = self.call(probe)
+            if with_mask.ok:
+                self.crash(
+                    first,
+                    f"your function {_raised(first.error)} on every call without a mask "
+                    f"({self.backend.resolved.mask_arg or 'mask'}=None) in {cap}; it works with one",
+                )
+                self._supported(cap, [with_mask], is_dtype)
+                return
+        what = f"in {cap}" if is_dtype else _CAP_PHRASE[cap]
+        reason = "crashed on every attempt (see the crash finding)"
+        if errs:
+            works = "" if is_dtype else " (it works without it)"
+            self.crash(
+                first,
+                f"your function {_raised(first.error)} on every call {what}{works}; that is not a clean "
+                "refusal (NotImplementedError, or an error whose message names what is unsupported)",
+            )
+        else:
+            reason = "no usable return value on any attempt (see the crash finding)"
+        self.crashed[cap] = reason
+
+    def _supported(self, cap: str, outs: list[Outcome], is_dtype: bool) -> None:
         if is_dtype:
             self.dtypes.append(cap)
         else:
@@ -562,6 +851,7 @@ class Battery:
                 g = _GRID[2][1]
                 self.grid.append(self.call(self.make(g, dtype, label=f"mask {dtype}", mask=True)))
         for out in self.grid:
+            self.case_key = self.key(out.case)
             if out.error is not None:
                 self.crash(out)
                 continue
@@ -581,6 +871,7 @@ class Battery:
         if pick is None:
             raise _Skip("no call returned weights")
         case = pick.case
+        self.case_key = self.key(case)
         allowed = self.allowed(case)
         q, k, v = case.q, _expand_kv(case.q, case.k), _expand_kv(case.q, case.v)
         w = pick.weights
@@ -622,10 +913,12 @@ class Battery:
             g = _Geom(2, 2, 6, 6, 8, 8)
         case = self.make(g, self.primary, label="V = ones")
         case = Case(case.q, case.k, np.ones_like(case.v), case.dtype, None, case.causal, None, case.label)
+        self.case_key = "normalization: V = ones"
         out = self.call(case)
         if not out.ok:
             self.crash(out)
             return
+        self.compare_case(out)
         rows = self.allowed(case).any(axis=-1)
         coarse = max(FLOORS[case.dtype], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
         cmp = compare(out.out, np.ones(out.out.shape), coarse * 4, rows)
@@ -654,9 +947,8 @@ class Battery:
             raise _Skip("needs causal")
         n = 8
         case = self.make(_Geom(1, 2, n, n, 4, 4), self.primary, label="future", causal=True)
-        base = self.call(case)
-        if not base.ok:
-            self.crash(base)
+        base = self.base_call(case, "causal: future tokens")
+        if base is None:
             return
         tol = FLOORS[case.dtype] * max(1.0, float(np.max(np.abs(base.out)))) * 4
         for t in (1, 4):
@@ -687,9 +979,8 @@ class Battery:
         lengths = np.array([n, 3])
         kp = _masks.key_padding(lengths, n)  # [B, 1, 1, n_k]
         case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="key padding", mask=kp)
-        base = self.call(case)
-        if not base.ok:
-            self.crash(base)
+        base = self.base_call(case, "padding: key padding")
+        if base is None:
             return
         rows = self.allowed(case).any(axis=-1)
         padded = (1, slice(None), slice(3, None), slice(None))  # batch 1, keys 3..5
@@ -732,6 +1023,7 @@ class Battery:
         m = case.mask.copy()
         m[..., 2, :] = False
         case = Case(case.q, case.k, case.v, case.dtype, m, case.causal, None, case.label)
+        self.case_key = "masked-rows: fully masked row"
         out = self.call(case)
         ev = f"case {case.label}: {case.shapes()}; query 2 may attend to no key"
         if out.error is not None:
@@ -742,6 +1034,7 @@ class Battery:
             )
             return
         if not out.ok:
+            self.crash(out)
             return
         row = out.out[..., 2, :]
         rows = self.allowed(case).any(axis=-1)
@@ -770,12 +1063,15 @@ class Battery:
                 "a fully masked row spreads NaN/inf into rows that have allowed keys",
                 ev + f"; {cmp.nonfinite} non-finite values in other rows",
             )
+        elif not cmp.ok:  # the other rows are wrong: name why, in this case
+            self.diagnose(case, out.out, cmp, rows)
 
     def p_large_logits(self) -> None:
         dts = [self.primary] + (["float32"] if "float32" in self.dtypes and self.primary != "float32" else [])
+        dts = [d for d in dts if self.base_ok.get(d) is not False]
+        if not dts:
+            raise _Skip("the ordinary base cases already differ from the reference")
         for dtype in dts:
-            if self.base_ok.get(dtype) is False:
-                continue
             g = _Geom(1, 2, 6, 6, 8, 8)
             pos = self.make(g, dtype, label="logits ~ +1000", std=20.0)
             neg = self.make(g, dtype, label="logits ~ -1000")
@@ -783,6 +1079,7 @@ class Battery:
             kn = round_to(-np.abs(self.rng.normal(0, 1, neg.k.shape)) * 20 - 5, dtype).astype(np.float64)
             neg = Case(qn, kn, neg.v, dtype, None, neg.causal, None, neg.label)
             for case in (pos, neg):
+                self.case_key = f"large-logits: {case.label} ({dtype})"
                 out = self.call(case)
                 if not out.ok:
                     self.crash(out)
@@ -808,9 +1105,8 @@ class Battery:
     def p_batch(self) -> None:
         g = _Geom(3, 2, 5, 5, 4, 4)
         case = self.make(g, self.primary, label="batch")
-        base = self.call(case)
-        if not base.ok:
-            self.crash(base)
+        base = self.base_call(case, "batch: batch and head perturbation")
+        if base is None:
             return
         if base.out.shape != (*case.q.shape[:-1], case.v.shape[-1]):
             return
@@ -839,6 +1135,7 @@ class Battery:
         first = next((o for o in self.grid if o.ok and o.case.label.startswith("base")), None)
         if first is None:
             raise _Skip("no successful base call")
+        self.case_key = self.key(first.case)
         for _ in range(2):
             out = self.call(first.case)
             if not out.ok:
@@ -858,11 +1155,13 @@ class Battery:
     def run(self) -> None:
         t0 = time.perf_counter()
         aborted = False
+        self.current = "preflight"
+        self.probe_codes = []
         try:
             self.preflight()
         except _Abort:
             aborted = True
-            if not self.dtypes and "timeout" not in self.findings and "crash" not in self.findings:
+            if not self.dtypes and not self.findings and not all(d in self.unsupported for d in DTYPE_NAMES):
                 errs = [o for o in self.runner.outcomes if o.error is not None]
                 text = errs[0].error_text.splitlines()[0][:300] if errs else "no call succeeded"
                 self.bug(
@@ -870,20 +1169,20 @@ class Battery:
                     "your function fails on every call, even the simplest one",
                     f"{len(self.runner.outcomes)} calls, e.g. case base: {text}",
                 )
-            if not self.dtypes:  # nothing worked at all: the dtypes were not 'refused', the function is broken
-                for d in ("float64", "float32", "float16", "bfloat16"):
-                    if self.unsupported.get(d, "").startswith(("refused", "no usable")):
-                        del self.unsupported[d]
-        status = "failed" if aborted or self.findings else "passed"
-        self.probe_results.append(ProbeResult("preflight", status, self.runner.calls, time.perf_counter() - t0))
+        status = "failed" if self.probe_codes else "passed"
+        self.probe_results.append(
+            ProbeResult("preflight", status, self.runner.calls, time.perf_counter() - t0, codes=tuple(self.probe_codes))
+        )
         for name in PROBES:
             if name not in self.selected:
                 continue
             if aborted:
-                self.probe_results.append(ProbeResult(name, "not run"))
+                self.probe_results.append(ProbeResult(name, "not run", detail=self._stop_reason()))
                 continue
             self.current = name
-            before, calls0, t0 = set(self.findings), self.runner.calls, time.perf_counter()
+            self.case_key = None
+            self.probe_codes = []
+            calls0, t0 = self.runner.calls, time.perf_counter()
             status, detail = "passed", ""
             try:
                 getattr(self, "p_" + name.replace("-", "_"))()
@@ -891,36 +1190,131 @@ class Battery:
                 status, detail = "skipped", str(s)
             except _Abort:
                 aborted = True
+                status, detail = "failed", self._stop_reason()
+            if self.probe_codes:
                 status = "failed"
-            if status != "skipped" and set(self.findings) - before:
-                status = "failed"
+            elif status == "failed":  # stopped before it saw anything: it did not run to the end
+                status = "not run"
             self.probe_results.append(
-                ProbeResult(name, status, self.runner.calls - calls0, time.perf_counter() - t0, detail)
+                ProbeResult(
+                    name,
+                    status,
+                    self.runner.calls - calls0,
+                    time.perf_counter() - t0,
+                    detail,
+                    tuple(self.probe_codes),
+                )
             )
+        self.case_key = None
+        self._printed()
+        self._completeness()
+
+    def _stop_reason(self) -> str:
+        if self.runner.stopped is not None:
+            return f"not run: {self.runner.stopped}"
+        if not self.dtypes:
+            return "not run: no dtype could be tested"
+        return "not run"
+
+    def _printed(self) -> None:
+        """What the function wrote to stdout and stderr, as a note with the text (start and end)."""
+        for name, cap in self.backend.output().items():
+            if cap.total:
+                self.current = "output"
+                self.note(
+                    "printed",
+                    f"your function wrote {cap.total} byte{'s' if cap.total != 1 else ''} to {name} (captured; shown "
+                    "here, not passed on)",
+                    cap.text(600),
+                )
+
+    def _completeness(self) -> None:
+        """The core probes that could not run for a capability the function has (the verdict is incomplete)."""
+        has = {c: c not in self.unsupported for c in ("mask", "causal")}
+        needed = {"reference": True, "causal": has["causal"], "padding": has["mask"], "masked-rows": has["mask"]}
+        results = {p.name: p for p in self.probe_results}
+        for name in CORE_PROBES:
+            if not needed[name]:
+                continue
+            p = results.get(name)
+            if p is None:
+                self.incomplete.append(Unsupported(name, "not selected (probes=...)"))
+            elif p.status in ("skipped", "not run"):
+                reason = p.detail or "not run"
+                cap = "mask" if name in ("padding", "masked-rows") else "causal"
+                if p.status == "skipped" and cap in self.crashed:
+                    reason = f"{cap}: {self.crashed[cap]}"
+                elif not self.dtypes and all(d in self.unsupported for d in DTYPE_NAMES):
+                    reason = (
+                        "not run: no dtype could be tested ("
+                        + "; ".join(f"{d}: {self.unsupported[d]}" for d in DTYPE_NAMES)
+                        + ")"
+                    )
+                self.incomplete.append(Unsupported(name, reason))
 
     def unsupported_list(self) -> tuple[Unsupported, ...]:
-        return tuple(Unsupported(c, r) for c, r in self.unsupported.items() if c in CAPABILITIES)
+        out = [Unsupported(c, r) for c, r in self.unsupported.items() if c in CAPABILITIES]
+        out += [Unsupported(c, r) for c, r in self.crashed.items() if c in CAPABILITIES and c not in self.unsupported]
+        return tuple(out)
 
-    def findings_list(self) -> tuple[tuple[Finding, ...], tuple[str, ...]]:
-        """Bugs in a stable order; ``reference-mismatch`` is dropped (as 'explained') when a named bug exists."""
-        codes = list(self.findings)
-        explained: list[str] = []
-        if (
-            "reference-mismatch" in codes
-            and len(codes) > 1
-            and not self.findings["reference-mismatch"].message.startswith("K/V")
-        ):
-            explained.append("reference-mismatch")
-        if "nondeterministic" in codes:  # perturbation probes cannot tell a leak from noise
-            explained += [c for c in ("causal-leak", "padding-leak", "batch-leak") if c in codes]
-        specific = {"softmax-axis", "mask-after-softmax", "mask-inverted"}
-        if specific & set(codes):
-            for c in ("not-normalized", "padding-leak", "causal-leak", "masked-row-nan", "batch-leak"):
-                if c in codes and c not in specific and c not in explained:
-                    explained.append(c)
+    def findings_list(self) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
+        """Bugs in a stable order, and the explained ones (each with ``explained_by``).
+
+        A code is explained when every case it was seen in also shows a named bug that accounts for it:
+        ``reference-mismatch`` by any diagnosis, the leaks and ``not-normalized`` by ``softmax-axis``,
+        ``mask-after-softmax`` or ``mask-inverted``. The one exception: once the function is seen to be
+        ``nondeterministic`` (in any case), the perturbation leaks are explained by it everywhere, since noise
+        makes a perturbation experiment unable to tell a leak from chance.
+        """
+        by_case: dict[str, set[str]] = {}
+        for o in self.obs:
+            by_case.setdefault(o.case, set()).add(o.finding.code)
+
+        def explainer(o: _Obs) -> str | None:
+            code, seen = o.finding.code, by_case[o.case] - {o.finding.code}
+            if code == "reference-mismatch" and not o.finding.message.startswith("K/V"):
+                named = sorted(seen - set(_NOT_DIAGNOSES), key=list(FIXES).index)
+                return named[0] if named else None
+            if code in _LEAKS:
+                for c in _SPECIFIC:
+                    if c in seen:
+                        return c
+            if code in _PERTURBATION and noisy:
+                # the one exception to "within the same case": noise invalidates the perturbation experiment
+                # itself, and a repeated call can match bitwise by chance (dropout on a single key)
+                return "nondeterministic"
+            return None
+
+        noisy = any(o.finding.code == "nondeterministic" for o in self.obs)
+
+        kept: dict[str, Finding] = {}
+        explained: dict[str, Finding] = {}
+        for o in self.obs:
+            why = explainer(o)
+            if why is None:
+                kept.setdefault(o.finding.code, o.finding)
+            elif o.finding.code not in explained:
+                f = o.finding
+                explained[f.code] = Finding(f.code, f.message, f.evidence, f.fix, f.probe, f.severity, why)
         order = list(FIXES)
-        kept = sorted((self.findings[c] for c in codes if c not in explained), key=lambda f: order.index(f.code))
-        return tuple(kept), tuple(explained)
+        bugs = sorted(kept.values(), key=lambda f: order.index(f.code))
+        also = sorted((f for c, f in explained.items() if c not in kept), key=lambda f: order.index(f.code))
+        return tuple(bugs), tuple(also)
+
+
+def _single(code: str, combined: str) -> str:
+    """The message of one bug out of a combined explanation ``"... 1/sqrt(d_k); and ..."``."""
+    first, _, second = combined.partition("; and ")
+    return first if code == "scale-missing" else "your function " + second
+
+
+def _raised(e: CallError) -> str:
+    """``raised ValueError``, ``called sys.exit(3) (SystemExit)``, ``ended its process: ...``."""
+    if e.died:
+        return f"ended the process it ran in ({e.message.split(';')[0]})"
+    if e.type_name == "SystemExit":
+        return f"called sys.exit({e.exit_status!r}) (SystemExit)"
+    return f"raised {e.type_name}"
 
 
 class _Skip(Exception):

@@ -2,8 +2,8 @@
 
 >>> f = Finding("scale-missing", "scores are not scaled", "max error 0.4", "multiply by 1/sqrt(d_k)", "reference")
 >>> r = Report(target="f", framework="numpy", signature="fn(q, k, v)", findings=(f,))
->>> r.ok, r.codes
-(False, ('scale-missing',))
+>>> r.ok, r.codes, r.verdict, int(r.exit_status)
+(False, ('scale-missing',), 'bug', 1)
 """
 
 from __future__ import annotations
@@ -11,11 +11,32 @@ from __future__ import annotations
 import io
 import json
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 from ..errors import missing_extra
 
-__all__ = ["CODES", "Finding", "ProbeResult", "Report", "Unsupported"]
+__all__ = ["CODES", "CORE_PROBES", "ExitStatus", "Finding", "ProbeResult", "Report", "Unsupported"]
+
+
+class ExitStatus(IntEnum):
+    """The exit statuses of ``attnlab check`` (and ``check-model``), defined here and only here.
+
+    ``CLEAN`` (0): every core probe ran and no bug was found. ``BUG`` (1): at least one finding.
+    ``USAGE`` (2): a bad target or option (nothing was checked). ``INCOMPLETE`` (3): no bug found, but a core
+    probe could not run for a capability the function has (the report names it and why).
+    ``CHECKER_FAILURE`` (4): attnlab itself failed (a bug in the checker; the report, if any, says so).
+    """
+
+    CLEAN = 0
+    BUG = 1
+    USAGE = 2
+    INCOMPLETE = 3
+    CHECKER_FAILURE = 4
+
+
+#: The probes that must run (for what the function supports) before a report may say OK.
+CORE_PROBES = ("reference", "causal", "padding", "masked-rows")
 
 #: Every finding code, with its meaning in a few words (docs/checker.md explains each one).
 CODES: dict[str, str] = {
@@ -36,6 +57,7 @@ CODES: dict[str, str] = {
     "dtype": "the output dtype differs from the input dtype",
     "mutates-input": "the function writes into the caller's arrays",
     "timeout": "a call did not return within the time limit",
+    "output-type": "the output is not an array of the function's own library (a torch function returned NumPy)",
 }
 
 
@@ -53,9 +75,10 @@ class Finding:
     fix: str
     probe: str
     severity: str = "bug"
+    explained_by: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        return {
+        d = {
             "code": self.code,
             "severity": self.severity,
             "message": self.message,
@@ -63,11 +86,14 @@ class Finding:
             "fix": self.fix,
             "probe": self.probe,
         }
+        if self.explained_by:
+            d["explained_by"] = self.explained_by
+        return d
 
 
 @dataclass(frozen=True)
 class Unsupported:
-    """A capability that was not tested, and why (declared, not accepted by the signature, or refused)."""
+    """A capability (or, in ``Report.incomplete``, a core probe) that was not tested, and why."""
 
     capability: str
     reason: str
@@ -78,14 +104,16 @@ class Unsupported:
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """One probe: ``status`` is ``"passed"``, ``"failed"``, ``"skipped"`` (needs an unsupported capability) or
-    ``"not run"`` (after a timeout); ``calls`` function calls took ``seconds``."""
+    """One probe: ``status`` is ``"passed"`` (it saw no bug), ``"failed"`` (it saw at least one, listed in
+    ``codes``, explained ones included), ``"skipped"`` (needs a capability the function does not have) or
+    ``"not run"`` (not selected, or after a timeout or the worker's end); ``calls`` calls took ``seconds``."""
 
     name: str
     status: str
     calls: int = 0
     seconds: float = 0.0
     detail: str = ""
+    codes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,19 +122,26 @@ class ProbeResult:
             "calls": self.calls,
             "seconds": round(self.seconds, 4),
             "detail": self.detail,
+            "codes": list(self.codes),
         }
 
 
 @dataclass(frozen=True)
 class Report:
-    """The result of :func:`attnlab.check`: ``ok`` when no bug was found.
+    """The result of :func:`attnlab.check`: ``ok`` when the verdict is clean.
 
     Attributes:
         target: the function's name; framework, signature: how it was called.
-        findings: bugs, at most one per code (the first evidence; ``explained`` lists codes they account for).
-        notes: documented behaviours (severity ``"note"``).
+        findings: bugs, at most one per code (the first evidence not explained within its own case).
+        notes: documented behaviours (severity ``"note"``), and what the function printed.
         unsupported: capabilities not tested, with reasons.
         probes: each probe's status.
+        explained: codes seen only in cases where a named bug accounts for them; ``explained_findings`` holds
+            each one's first evidence and ``explained_by``.
+        incomplete: core probes that could not run for a capability the function has, with the reason; when
+            there are such and no bug, the verdict is ``"incomplete"``.
+        isolation: ``"worker process"`` (the function ran in its own process) or ``"in-process"``;
+            ``import_seconds``: how long the worker took to import the target (included in ``seconds``).
     """
 
     target: str
@@ -121,10 +156,26 @@ class Report:
     seconds: float = 0.0
     spec: dict[str, Any] = field(default_factory=dict)
     command: str = "check"
+    explained_findings: tuple[Finding, ...] = ()
+    incomplete: tuple[Unsupported, ...] = ()
+    isolation: str = "in-process"
+    import_seconds: float = 0.0
+
+    @property
+    def verdict(self) -> str:
+        """``"bug"`` (a finding), ``"incomplete"`` (no bug, but a core probe could not run) or ``"clean"``."""
+        if self.findings:
+            return "bug"
+        return "incomplete" if self.incomplete else "clean"
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        """True only for a clean verdict: every core probe ran and no bug was found."""
+        return self.verdict == "clean"
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return {"bug": ExitStatus.BUG, "incomplete": ExitStatus.INCOMPLETE, "clean": ExitStatus.CLEAN}[self.verdict]
 
     @property
     def codes(self) -> tuple[str, ...]:
@@ -133,8 +184,10 @@ class Report:
     @property
     def summary(self) -> str:
         """One line: the verdict, the codes, and what was not tested."""
-        if self.ok:
+        if self.verdict == "clean":
             head = "clean: no bug found"
+        elif self.verdict == "incomplete":
+            head = "no bug found, but not run: " + ", ".join(u.capability for u in self.incomplete)
         else:
             n = len(self.findings)
             head = f"{n} bug{'s' if n != 1 else ''} found: {', '.join(self.codes)}"
@@ -151,13 +204,19 @@ class Report:
             "command": self.command,
             "target": self.target,
             "ok": self.ok,
+            "verdict": self.verdict,
+            "exit_status": int(self.exit_status),
             "summary": self.summary,
             "framework": self.framework,
             "signature": self.signature,
             "findings": [f.as_dict() for f in self.findings],
             "notes": [f.as_dict() for f in self.notes],
             "explained": list(self.explained),
+            "explained_findings": [f.as_dict() for f in self.explained_findings],
             "unsupported": [u.as_dict() for u in self.unsupported],
+            "incomplete": [u.as_dict() for u in self.incomplete],
+            "isolation": self.isolation,
+            "import_seconds": round(self.import_seconds, 4),
             "probes": [p.as_dict() for p in self.probes],
             "calls": self.calls,
             "seconds": round(self.seconds, 4),
@@ -184,13 +243,29 @@ class Report:
             out += [("yellow", f"NOTE {f.code}: {f.message}"), ("", f"  evidence: {f.evidence}")]
             if f.fix:
                 out.append(("", f"  {f.fix}"))
-        if self.explained:
+        if self.explained_findings:
+            also = ", ".join(f"{f.code} (by {f.explained_by})" for f in self.explained_findings)
+            out.append(("dim", f"also seen, explained by the above in the same case: {also}"))
+        elif self.explained:
             out.append(("dim", f"also seen, explained by the above: {', '.join(self.explained)}"))
         for u in self.unsupported:
             out.append(("dim", f"not tested: {u.capability} ({u.reason})"))
+        for u in self.incomplete:
+            out.append(("bold yellow", f"NOT RUN {u.capability}: {u.reason}"))
         marks = {"passed": "ok", "failed": "FAIL", "skipped": "skip", "not run": "-"}
-        out.append(("dim", "probes: " + ", ".join(f"{p.name} {marks.get(p.status, p.status)}" for p in self.probes)))
-        out.append(("bold green" if self.ok else "bold red", ("OK " if self.ok else "FAILED ") + self.summary))
+
+        def mark(p: ProbeResult) -> str:
+            m = marks.get(p.status, p.status)
+            return f"{m} ({', '.join(p.codes)})" if p.status == "failed" and p.codes else m
+
+        out.append(("dim", "probes: " + ", ".join(f"{p.name} {mark(p)}" for p in self.probes)))
+        head = {
+            "clean": ("bold green", "OK "),
+            "incomplete": ("bold yellow", "INCOMPLETE "),
+            "bug": ("bold red", "FAILED "),
+        }
+        style, word = head[self.verdict]
+        out.append((style, word + self.summary))
         return out
 
     def to_text(self) -> str:

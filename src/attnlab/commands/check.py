@@ -1,20 +1,23 @@
 """``attnlab check``: run an attention function through the articles' tests and name the bug.
 
-Exit status: 0 when no bug is found, 1 when one is, 2 for usage errors (bad target or option).
+The target's module is imported, and the function called, in a worker process (:mod:`attnlab.check.isolation`):
+what it prints, how it exits and whatever it leaves running cannot reach this process's output or outlive it.
+
+Exit status (:class:`attnlab.check.ExitStatus`): 0 clean, 1 bug found, 2 usage error (bad target or option),
+3 incomplete (no bug, but a core probe could not run), 4 checker failure (a bug in attnlab).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
 from ..argtypes import float_type, int_type
-from ..errors import AttnlabError
+from ..check.target import TargetError
+from ..check.target import load_target as _load
+from ..cli import one_line
 
 NAME = "check"
 HELP = "check an attention function (file.py:func or package.module:func) and name its bugs"
@@ -23,57 +26,20 @@ _FRAMEWORKS = ("auto", "numpy", "torch", "jax")
 _SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
 _CONVENTIONS = ("allow", "block", "additive", "keep")
 
-#: ``--timeout`` at most, in seconds (a day).
+#: ``--timeout`` and ``--import-timeout`` at most, in seconds (a day).
 MAX_TIMEOUT = 86400.0
 
 
-class TargetError(AttnlabError):
-    """The target could not be imported or is not callable."""
-
-
-def _resolve_attr(obj: Any, dotted: str, where: str) -> Any:
-    for part in dotted.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise TargetError(f"{where} has no attribute {dotted!r}") from None
-    return obj
-
-
 def load_target(target: str) -> Any:
-    """The callable named by ``path/to/file.py:func`` or ``package.module:func`` (``func`` may be dotted)."""
-    if ":" not in target:
-        raise TargetError(f"target {target!r}: expected path/to/file.py:func or package.module:func")
-    where, _, attr = target.rpartition(":")
-    if not where or not attr:
-        raise TargetError(f"target {target!r}: expected path/to/file.py:func or package.module:func")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where)
-        if not path.is_file():
-            raise TargetError(f"target {target!r}: file {where} does not exist")
-        mod_name = f"_attnlab_check_{path.stem}_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(mod_name, path)
-        if spec is None or spec.loader is None:
-            raise TargetError(f"target {target!r}: cannot import {where}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
-        sys.path.insert(0, str(path.resolve().parent))
-        try:
-            spec.loader.exec_module(module)
-        except Exception as err:
-            sys.modules.pop(mod_name, None)
-            raise TargetError(f"target {target!r}: importing {where} failed: {type(err).__name__}: {err}") from err
-        finally:
-            sys.path.remove(str(path.resolve().parent))
-    else:
-        try:
-            module = importlib.import_module(where)
-        except Exception as err:
-            raise TargetError(f"target {target!r}: cannot import module {where}: {type(err).__name__}: {err}") from err
-    fn = _resolve_attr(module, attr, where)
-    if not callable(fn):
-        raise TargetError(f"target {target!r}: {attr} is a {type(fn).__name__}, not a function")
-    return fn
+    """The callable named by ``path/to/file.py:func`` or ``package.module:func``, imported in this process
+    (``check-model`` uses it); any failure while importing is a :class:`TargetError`."""
+    try:
+        return _load(target)
+    except TargetError:
+        raise
+    except Exception as err:
+        where = target.rpartition(":")[0]
+        raise TargetError(f"target {target!r}: importing {where} failed: {type(err).__name__}: {err}") from err
 
 
 def _csv(value: str) -> tuple[str, ...]:
@@ -114,11 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal-arg", default=None, help="name of the causal flag parameter")
     parser.add_argument("--scale-arg", default=None, help="name of the scale parameter")
     parser.add_argument("--probes", type=_csv, default=None, help="comma-separated probes to run (default all)")
+    seconds = float_type(positive=True, maximum=MAX_TIMEOUT, expected=f"a number of seconds in (0, {MAX_TIMEOUT}]")
     parser.add_argument(
-        "--timeout",
-        type=float_type(positive=True, maximum=MAX_TIMEOUT, expected=f"a number of seconds in (0, {MAX_TIMEOUT}]"),
-        default=10.0,
-        help=f"seconds one call may take, at most {MAX_TIMEOUT} (default 10)",
+        "--timeout", type=seconds, default=10.0, help=f"seconds one call may take, at most {MAX_TIMEOUT} (default 10)"
+    )
+    parser.add_argument(
+        "--import-timeout", type=seconds, default=60.0, help="seconds importing the target may take (default 60)"
     )
     parser.add_argument("--seed", type=int_type(minimum=0), default=0, help="random seed, >= 0 (default 0)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -129,37 +96,83 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..check import DTYPES, check
+    from ..check import DTYPES, ExitStatus, UsageError, check
 
-    fn = load_target(args.target)  # a TargetError, and the checker's UsageError, are usage errors (exit 2)
-    report = check(
-        fn,
-        framework=args.framework,
-        signature=args.signature,
-        mask_convention=args.mask_convention,
-        layout=args.layout,
-        returns=args.returns,
-        causal_only=args.causal_only,
-        causal_align=args.causal_align,
-        causal_value=args.causal_value,
-        gqa=args.gqa,
-        dtypes=args.dtypes or DTYPES,
-        unsupported=args.unsupported,
-        mask_arg=args.mask_arg,
-        causal_arg=args.causal_arg,
-        scale_arg=args.scale_arg,
-        timeout=args.timeout,
-        probes=args.probes,
-        seed=args.seed,
-        name=args.target,
-    )
+    try:
+        report = check(
+            args.target,
+            framework=args.framework,
+            signature=args.signature,
+            mask_convention=args.mask_convention,
+            layout=args.layout,
+            returns=args.returns,
+            causal_only=args.causal_only,
+            causal_align=args.causal_align,
+            causal_value=args.causal_value,
+            gqa=args.gqa,
+            dtypes=args.dtypes or DTYPES,
+            unsupported=args.unsupported,
+            mask_arg=args.mask_arg,
+            causal_arg=args.causal_arg,
+            scale_arg=args.scale_arg,
+            timeout=args.timeout,
+            import_timeout=args.import_timeout,
+            probes=args.probes,
+            seed=args.seed,
+            name=args.target,
+        )
+    except UsageError as err:
+        sys.stderr.write(f"attnlab check: error: {one_line(err)}\n")
+        return ExitStatus.USAGE
+    except Exception as err:  # a bug in the checker itself: say so, with a distinct status
+        import traceback
+
+        sys.stderr.write(f"attnlab check: checker failure (a bug in attnlab): {type(err).__name__}: {err}\n")
+        sys.stderr.write(traceback.format_exc(limit=-4))
+        if args.json:
+            _write(_failure_json(args.target, err) + "\n")
+        return ExitStatus.CHECKER_FAILURE
     if args.json:
-        sys.stdout.write(report.to_json() + "\n")
+        text = report.to_json() + "\n"  # built whole, then written once: stdout holds one JSON document
     else:
         color = not args.no_color and sys.stdout.isatty()
         width = args.width or (shutil.get_terminal_size().columns if color else 100)
         try:
-            sys.stdout.write(report.render(width=width, color=color))
+            text = report.render(width=width, color=color)
         except ImportError:
-            sys.stdout.write(report.to_text())
-    return 0 if report.ok else 1
+            text = report.to_text()
+    if not _write(text):
+        return ExitStatus.CHECKER_FAILURE
+    return report.exit_status
+
+
+def _write(text: str) -> bool:
+    """Write the report to stdout; False (and a line on stderr) when stdout is closed or broken."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except (OSError, ValueError) as err:
+        try:
+            sys.stderr.write(f"attnlab check: could not write the report to stdout: {err}\n")
+        except (OSError, ValueError):
+            pass
+        return False
+    return True
+
+
+def _failure_json(target: str, err: BaseException) -> str:
+    import json
+
+    from ..check import ExitStatus
+
+    return json.dumps(
+        {
+            "command": "check",
+            "target": target,
+            "ok": False,
+            "verdict": "checker-failure",
+            "exit_status": int(ExitStatus.CHECKER_FAILURE),
+            "error": f"{type(err).__name__}: {err}",
+        },
+        indent=2,
+    )
