@@ -52,6 +52,7 @@ __all__ = [
     "check_bench_options",
     "cpu_report",
     "decode_fit",
+    "decode_minimum",
     "decode_scaling",
     "gemm_rate",
     "long_context",
