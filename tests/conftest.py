@@ -23,3 +23,11 @@ def smollm2():
     from attnlab.models.gguf import load_smollm2
 
     return load_smollm2()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cpu_sensitive: results depend on the CPU's instruction set (AVX-512, AVX2, FMA); tests/test_fused.py runs "
+        "them again with AVX-512 switched off for NumPy and numba",
+    )

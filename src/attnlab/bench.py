@@ -1,7 +1,13 @@
 """Benchmarks that return data: tiled attention against naive dense attention, the GEMM floor and PyTorch.
 
-Every method runs on the same inputs in the same process, interleaved repetition by repetition (so a busy moment of
-the machine hits every method alike), and reports the median. Methods:
+By default every method runs on the same inputs in the same process (the tiled kernel and its floor interleaved
+repetition by repetition, so a busy moment of the machine hits both alike) and reports the median. With
+``isolate=P`` each method is timed in fresh Python processes instead, P per method and cell, the processes of the
+methods alternating, each importing only what its method needs (a PyTorch process never shares its OpenMP threads
+or allocator with NumPy's BLAS); the median of the processes' medians is reported. The ratio between two libraries
+depends on the CPU: OpenBLAS's AVX-512 kernels roughly double the products' rate against its AVX2 ones, while
+PyTorch's attention does not gain as much, so every result names the CPU, its instruction set and the kernels each
+library picked (:func:`cpu_report`, :func:`~attnlab.kernels.threads.blas_report`). Methods:
 
 * ``naive``: :func:`attnlab.scaled_dot_product_attention` (the whole ``[B, h, n, n]`` score matrix; skipped when
   its estimated memory exceeds ``naive_max_gb``); backward: :func:`attnlab.core.backward.attention_backward`;
@@ -19,8 +25,10 @@ the larger of the traced NumPy allocations' peak and the process's peak-RSS grow
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -31,14 +39,20 @@ from typing import Any
 
 import numpy as np
 
+from .errors import OptionError
 from .kernels.threads import BlasInfo, available_cores, blas_report
+from .validate import check_float, check_int
 
 __all__ = [
     "BenchResult",
     "BenchRow",
+    "CpuInfo",
     "DecodeRow",
     "LongRun",
+    "check_bench_options",
+    "cpu_report",
     "decode_fit",
+    "decode_minimum",
     "decode_scaling",
     "gemm_rate",
     "long_context",
@@ -132,6 +146,93 @@ def _torch_info() -> str | None:
     return f"torch {torch.__version__}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}"
 
 
+#: Environment variables that change which instruction set NumPy, numba or PyTorch uses (reported with the CPU).
+CPU_ENV = ("NPY_DISABLE_CPU_FEATURES", "NPY_ENABLE_CPU_FEATURES", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES",
+           "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")  # fmt: skip
+
+# The vector ISA of LLVM CPU names numba may be told to compile for with no feature list (NUMBA_CPU_FEATURES="").
+_LLVM_CPU_ISA = {"generic": "SSE2", "x86-64": "SSE2", "x86-64-v2": "SSE4.2", "x86-64-v3": "AVX2", "haswell": "AVX2",
+                 "broadwell": "AVX2", "skylake": "AVX2", "znver1": "AVX2", "znver2": "AVX2", "znver3": "AVX2",
+                 "x86-64-v4": "AVX-512", "skylake-avx512": "AVX-512", "icelake-server": "AVX-512",
+                 "sapphirerapids": "AVX-512", "znver4": "AVX-512", "znver5": "AVX-512"}  # fmt: skip
+
+
+def _isa(flags: set[str]) -> str:
+    """The widest vector instruction set in a set of CPU flags (``/proc/cpuinfo``'s or LLVM's feature names)."""
+    for flag, name in (("avx512f", "AVX-512"), ("avx2", "AVX2"), ("avx", "AVX"), ("sse4_2", "SSE4.2"),
+                       ("sse4.2", "SSE4.2"), ("sse2", "SSE2")):  # fmt: skip
+        if flag in flags:
+            return name
+    return platform.machine() or "unknown"
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """The CPU a benchmark ran on and the instruction set each library used on it.
+
+    ``model``: the CPU's name (``/proc/cpuinfo``); ``isa``: the widest vector instruction set it has (``AVX-512``,
+    ``AVX2``, ``AVX``, ``SSE4.2``, ...); ``numpy``: the SIMD target NumPy's float32 ``exp2`` dispatches to here
+    (``X86_V4`` is its AVX-512 code, ``baseline(X86_V2)`` SSE); ``numba``: the CPU numba compiles attnlab's fused
+    passes for and its instruction set (None without numba); ``env``: the variables of :data:`CPU_ENV` that are set.
+    The BLAS kernel is in :class:`~attnlab.kernels.threads.BlasInfo`, PyTorch's in ``BenchResult.torch``.
+    """
+
+    model: str
+    isa: str
+    numpy: str
+    numba: str | None
+    env: tuple[tuple[str, str], ...] = ()
+
+    def line(self) -> str:
+        """One line for benchmark output."""
+        env = " ".join(f"{k}={v}" for k, v in self.env) or "none"
+        return (
+            f"CPU: {self.model}, {self.isa}; NumPy float32 exp2: {self.numpy}; numba: {self.numba or 'not installed'}; "
+            f"env: {env}"
+        )
+
+
+def cpu_report() -> CpuInfo:
+    """The CPU this process runs on, its widest vector instruction set, and what NumPy and numba use of it."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    model = model or platform.processor() or platform.machine() or "unknown CPU"
+    isa = _isa(flags) if flags else "unknown"
+    try:
+        from numpy.lib.introspect import opt_func_info
+
+        numpy_target = opt_func_info(func_name="^exp2$", signature="float32")["exp2"]["ff"]["current"]
+    except (ImportError, KeyError):  # pragma: no cover - NumPy without the introspection module or the loop
+        numpy_target = "unknown"
+    numba_target = None
+    if importlib.util.find_spec("numba") is not None:
+        try:
+            import llvmlite.binding as ll
+            import numba
+            from numba.core.codegen import get_host_cpu_features
+
+            name = numba.config.CPU_NAME or ll.get_host_cpu_name()
+            features = numba.config.CPU_FEATURES
+            if features is None:
+                features = get_host_cpu_features()
+            on = {f[1:] for f in features.split(",") if f.startswith("+")}
+            target_isa = _isa(on) if on else _LLVM_CPU_ISA.get(name, "the CPU name's defaults")
+            numba_target = f"{name} ({target_isa})"
+        except Exception as err:  # numba installed but broken: say so, the benchmark still runs without it
+            numba_target = f"does not load ({type(err).__name__})"
+    env = tuple((k, os.environ[k]) for k in CPU_ENV if k in os.environ)
+    return CpuInfo(model=model, isa=isa, numpy=numpy_target, numba=numba_target, env=env)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # results
 
@@ -155,6 +256,7 @@ class BenchRow:
     vs_floor: float | None
     peak_mb: float | None
     note: str = ""
+    min_s: float | None = None  # the fastest timed call (with isolate: of every process's calls)
 
 
 @dataclass(frozen=True)
@@ -193,12 +295,25 @@ class BenchResult:
     config: dict[str, Any]
     decode: tuple[DecodeRow, ...] = ()
     long: LongRun | None = None
+    cpu: CpuInfo | None = None
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["blas_line"] = self.blas.line()
+        d["cpu_line"] = self.cpu.line() if self.cpu is not None else None
+        d["timing"] = self.timing()
         return d
+
+    def timing(self) -> str:
+        """How the times were taken (one process, or each method in fresh processes)."""
+        p = self.config.get("isolate")
+        if p:
+            return (
+                f"timing: each method in fresh processes, {p} per method and cell, alternating; one untimed call, "
+                f"then {self.config['repetitions']} timed calls per process; median of the processes' medians"
+            )
+        return "timing: every method in this process (tiled and floor interleaved); median of the repetitions"
 
     def write_json(self, path: str) -> None:
         with open(path, "w") as f:
@@ -208,8 +323,10 @@ class BenchResult:
         """The table ``attnlab bench`` prints."""
         lines = [
             f"attnlab bench  {self.created}  cores={self.cores}  GEMM rate {self.gemm_gflops:.0f} GFLOP/s (float32)",
+            self.cpu.line() if self.cpu is not None else "CPU: not recorded",
             self.blas.line() + (f"; tiled: {self.config['kernel']}" if self.config.get("kernel") else ""),
             f"PyTorch: {self.torch or 'not installed'}",
+            self.timing(),
             "",
             f"{'pass':<8} {'n':>6} {'d':>4} {'causal':>6} {'method':<6} {'median ms':>10} {'min ms':>9} {'GFLOP/s':>8} "
             f"{'%GEMM':>6} {'×torch':>7} {'×floor':>7} {'peak MB':>8}",
@@ -222,7 +339,7 @@ class BenchResult:
             lines.append(
                 f"{r.pass_:<8} {r.n:>6} {r.d:>4} {'yes' if r.causal else 'no':>6} {r.method:<6} "
                 f"{f(None if r.median_s is None else r.median_s * 1e3, '.1f'):>10} "
-                f"{f(min(r.times) * 1e3 if r.times else None, '.1f'):>9} {f(r.gflops, '.1f'):>8} "
+                f"{f(r.min_s * 1e3 if r.min_s is not None else None, '.1f'):>9} {f(r.gflops, '.1f'):>8} "
                 f"{f(None if r.gemm_fraction is None else 100 * r.gemm_fraction, '.0f'):>6} "
                 f"{f(r.vs_torch, '.2f'):>7} {f(r.vs_floor, '.2f'):>7} {f(r.peak_mb, '.1f'):>8}"
                 + (f"  {r.note}" if r.note else "")
@@ -385,6 +502,154 @@ def _groups(names: list[str]) -> list[list[str]]:
 SETTLE_S = 0.05
 
 
+def _ints(name: str, values: Any, minimum: int) -> list[int]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise OptionError(f"{name}: expected a non-empty list of ints >= {minimum}, got {values!r}")
+    out = [check_int(name, v, minimum=minimum) for v in values]
+    if not out:
+        raise OptionError(f"{name}: expected a non-empty list of ints >= {minimum}, got []")
+    return out
+
+
+def decode_minimum(repetitions: int) -> int:
+    """The shortest context :func:`decode_scaling` can time with ``max(9, repetitions)`` steps: one step's worth
+    of warm-up, the timed steps and one token before them."""
+    return max(9, repetitions) + 2
+
+
+def check_bench_options(
+    *,
+    sizes: Sequence[int] = (1024, 2048, 4096),
+    d: Sequence[int] = (64,),
+    heads: int = 8,
+    batch: int = 1,
+    causal: Sequence[bool] = (False, True),
+    repetitions: int = 3,
+    methods: Sequence[str] = METHODS,
+    backward: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_threads: int | None = None,
+    naive_max_gb: float = 4.0,
+    decode_contexts: Sequence[int] = (),
+    long_n: int | None = None,
+    isolate: int | None = None,
+) -> None:
+    """Raise :class:`~attnlab.errors.OptionError` naming the first option of :func:`run_bench` that cannot run,
+    before any work (``attnlab bench`` calls it before it starts)."""
+    _ints("sizes", sizes, 1)
+    _ints("d", d, 1)
+    check_int("heads", heads, minimum=1)
+    check_int("batch", batch, minimum=1)
+    if isinstance(causal, (str, bytes)) or not list(causal) or not all(isinstance(c, bool) for c in causal):
+        raise OptionError(f"causal: expected a non-empty list of bools, got {causal!r}")
+    check_int("repetitions", repetitions, minimum=1)
+    if isinstance(methods, (str, bytes)) or not list(methods):
+        raise OptionError(f"methods: expected a non-empty list of {', '.join(METHODS)}, got {methods!r}")
+    for name in methods:
+        if name not in METHODS:
+            raise OptionError(f"methods: unknown method {name!r}; expected some of {', '.join(METHODS)}")
+    if not isinstance(backward, bool):
+        raise OptionError(f"backward: expected a bool, got {backward!r}")
+    for name, value in (("block_q", block_q), ("block_k", block_k), ("num_threads", num_threads)):
+        if value is not None:
+            check_int(name, value, minimum=1)
+    check_float("naive_max_gb", naive_max_gb, minimum=0.0, finite=False)
+    if decode_contexts:
+        _ints("decode_contexts", decode_contexts, decode_minimum(repetitions))
+    if long_n is not None:
+        check_int("long_n", long_n, minimum=1)
+    if isolate is not None:
+        check_int("isolate", isolate, minimum=1)
+
+
+def _time_in_process(
+    fns: dict[str, Callable[[], Any] | str], backward: bool, repetitions: int, tick: Callable[[], None]
+) -> tuple[dict[str, list[float]], dict[str, float | None]]:
+    """Peak memory of one untimed call each, then the schedule of :func:`_groups`; ``(times, peaks)``."""
+    peaks: dict[str, float | None] = {}
+    for name, fn in fns.items():
+        if callable(fn):
+            _, peaks[name] = peak_memory(fn)
+    tick()
+    times: dict[str, list[float]] = {name: [] for name, fn in fns.items() if callable(fn)}
+    groups = _groups(list(times))
+    step = 0
+    for group in groups:
+        for name in group:  # untimed: absorbs what the previous group left behind (see SETTLE_S)
+            fns[name]()  # type: ignore[operator]
+        for _ in range(repetitions):
+            for name in group:
+                time.sleep(SETTLE_S)
+                t = time.perf_counter()
+                r = fns[name]()  # type: ignore[operator]
+                elapsed = time.perf_counter() - t
+                if name == "torch" and backward:
+                    elapsed = float(r)  # the backward alone
+                times[name].append(elapsed)
+            step += 1
+            if step % len(groups) == 0:  # `repetitions` ticks per cell, whatever the number of groups
+                tick()
+    return times, peaks
+
+
+def _isolated_child(spec: str) -> None:  # pragma: no cover - runs in a subprocess (tested through run_bench)
+    """One method, one cell, in a fresh process: one untimed call (its peak memory), then the timed calls; prints
+    one JSON line."""
+    a = json.loads(spec)
+    rng = np.random.default_rng(a["seed"])
+    shape = (a["batch"], a["heads"], a["n"], a["d"])
+    q, k, v = (rng.standard_normal(shape, dtype=np.float32) for _ in range(3))
+    if a["method"] in ("tiled", "floor"):
+        _warm_up_tiled(a["kw"])
+    fn = _make_methods(q, k, v, a["causal"], a["backward"], [a["method"]], a["kw"], True)[a["method"]]
+    assert callable(fn)
+    _, peak = peak_memory(fn)
+    times = []
+    for _ in range(a["repetitions"]):
+        time.sleep(SETTLE_S)
+        t = time.perf_counter()
+        r = fn()
+        elapsed = time.perf_counter() - t
+        times.append(float(r) if a["method"] == "torch" and a["backward"] else elapsed)
+    print(json.dumps({"times": times, "peak_mb": peak}))
+
+
+def _run_isolated(spec: dict[str, Any], timeout: float = 1800) -> dict[str, Any]:
+    code = f"from attnlab.bench import _isolated_child; _isolated_child({json.dumps(json.dumps(spec))})"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_child_env(), check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"isolated {spec['method']} run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+        )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _time_isolated(
+    fns: dict[str, Callable[[], Any] | str],
+    spec: dict[str, Any],
+    processes: int,
+    tick: Callable[[], None],
+) -> tuple[dict[str, list[float]], dict[str, float | None], dict[str, float]]:
+    """``processes`` fresh processes per method, the methods alternating (the first method of each round rotates);
+    ``(per-process medians, peak MB of the first process, fastest call)``."""
+    names = [name for name, fn in fns.items() if callable(fn)]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    peaks: dict[str, float | None] = {}
+    fastest: dict[str, float] = {}
+    for p in range(processes):
+        order = names[p % len(names) :] + names[: p % len(names)] if names else []
+        for name in order:
+            got = _run_isolated({**spec, "method": name})
+            times[name].append(statistics.median(got["times"]))
+            peaks.setdefault(name, got["peak_mb"])
+            fastest[name] = min(fastest.get(name, float("inf")), *got["times"])
+        tick()
+    return times, peaks, fastest
+
+
 def run_bench(
     *,
     sizes: Sequence[int] = (1024, 2048, 4096),
@@ -401,6 +666,7 @@ def run_bench(
     naive_max_gb: float = 4.0,
     decode_contexts: Sequence[int] = (),
     long_n: int | None = None,
+    isolate: int | None = None,
     progress: Progress | None = None,
     seed: int = 0,
 ) -> BenchResult:
@@ -410,24 +676,36 @@ def run_bench(
         sizes, d, heads, batch, causal: the grid.
         repetitions: timed runs per method and cell (the median is reported): tiled and floor interleaved, every
             other method in a block of its own after one untimed call, each timed call after :data:`SETTLE_S` of
-            idle. One more untimed run per cell measures peak memory.
+            idle. One more untimed run per cell measures peak memory. With ``isolate``: the timed calls in each
+            process.
         methods: some of ``naive``, ``tiled``, ``floor``, ``torch``.
         backward: also time the backward pass (tiled, naive analytic and torch autograd).
         block_q, block_k, num_threads: passed to the tiled kernel.
         naive_max_gb: skip the naive method where its score matrices would need more memory than this.
-        decode_contexts: also time a KV-cache decode step at these context lengths (:func:`decode_scaling`).
+        decode_contexts: also time a KV-cache decode step at these context lengths (:func:`decode_scaling`; each
+            at least :func:`decode_minimum` tokens).
         long_n: also run one causal single-head d=64 forward at this n in a fresh process (:func:`long_context`).
+        isolate: time each method in ``isolate`` fresh Python processes per cell instead of this one (the methods'
+            processes alternating; each process makes one untimed call, then ``repetitions`` timed ones): the
+            median of the processes' medians is reported, and the ratios are computed from those medians.
         progress: called as ``progress(description, done, total)`` after every step.
+
+    Raises:
+        OptionError: an option that cannot run (:func:`check_bench_options`), before any work.
 
     Returns:
         :class:`BenchResult`; ``result.table()`` is what ``attnlab bench`` prints.
     """
-    if repetitions < 1:
-        raise ValueError(f"repetitions: expected an int >= 1, got {repetitions}")
+    check_bench_options(
+        sizes=sizes, d=d, heads=heads, batch=batch, causal=causal, repetitions=repetitions, methods=methods,
+        backward=backward, block_q=block_q, block_k=block_k, num_threads=num_threads, naive_max_gb=naive_max_gb,
+        decode_contexts=decode_contexts, long_n=long_n, isolate=isolate,
+    )  # fmt: skip
     kw = {"block_q": block_q, "block_k": block_k, "num_threads": num_threads}
     passes = ("forward", "backward") if backward else ("forward",)
     cells = [(p, n, dd, c) for p in passes for dd in d for c in causal for n in sizes]
-    total = len(cells) * (repetitions + 1) + 1 + len(decode_contexts) + (1 if long_n else 0)
+    per_cell = isolate if isolate else repetitions + 1
+    total = len(cells) * per_cell + 1 + len(decode_contexts) + (1 if long_n else 0)
     done = 0
 
     def tick(desc: str) -> None:
@@ -441,34 +719,34 @@ def run_bench(
     tick("GEMM rate")
     rng = np.random.default_rng(seed)
     rows: list[BenchRow] = []
-    for pass_, n, dd, c in cells:
-        q, k, v = (rng.standard_normal((batch, heads, n, dd), dtype=np.float32) for _ in range(3))
-        naive_ok = _naive_bytes(batch, heads, n) <= naive_max_gb * 2**30
-        fns = _make_methods(q, k, v, c, pass_ == "backward", methods, kw, naive_ok)
+    for index, (pass_, n, dd, c) in enumerate(cells):
         label = f"{pass_} n={n} d={dd} causal={c}"
-        peaks: dict[str, float | None] = {}
-        for name, fn in fns.items():
-            if callable(fn):
-                _, peaks[name] = peak_memory(fn)
-        tick(f"{label}: warm-up")
-        times: dict[str, list[float]] = {name: [] for name, fn in fns.items() if callable(fn)}
-        groups = _groups(list(times))
-        step = 0
-        for group in groups:
-            for name in group:  # untimed: absorbs what the previous group left behind (see SETTLE_S)
-                fns[name]()
-            for _ in range(repetitions):
-                for name in group:
-                    time.sleep(SETTLE_S)
-                    t = time.perf_counter()
-                    r = fns[name]()
-                    elapsed = time.perf_counter() - t
-                    if name == "torch" and pass_ == "backward":
-                        elapsed = float(r)  # the backward alone
-                    times[name].append(elapsed)
-                step += 1
-                if step % len(groups) == 0:  # `repetitions` ticks per cell, whatever the number of groups
-                    tick(f"{label}: {step // len(groups)}/{repetitions} of the repetitions")
+        naive_ok = _naive_bytes(batch, heads, n) <= naive_max_gb * 2**30
+        fastest: dict[str, float] = {}
+        if isolate:
+            # the processes make their own inputs: no arrays here, only what is skipped and why
+            fns: dict[str, Callable[[], Any] | str] = {}
+            for name in methods:
+                if name == "naive" and not naive_ok:
+                    fns[name] = "skipped: the dense score matrices exceed --naive-max-gb"
+                elif name == "floor" and pass_ == "backward":
+                    fns[name] = "skipped: the floor is measured for the forward"
+                elif name == "torch" and importlib.util.find_spec("torch") is None:
+                    fns[name] = "skipped: PyTorch not installed"
+                else:
+                    fns[name] = _no_call
+            spec = {"seed": seed + index, "batch": batch, "heads": heads, "n": n, "d": dd, "causal": c,
+                    "backward": pass_ == "backward", "kw": kw, "repetitions": repetitions}  # fmt: skip
+            times, peaks, fastest = _time_isolated(
+                fns, spec, isolate, lambda label=label: tick(f"{label}: one process of each method")
+            )
+        else:
+            q, k, v = (rng.standard_normal((batch, heads, n, dd), dtype=np.float32) for _ in range(3))
+            fns = _make_methods(q, k, v, c, pass_ == "backward", methods, kw, naive_ok)
+            steps = iter(["warm-up", *(f"{i + 1}/{repetitions} of the repetitions" for i in range(repetitions))])
+            times, peaks = _time_in_process(
+                fns, pass_ == "backward", repetitions, lambda label=label, steps=steps: tick(f"{label}: {next(steps)}")
+            )
         med = {name: statistics.median(ts) for name, ts in times.items()}
         fl = _flops(batch, heads, n, dd, c, pass_ == "backward")
         for name in methods:
@@ -495,6 +773,7 @@ def run_bench(
                     vs_torch=m / med["torch"] if "torch" in med else None,
                     vs_floor=m / med["floor"] if "floor" in med else None,
                     peak_mb=peaks.get(name),
+                    min_s=fastest.get(name, min(times[name])),
                 )
             )
     decode: list[DecodeRow] = []
@@ -525,11 +804,17 @@ def run_bench(
             "block_q": block_q,
             "block_k": block_k,
             "num_threads": num_threads,
+            "isolate": isolate,
             "dtype": "float32",
         },
         decode=tuple(decode),
         long=long,
+        cpu=cpu_report(),
     )
+
+
+def _no_call() -> None:  # pragma: no cover - a placeholder: isolated methods run in their own processes
+    raise RuntimeError("isolated methods run in their own processes")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -592,6 +877,14 @@ def decode_fit(rows: Sequence[DecodeRow]) -> tuple[float, float, float] | None:
     return float(a), float(b), worst
 
 
+def _child_env() -> dict[str, str]:
+    """This process's environment, with this copy of attnlab first on the child's path."""
+    env = dict(os.environ)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
 def _long_child(n: int, d: int, heads: int) -> None:  # pragma: no cover - runs in a subprocess
     from .kernels.tiled import flash_attention
 
@@ -614,11 +907,8 @@ def long_context(n: int = 65536, *, d: int = 64, heads: int = 1, timeout: float 
     """Run one causal forward at ``n`` tokens in a fresh Python process (NumPy and attnlab only) and report its
     time and the whole process's peak RSS."""
     code = f"from attnlab.bench import _long_child; _long_child({int(n)}, {int(d)}, {int(heads)})"
-    env = dict(os.environ)
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env, check=False
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_child_env(), check=False
     )
     if proc.returncode != 0:
         raise RuntimeError(f"long-context run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")

@@ -1,12 +1,18 @@
 """``attnlab bench``: time tiled attention against naive dense attention, the GEMM floor and PyTorch SDPA.
 
-For reproducible numbers on OpenBLAS machines, note the kernel line it prints: ``OPENBLAS_CORETYPE`` and
-``OPENBLAS_L2_SIZE`` in the environment change which GEMM kernel runs.
+The output starts with the CPU (model, widest vector instruction set, what NumPy and numba use of it), the BLAS
+kernel and PyTorch's CPU capability: a ratio between two libraries holds for that CPU only (OpenBLAS's AVX-512
+kernels roughly double the rate of its AVX2 ones; ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` in the
+environment change which kernel runs). ``--isolate`` times each method in fresh processes, alternating, for a
+ratio no library's threads or allocator can tilt. Every option is checked before any work: a bad one is one line
+on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import sys
 
 NAME = "bench"
@@ -39,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", type=int, nargs="*", default=None, metavar="CONTEXT", help=decode_help)
     long_help = "also run a causal 1-head d=64 forward at N tokens in a fresh process (peak RSS)"
     parser.add_argument("--long", type=int, default=None, metavar="N", help=long_help)
+    isolate_help = "time each method in P fresh processes per cell (default 3), alternating; medians of their medians"
+    parser.add_argument("--isolate", type=int, nargs="?", const=3, default=None, metavar="P", help=isolate_help)
     parser.add_argument("--json", default=None, metavar="PATH", help="write every measurement as JSON")
     parser.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of time and memory against n")
     parser.add_argument("--no-progress", action="store_true")
@@ -53,11 +61,38 @@ class _PlainProgress:
         self.stream.flush()
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..bench import plot, run_bench
+#: run_bench's argument -> the option that sets it, so that an error names what the user typed
+FLAGS = {"sizes": "--sizes", "d": "--d", "heads": "--heads", "batch": "--batch", "repetitions": "--repetitions",
+         "block_q": "--block-q", "block_k": "--block-k", "num_threads": "--threads", "naive_max_gb": "--naive-max-gb",
+         "decode_contexts": "--decode", "long_n": "--long", "isolate": "--isolate"}  # fmt: skip
 
+
+def _check_output(option: str, path: str) -> None:
+    """An output file that can be written: its folder exists and is writable, and it is not a folder itself."""
+    from ..errors import OptionError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise OptionError(f"{option}: {path!r} is a directory; expected a file path")
+    if not os.path.isdir(folder):
+        raise OptionError(f"{option}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise OptionError(f"{option}: {path!r} is not writable")
+
+
+def _kwargs(args: argparse.Namespace) -> dict:
+    from ..bench import decode_minimum
+    from ..errors import OptionError
+
+    if args.decode is not None:
+        short = [c for c in args.decode if c < decode_minimum(args.repetitions)]
+        if short:  # named as the option the user typed, not the library's argument
+            raise OptionError(
+                f"--decode: each context must be >= {decode_minimum(args.repetitions)} tokens (the timed steps need "
+                f"them), got {short[0]}"
+            )
     decode = None if args.decode is None else (args.decode or [1024, 2048, 4096, 8192])
-    kwargs = dict(
+    return dict(
         sizes=args.sizes,
         d=args.d,
         heads=args.heads,
@@ -72,7 +107,27 @@ def run(args: argparse.Namespace) -> int:
         naive_max_gb=args.naive_max_gb,
         decode_contexts=decode or (),
         long_n=args.long,
+        isolate=args.isolate,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import check_bench_options, plot, run_bench
+    from ..errors import OptionError
+
+    try:  # every option, before any work
+        kwargs = _kwargs(args)
+        check_bench_options(**kwargs)
+        if args.json:
+            _check_output("--json", args.json)
+        if args.plot:
+            _check_output("--plot", args.plot)
+            if importlib.util.find_spec("matplotlib") is None:
+                raise OptionError("--plot: needs matplotlib: pip install 'attnlab[plot]'")
+    except OptionError as err:
+        name, sep, rest = str(err).partition(": ")
+        sys.stderr.write(f"attnlab bench: error: {FLAGS.get(name, name)}{sep}{rest}\n")
+        return 2
     try:
         if args.no_progress:
             result = run_bench(**kwargs)
@@ -91,12 +146,17 @@ def run(args: argparse.Namespace) -> int:
                     result = run_bench(progress=update, **kwargs)
     except (ValueError, RuntimeError) as err:
         sys.stderr.write(f"attnlab bench: error: {err}\n")
-        return 2
+        return 1
     sys.stdout.write(result.table())
-    if args.json:
-        result.write_json(args.json)
-        sys.stdout.write(f"wrote {args.json}\n")
-    if args.plot:
-        plot(result, args.plot)
-        sys.stdout.write(f"wrote {args.plot}\n")
+    for option, path, write in (
+        ("--json", args.json, result.write_json),
+        ("--plot", args.plot, lambda p: plot(result, p)),
+    ):
+        if path:
+            try:
+                write(path)
+            except OSError as err:  # the folder went away or filled up during the run
+                sys.stderr.write(f"attnlab bench: error: {option}: could not write {path!r}: {err.strerror or err}\n")
+                return 1
+            sys.stdout.write(f"wrote {path}\n")
     return 0
