@@ -189,3 +189,44 @@ def test_no_overflow_with_huge_logits(dtype, big):
 def test_lists_are_accepted():
     out = attnlab.scaled_dot_product_attention([[1.0, 0.0]], [[1.0, 0.0]], [[3.0]])
     np.testing.assert_array_equal(out, [[3.0]])
+
+
+def test_logits_overflow_error_builder_names_everything():
+    from attnlab.errors import RangeError, logits_overflow_error
+
+    err = logits_overflow_error(
+        (0, 1, 2),
+        float("inf"),
+        5,
+        (2, 3, 3),
+        "float32",
+        q_max=1e20,
+        k_max=3.0,
+        bias_max=None,
+        scale=0.5,
+        temperature=1.0,
+    )
+    assert isinstance(err, RangeError) and isinstance(err, ValueError)
+    assert str(err) == (
+        "logits: (scale · Q Kᵀ + bias) / temperature overflow float32 (largest finite 3.402823e+38) from finite "
+        "inputs; inf at (*batch, query, key) index (0, 1, 2) (5 of 18 entries, logits (2, 3, 3)); inputs: max |q| "
+        "1e+20, max |k| 3, no bias, scale 0.5, temperature 1. Fix: a smaller scale or smaller q/k/bias, a larger "
+        "temperature, or float64 inputs"
+    )
+    err = logits_overflow_error(
+        (1, 0),
+        float("nan"),
+        -1,
+        (4, 4),
+        "float64",
+        q_max=1.0,
+        k_max=1.0,
+        bias_max=1e308,
+        scale=1.0,
+        temperature=0.1,
+        index_layout="(query, key)",
+        note="Recomputed in float64.",
+    )
+    assert "nan at (query, key) index (1, 0) (logits (4, 4))" in str(err)
+    assert "max |bias| 1e+308" in str(err) and "Recomputed in float64. Fix:" in str(err)
+    assert not str(err).endswith("float64 inputs")
