@@ -22,7 +22,7 @@ from attnlab.core.multihead import (
     split_heads,
     sum_kv_groups,
 )
-from attnlab.errors import DTypeError, MaskedRowError, ShapeError
+from attnlab.errors import DTypeError, MaskedRowError, OptionError, ShapeError
 
 
 def random_weights(rng, d_model, h, h_kv=None, d=None, d_kv=None, bias=True):
@@ -75,7 +75,7 @@ def test_split_merge_shapes_and_values():
 def test_split_heads_error():
     with pytest.raises(ShapeError, match=r"last dim 10 .* not divisible by num_heads=4"):
         split_heads(np.zeros((1, 2, 10)), 4)
-    with pytest.raises(ShapeError, match="num_heads"):
+    with pytest.raises(OptionError, match="num_heads: expected an int >= 1, got 0"):
         split_heads(np.zeros((1, 2, 8)), 0)
     with pytest.raises(ShapeError, match=r"expected \[..., h, n, d\]"):
         merge_heads(np.zeros((2, 3)))

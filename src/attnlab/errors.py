@@ -18,6 +18,7 @@ __all__ = [
     "DTypeError",
     "MaskError",
     "MaskedRowError",
+    "MemoryLimitError",
     "MissingExtraError",
     "NonFiniteError",
     "OptionError",
@@ -70,6 +71,14 @@ class RangeError(AttnlabError, ValueError):
 
     For example logits ``(Q Kᵀ · scale + bias) / temperature`` that overflow to infinity, or a value a float16 KV
     cache cannot hold. The message names what overflowed, its largest magnitude and the dtype's limit.
+    """
+
+
+class MemoryLimitError(AttnlabError, MemoryError):
+    """A dense computation would need more memory than its limit (``max_bytes``) or than the machine has.
+
+    The message says how many bytes it needs, what was counted, and points to :func:`attnlab.flash_attention`,
+    which computes the same attention in O(n) memory.
     """
 
 

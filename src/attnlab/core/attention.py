@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._arrays import index_tuples
-from ..errors import masked_rows_error
-from .inputs import Causal, MaskedRows, Prepared, prepare
+import numpy as np
+
+from .._arrays import index_tuples, shape_of, to_numpy
+from ..errors import MemoryLimitError, RangeError, logits_overflow_error, masked_rows_error
+from ..validate import check_int
+from .inputs import Causal, MaskedRows, Prepared, cast_checked, in_float64, max_abs, prepare
 from .softmax import masked_softmax
 
-__all__ = ["AttentionTrace", "attention_trace", "scaled_dot_product_attention"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "AttentionTrace",
+    "attention_trace",
+    "check_dense_size",
+    "dense_bytes",
+    "scaled_dot_product_attention",
+]
 
 
 @dataclass(frozen=True)
@@ -47,8 +58,94 @@ class AttentionTrace:
     policy: str
 
 
-def _forward(p: Prepared) -> AttentionTrace:
+#: The default ``max_bytes`` of the dense path: 16 GiB (beyond it, :func:`attnlab.flash_attention` is the tool).
+DEFAULT_MAX_BYTES = 16 * 2**30
+
+#: Arrays of the scores' shape the dense path holds at its peak, in the compute dtype: ``Q Kᵀ``, the logits and
+#: one temporary of forming them (bias, temperature), their masked copy, the exponentials, the weights, the trace's
+#: ``-inf``-filled logits (measured with tracemalloc: 49-56 bytes per score entry in float64, 25-28 in float32).
+DENSE_FLOAT_ARRAYS = 7
+#: Boolean arrays of the scores' shape at the same time: the allowed mask and the overflow check.
+DENSE_BOOL_ARRAYS = 2
+
+
+def dense_bytes(scores_shape: tuple[int, ...], dtype: Any) -> int:
+    """An estimate of the peak memory of the dense path, in bytes, for scores ``[*batch, n_q, n_k]`` in ``dtype``.
+
+    ``DENSE_FLOAT_ARRAYS`` (7) arrays of the scores' shape in the compute dtype plus ``DENSE_BOOL_ARRAYS`` (2)
+    boolean ones; inputs (a dense mask or bias among them), outputs and ``[..., n_q]`` row statistics are not
+    counted.
+
+    >>> round(dense_bytes((200_000, 200_000), "float64") / 2**40, 2)  # TiB; the scores alone would be 298 GiB
+    2.11
+    """
+    n = math.prod(int(d) for d in scores_shape)
+    itemsize = 4 if "32" in str(dtype) else 8
+    return n * (DENSE_FLOAT_ARRAYS * itemsize + DENSE_BOOL_ARRAYS)
+
+
+def _gib(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _memory_error(p: Prepared, max_bytes: int | None) -> MemoryLimitError:
+    dtype = str(p.q.dtype).replace("torch.", "")
+    need = dense_bytes(p.scores_shape, dtype)
+    limit = "the memory available" if max_bytes is None else f"max_bytes={max_bytes} ({_gib(max_bytes)})"
+    return MemoryLimitError(
+        f"q, k, v: the dense path needs about {_gib(need)} for scores {p.scores_shape} [..., n_q, n_k] in {dtype} "
+        f"({DENSE_FLOAT_ARRAYS} {dtype} arrays of that shape: Q Kᵀ, logits, a temporary, masked logits, exp, "
+        f"weights, the trace's logits; and {DENSE_BOOL_ARRAYS} bool ones), more than {limit}. Use "
+        f"attnlab.flash_attention (exact, "
+        f"O(n) memory: the scores are never formed), or pass a larger max_bytes= (None: no limit)"
+    )
+
+
+def check_dense_size(p: Prepared, max_bytes: int | None) -> None:
+    """Raise :class:`~attnlab.errors.MemoryLimitError` when :func:`dense_bytes` of ``p`` exceeds ``max_bytes``."""
+    if max_bytes is None:
+        return
+    if dense_bytes(p.scores_shape, str(p.q.dtype)) > max_bytes:
+        raise _memory_error(p, max_bytes)
+
+
+def _overflow(p: Prepared, s: Any, bad: Any, note: str = "") -> Exception:
     xp = p.xp
+    where = np.argwhere(to_numpy(bad))
+    index = tuple(int(i) for i in where[0])
+    value = float(to_numpy(xp.broadcast_to(s, shape_of(bad)))[index])
+    return logits_overflow_error(
+        index,
+        value,
+        len(where),
+        p.scores_shape,
+        str(p.q.dtype).replace("torch.", ""),
+        q_max=max_abs(xp, p.q),
+        k_max=max_abs(xp, p.k),
+        bias_max=max_abs(xp, p.bias_source if p.bias_source is not None else None),
+        scale=p.scale,
+        temperature=p.temperature,
+        note=note,
+    )
+
+
+def _forward(p: Prepared, max_bytes: int | None) -> AttentionTrace:
+    check_dense_size(p, max_bytes)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked for below, and explained
+            return _forward_dense(p, max_bytes)
+    except MemoryError as err:
+        if isinstance(err, MemoryLimitError):
+            raise
+        raise _memory_error(p, None) from err
+
+
+def _forward_dense(p: Prepared, max_bytes: int | None) -> AttentionTrace:
+    xp = p.xp
+    float32 = p.q.dtype != xp.float64
     scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]
     s = scores * p.scale
     if p.bias is not None:
@@ -56,6 +153,13 @@ def _forward(p: Prepared) -> AttentionTrace:
     if p.temperature != 1.0:
         s = s / p.temperature
     allowed = p.allowed()  # [..., n_q, n_k]
+    bad = xp.logical_and(allowed, xp.logical_not(xp.isfinite(s)))  # overflow at an entry that counts
+    if bool(xp.any(bad)):
+        if float32:
+            return _forward(in_float64(p), max_bytes)
+        note = "The inputs were already recomputed in float64." if p.out_dtype != xp.float64 else ""
+        raise _overflow(p, s, bad, note)
+    del bad
     weights, lse, empty = masked_softmax(s, allowed)  # [..., n_q, n_k], [..., n_q], [..., n_q]
     rows: tuple[tuple[int, ...], ...] = ()
     if bool(xp.any(empty)):
@@ -66,7 +170,16 @@ def _forward(p: Prepared) -> AttentionTrace:
             weights = xp.where(empty[..., None], xp.full_like(weights, float("nan")), weights)
     neg_inf = xp.asarray(-float("inf"), dtype=s.dtype)
     logits = xp.where(allowed, s, neg_inf)
-    output = xp.astype(weights @ p.v, p.out_dtype)  # [..., n_q, d_v]
+    out = weights @ p.v  # [..., n_q, d_v]
+    live = xp.logical_not(empty)[..., None]  # rows made NaN on purpose are not an overflow
+    if not bool(xp.all(xp.logical_or(xp.isfinite(out), xp.logical_not(live)))):
+        if float32:
+            return _forward(in_float64(p), max_bytes)
+        raise RangeError(
+            f"output: weights @ v overflows float64 (largest finite {np.finfo(np.float64).max:.7g}) although "
+            f"max |v| is {max_abs(xp, p.v):.7g}; scale v down"
+        )
+    output = cast_checked(xp, out, p.out_dtype, "output")
     return AttentionTrace(
         q=p.q,
         k=p.k,
@@ -85,6 +198,10 @@ def _forward(p: Prepared) -> AttentionTrace:
     )
 
 
+def _check_max_bytes(max_bytes: Any) -> int | None:
+    return None if max_bytes is None else check_int("max_bytes", max_bytes, minimum=1)
+
+
 def attention_trace(
     q: Any,
     k: Any,
@@ -96,6 +213,7 @@ def attention_trace(
     scale: float | None = None,
     temperature: float = 1.0,
     masked_rows: MaskedRows = "raise",
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> AttentionTrace:
     """Scaled dot-product attention with every intermediate value kept; arguments as in
     :func:`scaled_dot_product_attention`.
@@ -106,9 +224,8 @@ def attention_trace(
     >>> t.weights.round(4).tolist()
     [[1.0, 0.0], [0.3302, 0.6698]]
     """
-    return _forward(
-        prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
-    )
+    p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
+    return _forward(p, _check_max_bytes(max_bytes))
 
 
 def scaled_dot_product_attention(
@@ -122,6 +239,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     temperature: float = 1.0,
     masked_rows: MaskedRows = "raise",
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> Any:
     """Exact attention: ``softmax((Q Kᵀ · scale + bias) / temperature, masked) V``, row by row.
 
@@ -152,4 +270,4 @@ def scaled_dot_product_attention(
     (The article prints 6.604 and 13.396: it multiplies by the weights rounded to 0.3302 and 0.6698.)
     """
     p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
-    return _forward(p).output
+    return _forward(p, _check_max_bytes(max_bytes)).output

@@ -27,9 +27,10 @@ from typing import Any
 import numpy as np
 
 from .._arrays import device_of, namespace, shape_of
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, OptionError, ShapeError
+from .inputs import as_array
 
-__all__ = ["Dropout", "apply_dropout", "dropout_multiplier", "make_dropout"]
+__all__ = ["Dropout", "apply_dropout", "check_dropout_p", "dropout_multiplier", "make_dropout"]
 
 
 @dataclass(frozen=True)
@@ -44,18 +45,25 @@ class Dropout:
     p: float
     keep: np.ndarray
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "p", check_dropout_p(self.p))
+        if not isinstance(self.keep, np.ndarray) or self.keep.dtype != np.bool_:
+            shown = self.keep.dtype if isinstance(self.keep, np.ndarray) else type(self.keep).__name__
+            raise DTypeError(f"keep: expected a NumPy bool array (True = kept), got {shown}")
+
     @property
     def multiplier(self) -> np.ndarray:
         """``keep / (1 - p)`` as float64 ``[..., n_q, n_k]``: what each weight is multiplied by."""
         return self.keep / (1.0 - self.p)
 
 
-def _check_p(p: Any) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.floating, np.integer)):
-        raise DTypeError(f"dropout_p: expected a number in [0, 1), got {p!r}")
+def check_dropout_p(p: Any) -> float:
+    """``p`` as a float in ``[0, 1)``, or an :class:`~attnlab.errors.OptionError` naming ``dropout_p``."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.floating, np.integer)):
+        raise OptionError(f"dropout_p: expected a number in [0, 1), got {p!r}")
     p = float(p)
     if not (math.isfinite(p) and 0.0 <= p < 1.0):
-        raise ShapeError(f"dropout_p: expected 0 <= dropout_p < 1, got {p!r} (p = 1 would drop every weight)")
+        raise OptionError(f"dropout_p: expected 0 <= dropout_p < 1, got {p!r} (p = 1 would drop every weight)")
     return p
 
 
@@ -66,11 +74,11 @@ def make_dropout(shape: tuple[int, ...], p: float, rng: np.random.Generator | No
     >>> d.keep.shape, sorted(set(d.multiplier.ravel().tolist())) <= [0.0, 2.0]
     ((2, 3), True)
     """
-    p = _check_p(p)
+    p = check_dropout_p(p)
     if p == 0.0:
         return None
     if not isinstance(rng, np.random.Generator):
-        raise DTypeError(
+        raise OptionError(
             f"rng: dropout_p={p} in training mode needs an explicit numpy.random.Generator "
             f"(rng=np.random.default_rng(seed)), got {rng!r}"
         )
@@ -85,6 +93,7 @@ def apply_dropout(weights: Any, dropout: Dropout | None) -> Any:
     """
     if dropout is None:
         return weights
+    weights = as_array(weights, "weights")
     return weights * dropout_multiplier(weights, dropout)
 
 
@@ -93,13 +102,18 @@ def dropout_multiplier(weights: Any, dropout: Dropout) -> Any:
 
     Shapes: ``weights [..., n_q, n_k]``; the result as ``dropout.keep`` (broadcastable to the weights).
     """
+    if not isinstance(dropout, Dropout):
+        raise DTypeError(f"dropout: expected a Dropout (from make_dropout) or None, got {type(dropout).__name__}")
+    weights = as_array(weights, "weights")
+    xp = namespace(weights=weights)
+    if not xp.isdtype(weights.dtype, "real floating"):
+        raise DTypeError(f"weights: dtype {weights.dtype}; expected attention weights of a real floating dtype")
     try:
         np.broadcast_shapes(dropout.keep.shape, shape_of(weights))
     except ValueError:
         raise ShapeError(
             f"dropout: keep mask shape {dropout.keep.shape} does not broadcast to the weights' {shape_of(weights)}"
         ) from None
-    xp = namespace(weights)
     m = dropout.multiplier
     if xp is np:
         return xp.asarray(m, dtype=weights.dtype)
