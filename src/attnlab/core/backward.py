@@ -67,12 +67,12 @@ def upstream_gradient(xp: Any, d_out: Any, want: tuple[int, ...], legend: str, l
     A NumPy ``d_out`` goes with any library's forward; another library's must be the forward's.
     """
     d_out = as_array(d_out, "d_out")
-    namespace(d_out=d_out)  # non-arrays, masked arrays, meta tensors
+    own = namespace(d_out=d_out)  # non-arrays, masked arrays, meta tensors
     if not isinstance(d_out, np.ndarray):
         namespace(forward=like, d_out=d_out)
     if shape_of(d_out) != want:
         raise ShapeError(f"d_out: shape {shape_of(d_out)}, expected the output's shape {want} {legend}")
-    compute_dtype(xp, d_out.dtype, "d_out")
+    compute_dtype(own, d_out.dtype, "d_out")
     if xp is not np and isinstance(d_out, np.ndarray):
         d_out = xp.asarray(d_out, device=device_of(like))
     check_finite(xp, d_out, "d_out")

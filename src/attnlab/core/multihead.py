@@ -641,7 +641,13 @@ def _mh_grads(result: MultiHeadResult, d_out: Any, cdt: Any) -> MultiHeadGrads:
     dw_o = xp.matrix_transpose(_flat(xp, heads)) @ _flat(xp, d_o)  # [h*d, d_model]
     db_o = xp.sum(_flat(xp, d_o), axis=0) if w.b_o is not None else None
     d_heads = split_heads(d_o @ xp.matrix_transpose(p["w_o"]), w.num_heads)  # [B, h, n_q, d]
-    g = attention_backward(trace, d_heads, dropout=result.dropout)
+    try:
+        g = attention_backward(trace, d_heads, dropout=result.dropout)
+    except RangeError as err:
+        raise RangeError(
+            f"multi_head_backward: in the heads' attention backward, where d_out is the heads' gradient "
+            f"d_out W_Oᵀ: {err}"
+        ) from None
     d_q = merge_heads(g.dq)  # [B, n_q, h*d]
     d_k = merge_heads(sum_kv_groups(g.dk, w.num_kv_heads))  # [B, n_k, h_kv*d]
     d_v = merge_heads(sum_kv_groups(g.dv, w.num_kv_heads))  # [B, n_k, h_kv*d]
