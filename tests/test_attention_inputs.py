@@ -503,3 +503,14 @@ def test_softmax_low_precision_computes_in_float32():
     ref = np.exp(np.array([1.0, 2.0, 3.0]) - 3) / np.exp(np.array([1.0, 2.0, 3.0]) - 3).sum()
     np.testing.assert_allclose(y.astype(np.float64), ref, rtol=1e-3)
     assert attnlab.softmax([1, 2]).dtype == np.float64  # integers: float64
+
+
+def test_q_k_that_overflow_under_a_tiny_scale_are_rescaled_exactly():
+    rng = np.random.default_rng(3)
+    q, k, v = rng.normal(size=(3, 2)) * 1e200, rng.normal(size=(4, 2)) * 1e200, rng.normal(size=(4, 2))
+    t = attnlab.attention_trace(q, k, v, scale=1e-300)  # Q Kᵀ ~ 1e400 overflows, scale · Q Kᵀ ~ 1e100 does not
+    assert np.isinf(t.scores).any() and np.isfinite(t.logits).all()
+    ref, _ = reference_attention(q * 1e-200, k * 1e-200, v, scale=1e100)  # the same logits, formed without overflow
+    np.testing.assert_allclose(t.output, ref, rtol=1e-12, atol=1e-12)
+    g = attnlab.attention_backward(t, np.ones((3, 2)))
+    assert all(np.isfinite(x).all() for x in (g.dq, g.dk, g.dv))

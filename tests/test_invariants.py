@@ -91,3 +91,12 @@ def test_nan_weights_are_violations_not_crashes():
     w[0, 1, 0] = np.nan
     found = check_arrays(q, k, v, w, w @ v, allowed)
     assert {"row-sum", "output-av"} <= set(names(found))
+
+
+def test_bfloat16_outputs_get_a_bfloat16_tolerance():
+    import torch
+
+    x = torch.tensor(np.random.default_rng(0).normal(size=(2, 5, 3)), dtype=torch.bfloat16)
+    t = attnlab.attention_trace(x, x, x)
+    assert t.output.dtype == torch.bfloat16
+    assert check(t) == []

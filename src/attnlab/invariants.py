@@ -39,8 +39,13 @@ def _positions(bad: np.ndarray) -> tuple[tuple[int, ...], ...]:
     return index_tuples(bad, _MAX_POSITIONS)
 
 
-def _tolerance(dtype: np.dtype) -> float:
-    """Row-sum and O = AV tolerance per unit, for values stored in ``dtype`` (64 ulps; scaled by sqrt(n_k))."""
+def _tolerance(dtype: np.dtype, source: Any = None) -> float:
+    """Row-sum and O = AV tolerance per unit, for values stored in ``dtype`` (64 ulps; scaled by sqrt(n_k)).
+
+    ``source`` is the caller's array: a bfloat16 one (float32 once converted to NumPy) has 8 bits.
+    """
+    if "bfloat16" in str(getattr(source, "dtype", "")):
+        return 64 * 2.0**-8
     eps = float(np.finfo(dtype).eps) if np.issubdtype(dtype, np.floating) else 2.0**-52
     return 64 * eps
 
@@ -102,6 +107,7 @@ def check_arrays(
     qn, kn, vn = (_as_checked(x, n, finite=True) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     a = _as_checked(weights, "weights")
     o = _as_checked(output, "output")
+    tol_a, tol_out = _tolerance(a.dtype, weights), _tolerance(o.dtype, output)
     out: list[Violation] = []
     if kn.shape[-1] != qn.shape[-1]:
         out.append(Violation("d_k-match", f"d_k(Q)={qn.shape[-1]} but d_k(K)={kn.shape[-1]}"))
@@ -112,7 +118,7 @@ def check_arrays(
         out.append(Violation("scores-shape", f"weights have shape {a.shape}; expected [..., n_q={n_q}, n_k={n_k}]"))
     if out:  # the value checks below need consistent shapes
         return out
-    tol = _tolerance(a.dtype)
+    tol = tol_a
     ok = np.ones(a.shape, dtype=bool) if allowed is None else _allowed(allowed, a.shape)
     live = ok.any(axis=-1)  # [..., n_q]: rows that may attend somewhere
     leaked = (~ok) & (a != 0) & live[..., None]
@@ -143,7 +149,7 @@ def check_arrays(
         if diff is None:
             out.append(Violation("output-av", f"output shape {o.shape} does not match A V's {av.shape}"))
         else:
-            tol_o = max(tol, _tolerance(o.dtype)) * scale * max(1.0, np.sqrt(n_k))
+            tol_o = max(tol, tol_out) * scale * max(1.0, np.sqrt(n_k))
             bad = live[..., None] & ~(diff <= tol_o)
             if bad.any():
                 out.append(

@@ -208,8 +208,7 @@ def key_padding(lengths: Any, n_k: int, *, ndim: int = 4) -> np.ndarray:
     """
     n_k = _check_len("n_k", n_k)
     lens = _lengths(lengths, n_k, "n_k")
-    if ndim < 2:
-        raise ShapeError(f"ndim: expected >= 2, got {ndim}")
+    ndim = check_int("ndim", ndim, minimum=2)
     ok = np.arange(n_k)[None, :] < lens[:, None]  # [B, n_k]
     return ok.reshape((len(lens),) + (1,) * (ndim - 2) + (n_k,))
 
@@ -222,8 +221,7 @@ def query_padding(lengths: Any, n_q: int, *, ndim: int = 4) -> np.ndarray:
     """
     n_q = _check_len("n_q", n_q)
     lens = _lengths(lengths, n_q, "n_q")
-    if ndim < 3:
-        raise ShapeError(f"ndim: expected >= 3 ([B, n_q, 1] at least), got {ndim}")
+    ndim = check_int("ndim", ndim, minimum=3)
     ok = np.arange(n_q)[None, :] < lens[:, None]  # [B, n_q]
     return ok.reshape((len(lens),) + (1,) * (ndim - 3) + (n_q, 1))
 

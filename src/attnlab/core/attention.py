@@ -31,7 +31,8 @@ class AttentionTrace:
     Shapes (``...`` is the broadcast of the inputs' leading dims):
 
     * ``q [..., n_q, d_k]``, ``k [..., n_k, d_k]``, ``v [..., n_k, d_v]``: the inputs, in the compute dtype;
-    * ``scores [..., n_q, n_k]``: ``Q Kᵀ``, unscaled;
+    * ``scores [..., n_q, n_k]``: ``Q Kᵀ``, unscaled (``±inf`` where it overflows float64 although the logits do
+      not: a tiny scale; the logits are then computed from q and k rescaled by powers of two, exactly);
     * ``logits [..., n_q, n_k]``: ``(scale · scores + bias) / temperature``, ``-inf`` where not allowed;
     * ``allowed [..., n_q, n_k]``: the boolean mask actually applied (``mask`` AND causal);
     * ``weights [..., n_q, n_k]``: the softmax of each row of ``logits``;
@@ -39,7 +40,8 @@ class AttentionTrace:
     * ``lse [..., n_q]``: the row log-sum-exp of ``logits`` (``-inf`` on fully masked rows).
 
     ``masked_rows`` lists each fully masked row as ``(*batch_index, query_index)``; ``policy`` says what was done
-    with them. Everything except ``output`` is in the compute dtype (float64, or float32 for lower precisions).
+    with them. Everything except ``output`` is in the compute dtype: float64, or float32 for lower precisions, or
+    float64 again when float32 logits would overflow (see :func:`scaled_dot_product_attention`).
     """
 
     q: Any
@@ -143,11 +145,32 @@ def _forward(p: Prepared, max_bytes: int | None) -> AttentionTrace:
         raise _memory_error(p, None) from err
 
 
-def _forward_dense(p: Prepared, max_bytes: int | None) -> AttentionTrace:
+def _power_of_two(m: float) -> int:
+    """The exponent e with ``m = f · 2**e``, 0.5 <= f < 1, kept where ``2.0**±e`` is a normal float64."""
+    return 0 if m == 0 else max(-1021, min(1021, math.frexp(m)[1]))
+
+
+def _rescaled_scores(p: Prepared) -> tuple[Any, float] | None:
+    """``(Q' K'ᵀ, scale')`` with ``Q' = Q · 2**-a``, ``K' = K · 2**-b`` (exact) and ``scale' = scale · 2**(a + b)``:
+    ``scale · Q Kᵀ`` without forming ``Q Kᵀ``, which may overflow when the scale is small. ``None`` when
+    ``scale'`` itself overflows."""
+    xp = p.xp
+    a, b = _power_of_two(max_abs(xp, p.q)), _power_of_two(max_abs(xp, p.k))
+    try:
+        scale = math.ldexp(p.scale, a + b)
+    except OverflowError:
+        return None
+    return (p.q * 2.0**-a) @ xp.matrix_transpose(p.k * 2.0**-b), scale
+
+
+def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) -> AttentionTrace:
     xp = p.xp
     float32 = p.q.dtype != xp.float64
-    scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]
+    scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]; may hold inf if rescale
     s = scores * p.scale
+    if rescale:
+        unit, scale = _rescaled_scores(p)
+        s = unit * scale
     if p.bias is not None:
         s = s + p.bias
     if p.temperature != 1.0:
@@ -157,6 +180,8 @@ def _forward_dense(p: Prepared, max_bytes: int | None) -> AttentionTrace:
     if bool(xp.any(bad)):
         if float32:
             return _forward(in_float64(p), max_bytes)
+        if not rescale and _rescaled_scores(p) is not None:  # Q Kᵀ may overflow where scale · Q Kᵀ does not
+            return _forward_dense(p, max_bytes, rescale=True)
         note = "The inputs were already recomputed in float64." if p.out_dtype != xp.float64 else ""
         raise _overflow(p, s, bad, note)
     del bad
@@ -257,10 +282,29 @@ def scaled_dot_product_attention(
         masked_rows: what a query row with no allowed key becomes: ``"raise"`` (default, a
             :class:`~attnlab.errors.MaskedRowError` naming the rows), ``"zero"`` (weights and output 0, as
             FlashAttention) or ``"nan"`` (what naive code gives). Never anything else, whatever the mask.
+        max_bytes: the most memory the dense ``[..., n_q, n_k]`` arrays may take (:func:`dense_bytes`: 7 of them
+            in the compute dtype, 2 boolean), default 16 GiB; above it a :class:`~attnlab.errors.MemoryLimitError`
+            says how much is needed and points to :func:`attnlab.flash_attention` (exact, O(n) memory). ``None``:
+            no limit (NumPy's own out-of-memory is still reported that way).
 
     Returns:
-        ``[..., n_q, d_v]`` in the caller's library, in the input dtype (float64 for integer inputs). float64
-        inputs are computed in float64, float32/float16/bfloat16 in float32, with the row maximum subtracted.
+        ``[..., n_q, d_v]`` in the caller's library, in the input dtype (float64 for integer and long double
+        inputs). float64 inputs are computed in float64, float32/float16/bfloat16 in float32, with the row maximum
+        subtracted.
+
+    Precision policy (finite inputs never give NaN or inf):
+
+    * float32 compute is used only when it is exact enough: a scale, temperature or float64 bias outside
+      float32's normal range, or logits ``(scale · Q Kᵀ + bias) / temperature`` that overflow float32 at an
+      allowed entry, make the whole call recompute in float64 (which holds every float32/float16/bfloat16 value
+      exactly); the result is still returned in the input dtype;
+    * in float64, ``Q Kᵀ`` overflowing under a small scale is recomputed from q and k rescaled by powers of two
+      (exactly); logits that still overflow raise :class:`~attnlab.errors.RangeError`
+      (:func:`~attnlab.errors.logits_overflow_error`) naming the first entry, the inputs' largest magnitudes,
+      the scale, the temperature and the fix. An underflowing temperature (``1e-310``) is such an overflow,
+      never a fully masked row;
+    * an output the input dtype cannot hold (float16) is a :class:`~attnlab.errors.RangeError`, not ``inf``.
+      Values below the compute dtype's smallest normal number are rounded as in any floating-point code.
 
     The articles' 2×2 example (Q = K = I, V = [[10, 0], [0, 20]]):
 

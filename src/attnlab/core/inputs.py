@@ -88,12 +88,17 @@ class Prepared:
         return xp.broadcast_to(allowed, full)
 
 
-def as_array(x: Any, name: str) -> Any:
+def as_array(x: Any, name: str, *, optional: bool = False) -> Any:
     """Lists and scalars become NumPy arrays; arrays are returned as they are (never copied, never written).
 
     NumPy subclasses other than masked arrays (``np.matrix``) are viewed as plain ``ndarray``; masked arrays and
-    non-arrays are refused later, by :func:`~attnlab._arrays.namespace`, with the argument's ``name``.
+    non-arrays are refused later, by :func:`~attnlab._arrays.namespace`, with the argument's ``name``. ``None`` is
+    refused by name unless ``optional`` (then it stays ``None``).
     """
+    if x is None:
+        if optional:
+            return None
+        raise DTypeError(f"{name}: expected an array (NumPy, PyTorch, any array-API library) or nested lists, got None")
     if isinstance(x, (list, tuple, int, float, np.generic)):
         try:
             return np.asarray(x)
@@ -258,7 +263,8 @@ def prepare(
     bfloat16 inputs, except that float32 inputs are computed in float64 when float32 cannot hold the scale,
     the temperature or the bias (:func:`fits_float32`).
     """
-    q, k, v, mask, bias = (as_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (mask, "mask"), (bias, "bias")))
+    q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    mask, bias = as_array(mask, "mask", optional=True), as_array(bias, "bias", optional=True)
     xp = namespace(q=q, k=k, v=v)
     qs, ks, vs = shape_of(q), shape_of(k), shape_of(v)
     shapes = f"(q {qs}, k {ks}, v {vs})"

@@ -386,7 +386,7 @@ def multi_head_attention(
     if not isinstance(weights, MultiHeadWeights):
         raise DTypeError(f"weights: expected a MultiHeadWeights (see init_multi_head), got {type(weights).__name__}")
     x_q = as_array(x_q, "x_q")
-    x_kv = None if x_kv is None else as_array(x_kv, "x_kv")
+    x_kv = as_array(x_kv, "x_kv", optional=True)
     params = weights.arrays()
     xp = namespace(x_q=x_q, x_kv=x_kv, **params)
     sq = _check_x(xp, x_q, "x_q", weights.d_model, "d_model")
