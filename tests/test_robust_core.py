@@ -112,7 +112,8 @@ def attention_problems(draw):
     if draw(st.booleans()):
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         mask = rng.random((n_q, n_k)) < 0.7
-    bias = draw(arrays((n_q, n_k), np.float64)) if draw(st.booleans()) else None
+    bias_shape = draw(st.sampled_from([(n_q, n_k), (n_k,), (1, n_k), (n_q, 1), (*batch, 1, n_k)]))
+    bias = draw(arrays(bias_shape, draw(st.sampled_from(FLOATS)))) if draw(st.booleans()) else None
     scale = draw(st.sampled_from([None, 1.0, -0.5, 1e-300, 1e-40, 1e39, 1e150, 1e308]))
     temperature = draw(st.sampled_from([1.0, 0.1, 1e-310, 1e-300, 1e-40, 1e39, 1e300]))
     masked_rows = draw(st.sampled_from(["raise", "zero", "nan"]))
@@ -204,8 +205,9 @@ def test_attention_backward_matches_torch_or_is_a_named_error(p, data):
     tq, tk, tv = (torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in (q, k, v))
     with np.errstate(all="ignore"):
         logits = tq @ tk.transpose(-1, -2) * s
-        if bias is not None:
-            logits = logits + torch.tensor(bias)
+        tb = None if bias is None else torch.tensor(bias.astype(np.float64), requires_grad=True)
+        if tb is not None:
+            logits = logits + tb
         logits = logits / temperature
         if mask is not None:
             logits = logits.masked_fill(~torch.tensor(mask), -torch.inf)
@@ -222,8 +224,13 @@ def test_attention_backward_matches_torch_or_is_a_named_error(p, data):
             "dq": base * abs(s) * _max(k) * k.shape[-2] + C * tiny,
             "dk": base * abs(s) * _max(q) * rows + C * tiny,
             "dv": (C * eps * (1 + L) * _max(d_out) + C * tiny) * rows,
+            "dbias": base * g.ds.size,  # summed over the broadcast axes
         }
-    for name, got, ref in (("dq", g.dq, tq.grad), ("dk", g.dk, tk.grad), ("dv", g.dv, tv.grad)):
+    pairs = [("dq", g.dq, tq.grad), ("dk", g.dk, tk.grad), ("dv", g.dv, tv.grad)]
+    if bias is not None:
+        assert g.dbias.shape == bias.shape
+        pairs.append(("dbias", g.dbias, tb.grad))
+    for name, got, ref in pairs:
         ref = ref.numpy()
         if np.isfinite(ref).all() and math.isfinite(bounds[name]):
             err = np.max(np.abs(np.asarray(got, np.float64) - ref))

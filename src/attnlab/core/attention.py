@@ -176,8 +176,10 @@ def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) ->
     if p.temperature != 1.0:
         s = s / p.temperature
     allowed = p.allowed()  # [..., n_q, n_k]
-    bad = xp.logical_and(allowed, xp.logical_not(xp.isfinite(s)))  # overflow at an entry that counts
-    if bool(xp.any(bad)):
+    bad = None
+    if not math.isfinite(float(xp.sum(s))):  # one cheap pass; the exact check only when something is off
+        bad = xp.logical_and(allowed, xp.logical_not(xp.isfinite(s)))  # overflow at an entry that counts
+    if bad is not None and bool(xp.any(bad)):
         if float32:
             return _forward(in_float64(p), max_bytes)
         if not rescale and _rescaled_scores(p) is not None:  # Q Kᵀ may overflow where scale · Q Kᵀ does not

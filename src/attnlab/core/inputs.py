@@ -136,7 +136,7 @@ def cast_checked(xp: Any, x: Any, dtype: Any, name: str) -> Any:
     For results computed in float32 and returned in float16 or bfloat16 (whose range is smaller).
     """
     with np.errstate(over="ignore", invalid="ignore"):  # what does not fit is found below, and explained
-        y = xp.astype(x, dtype)
+        y = xp.astype(x, dtype, copy=False)
     if y.dtype == x.dtype:
         return y
     fits = xp.logical_or(xp.isfinite(y), xp.logical_not(xp.isfinite(x)))

@@ -35,7 +35,7 @@ def _prepare(x: Any, name: str, axis: Any) -> tuple[Any, Any, Any, int]:
     a %= len(s)
     if s[a] == 0:
         raise ShapeError(f"{name}: axis {a} of shape {s} is empty; softmax needs at least one entry")
-    return xp, xp.astype(x, cdt), out_dtype, a
+    return xp, xp.astype(x, cdt, copy=False), out_dtype, a
 
 
 def _check_max(xp: Any, m: Any, has_entry: Any | None, name: str, what: str) -> None:
@@ -151,14 +151,15 @@ def masked_softmax(logits: Any, allowed: Any) -> tuple[Any, Any, Any]:
         raise ShapeError(
             f"allowed: shape {als} does not broadcast to the logits' shape {ls} [..., n_k] (n_k >= 1, never grown)"
         )
-    logits = xp.astype(logits, cdt)
+    logits = xp.astype(logits, cdt, copy=False)
     neg_inf = xp.asarray(-float("inf"), dtype=cdt)
     with np.errstate(over="ignore", invalid="ignore"):
         masked = xp.where(allowed, logits, neg_inf)  # [..., n_k]
         m = xp.max(masked, axis=-1, keepdims=True)  # [..., 1]
-        has = xp.any(xp.broadcast_to(allowed, ls), axis=-1, keepdims=True)  # [..., 1]
-        _check_max(xp, m, has, "logits", "allowed ")
-        empty = xp.logical_not(has)  # [..., 1]
+        empty = m == neg_inf  # [..., 1]: no allowed entry, or (refused below) only -inf ones
+        if bool(xp.any(empty)):
+            empty = xp.logical_not(xp.any(xp.broadcast_to(allowed, ls), axis=-1, keepdims=True))
+        _check_max(xp, m, xp.logical_not(empty), "logits", "allowed ")
         m = xp.where(empty, xp.zeros_like(m), m)
         e = xp.exp(masked - m)  # exp(-inf) = 0 exactly at disallowed entries
         l = xp.sum(e, axis=-1, keepdims=True)
