@@ -101,8 +101,8 @@ def _memory_error(p: Prepared, max_bytes: int | None) -> MemoryLimitError:
         f"q, k, v: the dense path needs about {_gib(need)} for scores {p.scores_shape} [..., n_q, n_k] in {dtype} "
         f"({DENSE_FLOAT_ARRAYS} {dtype} arrays of that shape: Q Kᵀ, logits, a temporary, masked logits, exp, "
         f"weights, the trace's logits; and {DENSE_BOOL_ARRAYS} bool ones), more than {limit}. Use "
-        f"attnlab.flash_attention (exact, "
-        f"O(n) memory: the scores are never formed), or pass a larger max_bytes= (None: no limit)"
+        f"attnlab.flash_attention (exact, O(n) memory: the scores are never formed), or pass a larger "
+        f"max_bytes= (None: no limit)"
     )
 
 
@@ -127,7 +127,7 @@ def _overflow(p: Prepared, s: Any, bad: Any, note: str = "") -> Exception:
         str(p.q.dtype).replace("torch.", ""),
         q_max=max_abs(xp, p.q),
         k_max=max_abs(xp, p.k),
-        bias_max=max_abs(xp, p.bias_source if p.bias_source is not None else None),
+        bias_max=max_abs(xp, p.bias_source),
         scale=p.scale,
         temperature=p.temperature,
         note=note,
