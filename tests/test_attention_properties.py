@@ -52,7 +52,8 @@ def test_rows_sum_to_one_and_masked_weights_are_exactly_zero(p):
     np.testing.assert_allclose(t.weights.sum(-1), 1.0, rtol=0, atol=1e-12)
     assert np.all(t.weights[~t.allowed] == 0.0)
     assert np.all(np.isneginf(t.logits[~t.allowed]))
-    np.testing.assert_allclose(t.lse, np.log(np.sum(np.exp(t.logits), axis=-1)), rtol=1e-12)
+    # absolute floor: an lse near 0 (logits near 0 over few keys) has no meaningful relative error
+    np.testing.assert_allclose(t.lse, np.log(np.sum(np.exp(t.logits), axis=-1)), rtol=1e-12, atol=1e-14)
 
 
 @given(problems(), st.floats(-50, 50))

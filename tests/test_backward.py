@@ -15,7 +15,7 @@ from attnlab import attention_trace, masks
 from attnlab.core.backward import AttentionGrads, attention_backward
 from attnlab.core.dropout import apply_dropout, make_dropout
 from attnlab.core.multihead import MultiHeadWeights, multi_head_attention, multi_head_backward
-from attnlab.errors import DTypeError, MaskedRowError, ShapeError
+from attnlab.errors import DTypeError, MaskedRowError, RangeError, ShapeError
 
 # ---------------------------------------------------------------------------------------------------------------
 # references
@@ -419,3 +419,52 @@ def test_multi_head_backward_with_torch_tensors_and_dropout():
     np.testing.assert_allclose(gt.dx_q.numpy(), gn.dx_q, rtol=1e-12, atol=1e-14)
     for n in w.arrays():
         np.testing.assert_allclose(getattr(gt.weights, n).numpy(), getattr(gn.weights, n), rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# overflow in the backward: float32 redone in float64, float64 overflow a named RangeError
+
+
+def _torch_grads(q, k, v, d_o, scale):
+    qt, kt, vt = (torch.tensor(np.asarray(x, np.float64), requires_grad=True) for x in (q, k, v))
+    out = torch.softmax(qt @ kt.T * scale, dim=-1) @ vt
+    (out * torch.tensor(np.asarray(d_o, np.float64))).sum().backward()
+    return qt.grad.numpy(), kt.grad.numpy(), vt.grad.numpy()
+
+
+def test_float32_backward_whose_intermediates_overflow_is_redone_in_float64():
+    rng = np.random.default_rng(7)
+    q, k = (rng.standard_normal((3, 2)).astype(np.float32) for _ in range(2))
+    v = np.stack([1e20 + 1e13 * np.arange(3), np.full(3, -1e20)], axis=1).astype(np.float32)
+    d_o = np.full((3, 2), 1e20, np.float32)  # dO Vᵀ: products of 1e40 overflow float32, their sums do not
+    t = attention_trace(q, k, v, scale=1.0)
+    g = attention_backward(t, d_o)
+    assert g.dq.dtype == np.float32 and all(np.isfinite(x).all() for x in (g.dq, g.dk, g.dv, g.ds))
+    want = _torch_grads(q, k, v, d_o, 1.0)
+    for got, ref in zip((g.dq, g.dk, g.dv), want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+def test_float64_backward_overflow_names_the_gradient():
+    t = attention_trace(np.eye(3) * 1e100, np.eye(3) * 1e100, np.eye(3) * 1e200, scale=1e-200)
+    with pytest.raises(RangeError) as err:
+        attention_backward(t, np.ones((3, 3)) * 1e200)
+    assert str(err.value) == (
+        "dq: the attention gradient overflows float64 (largest finite 1.797693e+308) from finite inputs: max |d_out| "
+        "1e+200, max |q| 1e+100, max |k| 1e+100, max |v| 1e+200, scale 1e-200, temperature 1; scale d_out (the loss) "
+        "or the inputs down"
+    )
+
+
+def test_d_out_of_another_library_or_dtype_is_named():
+    t = attention_trace(np.eye(2), np.eye(2), np.eye(2))
+    with pytest.raises(DTypeError, match=r"forward is a numpy\.ndarray; d_out is a torch\.Tensor"):
+        attention_backward(t, torch.ones(2, 2, dtype=torch.float64))
+    with pytest.raises(DTypeError, match=r"^d_out: dtype complex128 is not supported"):
+        attention_backward(t, np.ones((2, 2), complex))
+    with pytest.raises(DTypeError, match=r"^d_out: expected an array"):
+        attention_backward(t, "ones")
+    with pytest.raises(DTypeError, match=r"^dropout: expected a Dropout"):
+        attention_backward(t, np.ones((2, 2)), dropout=0.5)
+    tt = attention_trace(*(torch.eye(2, dtype=torch.float64) for _ in range(3)))
+    assert isinstance(attention_backward(tt, np.ones((2, 2))).dq, torch.Tensor)  # NumPy d_out: converted

@@ -29,7 +29,7 @@ def test_evaluation_is_deterministic_and_ignores_dropout():
 def test_training_needs_a_generator_and_a_valid_p():
     w, x = _layer()
     with pytest.raises(
-        DTypeError, match=r"rng: dropout_p=0.5 in training mode needs an explicit numpy.random.Generator"
+        OptionError, match=r"rng: dropout_p=0.5 in training mode needs an explicit numpy.random.Generator"
     ):
         multi_head_attention(x, None, w, dropout_p=0.5, training=True)
     for bad in (1.0, -0.1, float("nan")):
@@ -39,7 +39,7 @@ def test_training_needs_a_generator_and_a_valid_p():
         multi_head_attention(x, None, w, dropout_p=2.0)  # refused in evaluation too
     with pytest.raises(OptionError, match="dropout_p: expected a number"):
         make_dropout((2,), "0.1", np.random.default_rng(0))
-    with pytest.raises(DTypeError, match="training: expected True or False"):
+    with pytest.raises(OptionError, match="training: expected True or False"):
         multi_head_attention(x, None, w, training="yes")
     assert multi_head_attention(x, None, w, dropout_p=0.0, training=True).dropout is None  # p = 0: nothing to draw
 

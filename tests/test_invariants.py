@@ -57,3 +57,46 @@ def test_fully_masked_rows_are_exempt_from_row_sum():
     m[0, 1] = False
     t = attnlab.attention_trace(q, k, v, m, masked_rows="zero")
     assert check(t) == []
+
+
+def test_wrong_types_are_named_errors():
+    import pytest
+
+    from attnlab.errors import DTypeError, NonFiniteError, ShapeError
+
+    with pytest.raises(DTypeError) as err:
+        check(None)
+    assert str(err.value) == (
+        "trace: expected an AttentionTrace (from attnlab.attention_trace), got NoneType; for the arrays of another "
+        "implementation use invariants.check_arrays(q, k, v, weights, output, allowed)"
+    )
+    with pytest.raises(DTypeError, match=r"^weights: expected an array, got None$"):
+        check_arrays(q, k, v, None, good.output)
+    with pytest.raises(DTypeError, match=r"^output: dtype <U1 is not supported"):
+        check_arrays(q, k, v, good.weights, np.array([["a"]]))
+    with pytest.raises(ShapeError, match=r"^v: expected at least 2 dims \[..., rows, cols\], got shape \(5,\)$"):
+        check_arrays(q, k, np.ones(5), good.weights, good.output)
+    with pytest.raises(NonFiniteError, match=r"^q: holds inf at index \(0, 0, 0\)"):
+        check_arrays(np.where(q == q[0, 0, 0], np.inf, q), k, v, good.weights, good.output)
+    with pytest.raises(DTypeError, match=r"^allowed: dtype float64; expected a bool mask"):
+        check_arrays(q, k, v, good.weights, good.output, allowed.astype(float))
+    with pytest.raises(ShapeError, match=r"^allowed: shape \(3, 3\) does not broadcast to the weights' shape"):
+        check_arrays(q, k, v, good.weights, good.output, np.ones((3, 3), bool))
+    with pytest.raises(DTypeError, match=r"^q: a numpy.ma.MaskedArray is refused"):
+        check_arrays(np.ma.masked_array(q), k, v, good.weights, good.output)
+
+
+def test_nan_weights_are_violations_not_crashes():
+    w = good.weights.copy()
+    w[0, 1, 0] = np.nan
+    found = check_arrays(q, k, v, w, w @ v, allowed)
+    assert {"row-sum", "output-av"} <= set(names(found))
+
+
+def test_bfloat16_outputs_get_a_bfloat16_tolerance():
+    import torch
+
+    x = torch.tensor(np.random.default_rng(0).normal(size=(2, 5, 3)), dtype=torch.bfloat16)
+    t = attnlab.attention_trace(x, x, x)
+    assert t.output.dtype == torch.bfloat16
+    assert check(t) == []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab import DTypeError, MaskError, ShapeError, masks
+from attnlab import DTypeError, MaskError, NonFiniteError, OptionError, ShapeError, masks
 
 
 def test_causal_square_and_both_alignments():
@@ -138,3 +138,72 @@ def test_to_string_refuses_what_it_cannot_draw():
     with pytest.raises(ShapeError, match="index it down"):
         masks.to_string(np.ones((2, 2, 2), bool))
     assert masks.to_string(np.ones((1, 1, 2, 2), bool)) == "■ ■\n■ ■"
+
+
+def test_from_additive_threshold_must_be_negative():
+    with pytest.raises(OptionError) as err:
+        masks.from_additive(np.zeros((2, 2)), threshold=5)
+    assert str(err.value) == (
+        "threshold: expected a negative number (an entry <= threshold blocks its key, 0 keeps it; default -10000), "
+        "got 5"
+    )
+    for bad in (0, 0.0, float("nan"), "low", True):
+        with pytest.raises(OptionError, match=r"^threshold: expected"):
+            masks.from_additive(np.zeros((2, 2)), threshold=bad)
+    m = np.array([[0.0, -1.0, -np.inf]])
+    assert masks.from_additive(m, threshold=-0.5).tolist() == [[True, False, False]]
+    assert masks.from_additive(np.array([[0.0, -np.inf]]), threshold=-np.inf).tolist() == [[True, False]]
+
+
+def test_from_additive_refuses_nan_and_non_float():
+    with pytest.raises(NonFiniteError, match=r"^mask: additive mask \(1, 2\) holds NaN at \(0, 1\)"):
+        masks.from_additive(np.array([[0.0, np.nan]]))
+    with pytest.raises(MaskError, match=r"^attn_mask: additive mask \(1, 2\) holds inf at \(0, 1\)"):
+        masks.from_torch_sdpa(np.array([[0.0, np.inf]]))
+    with pytest.raises(DTypeError, match=r"^mask: expected an additive float mask, got dtype int64"):
+        masks.from_additive(np.array([[0, -10_000]]))
+
+
+def test_to_additive_needs_a_floating_dtype():
+    for dtype in (np.int32, "int8", bool, "not a dtype"):
+        with pytest.raises(DTypeError, match=r"^dtype: expected a floating dtype for an additive mask"):
+            masks.to_additive(masks.causal(2), dtype)
+    with pytest.raises(DTypeError) as err:
+        masks.to_additive(masks.causal(2), np.int32)
+    assert str(err.value) == (
+        "dtype: expected a floating dtype for an additive mask (float32, float16, bfloat16, float64), got "
+        "dtype('int32'); an integer dtype cannot hold -inf, and a bool mask is attnlab's own"
+    )
+    t = masks.to_additive(torch.tensor([[True, False]]), torch.bfloat16)
+    assert t.dtype == torch.bfloat16 and t[0, 1] == torch.finfo(torch.bfloat16).min
+    assert masks.to_additive([[True, False]], np.float64).tolist() == [[0.0, np.finfo(np.float64).min]]
+
+
+def test_from_torch_mha_mismatched_shapes_name_both():
+    with pytest.raises(ShapeError) as err:
+        masks.from_torch_mha(key_padding_mask=np.zeros((2, 5), bool), attn_mask=np.zeros((3, 4), bool))
+    assert str(err.value) == (
+        "attn_mask: shape (3, 4) does not fit key_padding_mask's (2, 5) (as [B, 1, 1, n_k] (2, 1, 1, 5) against "
+        "(3, 4) [B, h, n_q, n_k]): n_k and B must agree"
+    )
+    with pytest.raises(ShapeError, match=r"^attn_mask: shape \(6, 3, 5\) does not fit key_padding_mask's \(2, 5\)"):
+        masks.from_torch_mha(
+            key_padding_mask=np.zeros((2, 5), bool), attn_mask=np.zeros((6, 3, 5), bool), num_heads=2
+        )  # B = 3 from attn_mask, 2 from key_padding_mask
+    with pytest.raises(OptionError, match=r"^num_heads: expected an int >= 1, got 0"):
+        masks.from_torch_mha(attn_mask=np.zeros((2, 2), bool), num_heads=0)
+    with pytest.raises(DTypeError, match=r"key_padding_mask is a torch\.Tensor; attn_mask is a numpy\.ndarray"):
+        masks.from_torch_mha(key_padding_mask=torch.zeros(2, 5, dtype=torch.bool), attn_mask=np.zeros((3, 5), bool))
+    m = masks.from_torch_mha(key_padding_mask=np.array([[False, True]]), attn_mask=np.array([[False, False]]))
+    assert m.shape == (1, 1, 1, 2) and m.tolist() == [[[[True, False]]]]
+
+
+def test_converters_refuse_non_arrays_and_masked_arrays_by_name():
+    with pytest.raises(DTypeError, match=r"^mask: expected an array"):
+        masks.from_blocked("yes")
+    with pytest.raises(DTypeError, match=r"^attention_mask: a numpy.ma.MaskedArray is refused"):
+        masks.from_hf(np.ma.masked_array(np.ones((2, 3))))
+    with pytest.raises(DTypeError, match=r"^mask: dtype <U1 is not a 0/1 keep mask"):
+        masks.from_keep(np.array([["a", "b"]]))
+    with pytest.raises(ShapeError, match=r"^mask: nested lists of unequal lengths"):
+        masks.from_keep([[1, 0], [1]])

@@ -22,7 +22,7 @@ from attnlab.core.multihead import (
     split_heads,
     sum_kv_groups,
 )
-from attnlab.errors import DTypeError, MaskedRowError, ShapeError
+from attnlab.errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
 
 
 def random_weights(rng, d_model, h, h_kv=None, d=None, d_kv=None, bias=True):
@@ -75,7 +75,7 @@ def test_split_merge_shapes_and_values():
 def test_split_heads_error():
     with pytest.raises(ShapeError, match=r"last dim 10 .* not divisible by num_heads=4"):
         split_heads(np.zeros((1, 2, 10)), 4)
-    with pytest.raises(ShapeError, match="num_heads"):
+    with pytest.raises(OptionError, match="num_heads: expected an int >= 1, got 0"):
         split_heads(np.zeros((1, 2, 8)), 0)
     with pytest.raises(ShapeError, match=r"expected \[..., h, n, d\]"):
         merge_heads(np.zeros((2, 3)))
@@ -281,3 +281,68 @@ def test_top_level_exports():
         "MultiHeadWeights",
     ):
         assert name in attnlab.__all__ and hasattr(attnlab, name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# overflow and wrong arguments
+
+
+def test_float32_layer_that_overflows_is_recomputed_in_float64():
+    rng = np.random.default_rng(4)
+    w = random_weights(rng, 4, 2, bias=False)
+    big = MultiHeadWeights(
+        (w.w_q * 1e-20).astype(np.float32),
+        (w.w_k * 1e-20).astype(np.float32),
+        (w.w_v * 1e19).astype(np.float32),  # V = X W_V ~ 1e39: beyond float32
+        (w.w_o * 1e-20).astype(np.float32),
+        num_heads=2,
+    )
+    x = (rng.standard_normal((1, 3, 4)) * 1e20).astype(np.float32)
+    r = multi_head_attention(x, None, big)
+    assert r.output.dtype == np.float32 and r.trace.weights.dtype == np.float64 and np.isfinite(r.output).all()
+    f64 = MultiHeadWeights(*(a.astype(np.float64) for a in (big.w_q, big.w_k, big.w_v, big.w_o)), num_heads=2)
+    ref, _ = reference_mha(x.astype(np.float64), None, f64)
+    np.testing.assert_allclose(r.output, ref, rtol=1e-5)
+    g = attnlab.multi_head_backward(r, np.ones((1, 3, 4), np.float32))
+    assert g.dx_q.dtype == np.float64  # the compute dtype of the (recomputed) layer
+
+
+def test_float16_output_that_does_not_fit_is_a_range_error():
+    w = MultiHeadWeights(*(np.full((4, 4), 10, np.float16) for _ in range(4)), num_heads=1)
+    with pytest.raises(RangeError, match=r"^output: 160000 at index \(0, 0, 0\) does not fit in float16 \(largest "):
+        multi_head_attention(np.full((1, 2, 4), 100, np.float16), None, w)
+
+
+def test_float64_layer_overflow_names_the_stage():
+    w = MultiHeadWeights(*(np.full((2, 2), 1e200) for _ in range(4)), num_heads=1)
+    with pytest.raises(RangeError) as err:
+        multi_head_attention(np.full((1, 2, 2), 1e200), None, w)
+    assert str(err.value) == (
+        "q: the projection x_q @ w_q + b_q overflows float64 (largest finite 1.797693e+308) from finite inputs "
+        "(max |x_q| 1e+200, max |w_q| 1e+200); scale the inputs or the weights down"
+    )
+    r = multi_head_attention(np.ones((1, 2, 2)), None, MultiHeadWeights(*(np.eye(2) for _ in range(4)), num_heads=1))
+    with pytest.raises(RangeError, match=r"^multi_head_backward: in the heads' attention backward, .*: dq: the atten"):
+        attnlab.multi_head_backward(r, np.full((1, 2, 2), 1e308))
+
+
+def test_mixed_libraries_and_options_are_named():
+    w = init_multi_head(4, 2, rng=np.random.default_rng(0))
+    with pytest.raises(DTypeError) as err:
+        multi_head_attention(torch.ones(1, 3, 4, dtype=torch.float64), None, w)
+    assert str(err.value) == (
+        "arrays of different libraries cannot be mixed in one call: x_q is a torch.Tensor; w_q, w_k, w_v, w_o, b_q, "
+        "b_k, b_v, b_o are numpy.ndarray; convert them to one library first (torch.as_tensor(x), x.numpy(), "
+        "np.asarray(x))"
+    )
+    x = np.ones((1, 3, 4))
+    with pytest.raises(DTypeError, match=r"^x_kv: a numpy\.ma\.MaskedArray is refused"):
+        multi_head_attention(x, np.ma.masked_array(x), w)
+    with pytest.raises(DTypeError, match=r"^x_q: dtype datetime64\[s\] is not supported"):
+        multi_head_attention(x.astype("datetime64[s]"), None, w)
+    with pytest.raises(OptionError, match=r"^return_weights: expected True or False, got 'yes'$"):
+        multi_head_attention(x, None, w, return_weights="yes")
+    with pytest.raises(OptionError, match=r"^n_rep: expected an int >= 1, got 1\.5$"):
+        repeat_kv(np.ones((1, 2, 3, 4)), 1.5)
+    with pytest.raises(DTypeError, match=r"^x: expected an array"):
+        merge_heads("heads")

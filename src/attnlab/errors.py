@@ -8,17 +8,23 @@ Every error names the argument at fault, its shape or value, and what was expect
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 __all__ = [
     "AttnlabError",
     "AttnlabWarning",
     "DTypeError",
     "MaskError",
     "MaskedRowError",
+    "MemoryLimitError",
     "MissingExtraError",
     "NonFiniteError",
     "OptionError",
     "RangeError",
     "ShapeError",
+    "logits_overflow_error",
     "masked_rows_error",
     "missing_extra",
 ]
@@ -68,6 +74,14 @@ class RangeError(AttnlabError, ValueError):
     """
 
 
+class MemoryLimitError(AttnlabError, MemoryError):
+    """A dense computation would need more memory than its limit (``max_bytes``) or than the machine has.
+
+    The message says how many bytes it needs, what was counted, and points to :func:`attnlab.flash_attention`,
+    which computes the same attention in O(n) memory.
+    """
+
+
 class OptionError(AttnlabError, ValueError):
     """A keyword option (not an array) has a bad value or type: ``block_k: expected an int >= 1, got 0``."""
 
@@ -96,6 +110,66 @@ def masked_rows_error(
         f"mask: {len(rows)} query row(s) may attend to no key at all, at {index} index {shown} "
         f"({scores} {tuple(scores_shape)}); softmax over an empty row is undefined. Fix {fix}, or choose {policies}",
         rows,
+    )
+
+
+def _g(x: float) -> str:
+    return f"{x:.7g}"
+
+
+def logits_overflow_error(
+    index: tuple[int, ...],
+    value: float,
+    count: int,
+    scores_shape: tuple[int, ...],
+    dtype: str,
+    *,
+    q_max: float,
+    k_max: float,
+    bias_max: float | None,
+    scale: float,
+    temperature: float,
+    index_layout: str = "(*batch, query, key)",
+    note: str = "",
+) -> RangeError:
+    """The error for logits ``(scale · Q Kᵀ + bias) / temperature`` that are not finite although the inputs are.
+
+    Shared by every attention variant (dense, tiled, cached): call it once the logits, computed in ``dtype``, hold
+    an infinity or a NaN at an allowed (unmasked) entry while q, k, v and bias are all finite.
+
+    Args:
+        index: the first offending entry, in ``index_layout`` order (default ``(*batch, query, key)``), as ints.
+        value: the value found there (``inf``, ``-inf`` or ``nan``; a NaN comes from ``inf - inf``).
+        count: how many allowed entries of the logits are not finite (``-1`` if the caller did not count them).
+        scores_shape: the shape of the (full, not per-block) logits ``[*batch, n_q, n_k]``.
+        dtype: the name of the dtype the logits were computed in (``"float32"``, ``"float64"``).
+        q_max, k_max: the largest magnitude of q and of k.
+        bias_max: the largest magnitude of the bias, ``None`` without a bias.
+        scale, temperature: the scale and the temperature as used.
+        index_layout: what each position of ``index`` is.
+        note: an extra sentence (for example, that float32 inputs were already recomputed in float64).
+
+    The message names the dtype's largest finite value and the fixes: a smaller scale or smaller inputs, a larger
+    temperature, and (when ``dtype`` is not float64) float64 inputs.
+
+    >>> str(logits_overflow_error((0, 1), float("inf"), 4, (2, 2), "float64", q_max=1e200, k_max=1e200,
+    ...     bias_max=None, scale=0.5, temperature=1.0)).split("; ")[0]
+    'logits: (scale · Q Kᵀ + bias) / temperature overflow float64 (largest finite 1.797693e+308) from finite inputs'
+    """
+    try:
+        limit = f"largest finite {_g(float(np.finfo(dtype).max))}"
+    except (TypeError, ValueError):
+        limit = "its largest finite value"
+    many = "" if count < 0 else f"{count} of {math.prod(scores_shape)} entries, "
+    bias = "no bias" if bias_max is None else f"max |bias| {_g(bias_max)}"
+    fixes = "a smaller scale or smaller q/k/bias, a larger temperature"
+    if str(dtype) != "float64":
+        fixes += ", or float64 inputs"
+    return RangeError(
+        f"logits: (scale · Q Kᵀ + bias) / temperature overflow {dtype} ({limit}) from finite inputs; "
+        f"{value} at {index_layout} index {tuple(int(i) for i in index)} ({many}logits {tuple(scores_shape)}); "
+        f"inputs: max |q| {_g(q_max)}, max |k| {_g(k_max)}, {bias}, scale {_g(scale)}, temperature {_g(temperature)}."
+        f"{' ' + note if note else ''} Fix: {fixes}"
     )
 
 

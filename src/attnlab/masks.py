@@ -35,7 +35,8 @@ from typing import Any, Literal
 import numpy as np
 
 from ._arrays import namespace, shape_of, to_numpy
-from .errors import DTypeError, MaskError, ShapeError
+from .errors import DTypeError, MaskError, NonFiniteError, OptionError, ShapeError
+from .validate import check_float, check_int
 
 __all__ = [
     "ALLOWED",
@@ -207,8 +208,7 @@ def key_padding(lengths: Any, n_k: int, *, ndim: int = 4) -> np.ndarray:
     """
     n_k = _check_len("n_k", n_k)
     lens = _lengths(lengths, n_k, "n_k")
-    if ndim < 2:
-        raise ShapeError(f"ndim: expected >= 2, got {ndim}")
+    ndim = check_int("ndim", ndim, minimum=2)
     ok = np.arange(n_k)[None, :] < lens[:, None]  # [B, n_k]
     return ok.reshape((len(lens),) + (1,) * (ndim - 2) + (n_k,))
 
@@ -221,8 +221,7 @@ def query_padding(lengths: Any, n_q: int, *, ndim: int = 4) -> np.ndarray:
     """
     n_q = _check_len("n_q", n_q)
     lens = _lengths(lengths, n_q, "n_q")
-    if ndim < 3:
-        raise ShapeError(f"ndim: expected >= 3 ([B, n_q, 1] at least), got {ndim}")
+    ndim = check_int("ndim", ndim, minimum=3)
     ok = np.arange(n_q)[None, :] < lens[:, None]  # [B, n_q]
     return ok.reshape((len(lens),) + (1,) * (ndim - 3) + (n_q, 1))
 
@@ -283,20 +282,35 @@ def _require_bool(xp: Any, m: Any, name: str, hint: str) -> None:
         raise DTypeError(f"{name}: expected a bool mask, got dtype {m.dtype}; {hint}")
 
 
+def _mask_array(mask: Any, name: str) -> tuple[Any, Any]:
+    """``(xp, array)`` for a mask argument: nested lists become NumPy; non-arrays and masked arrays are refused."""
+    if isinstance(mask, (list, tuple, bool, np.generic)):
+        try:
+            mask = np.asarray(mask)
+        except (ValueError, TypeError):
+            raise ShapeError(f"{name}: nested lists of unequal lengths do not form a mask") from None
+    xp = namespace(**{name: mask})
+    return xp, xp.asarray(mask)
+
+
+def _from_blocked(mask: Any, name: str) -> Any:
+    xp, m = _mask_array(mask, name)
+    _require_bool(xp, m, name, "a True = blocked mask is boolean")
+    return xp.logical_not(m)
+
+
 def from_blocked(mask: Any) -> Any:
     """From a boolean mask where True means *blocked* (``nn.MultiheadAttention``, ``masked_fill``) to attnlab's."""
-    xp = namespace(mask)
-    m = xp.asarray(mask)
-    _require_bool(xp, m, "mask", "a True = blocked mask is boolean")
-    return xp.logical_not(m)
+    return _from_blocked(mask, "mask")
 
 
 def from_keep(mask: Any) -> Any:
     """From a 0/1 mask (any dtype) where 1 means keep (Hugging Face ``attention_mask``) to attnlab's boolean."""
-    xp = namespace(mask)
-    m = xp.asarray(mask)
+    xp, m = _mask_array(mask, "mask")
     if xp.isdtype(m.dtype, "bool"):
         return m
+    if not xp.isdtype(m.dtype, ("integral", "real floating")):
+        raise DTypeError(f"mask: dtype {m.dtype} is not a 0/1 keep mask; expected bool, integer or float 0/1 entries")
     ok = xp.logical_or(m == 0, m == 1)
     if not bool(xp.all(ok)):
         bad = np.argwhere(~to_numpy(ok))[0]
@@ -307,29 +321,50 @@ def from_keep(mask: Any) -> Any:
     return m == 1
 
 
-def from_additive(mask: Any, *, threshold: float = BLOCKING_THRESHOLD) -> Any:
-    """From an additive float mask (0 = attend; -inf, -1e9, finfo.min ... = blocked) to attnlab's boolean.
+def _check_threshold(threshold: Any) -> float:
+    t = check_float("threshold", threshold, finite=False)
+    if not t < 0:
+        raise OptionError(
+            f"threshold: expected a negative number (an entry <= threshold blocks its key, 0 keeps it; "
+            f"default {BLOCKING_THRESHOLD:g}), got {threshold!r}"
+        )
+    return t
 
-    An entry blocks when it is ``-inf`` or at most ``threshold`` (default -1e4, BERT's value). Any other non-zero
-    entry is a bias, not a mask: it is refused, with a pointer to the ``bias`` argument.
-    """
-    xp = namespace(mask)
-    m = xp.asarray(mask)
+
+def _from_additive(mask: Any, name: str, threshold: Any) -> Any:
+    threshold = _check_threshold(threshold)
+    xp, m = _mask_array(mask, name)
     if xp.isdtype(m.dtype, "bool"):
-        raise DTypeError("mask: got a bool mask where an additive float mask was expected; it is already canonical")
+        raise DTypeError(f"{name}: got a bool mask where an additive float mask was expected; it is already canonical")
     if not xp.isdtype(m.dtype, "real floating"):
-        raise DTypeError(f"mask: expected an additive float mask, got dtype {m.dtype}; for 0/1 masks use from_keep")
+        raise DTypeError(f"{name}: expected an additive float mask, got dtype {m.dtype}; for 0/1 masks use from_keep")
+    if bool(xp.any(xp.isnan(m))):
+        bad = tuple(int(i) for i in np.argwhere(np.isnan(to_numpy(m)))[0])
+        raise NonFiniteError(f"{name}: additive mask {shape_of(m)} holds NaN at {bad}; it neither keeps nor blocks")
     blocked = m <= threshold
     clean = xp.logical_or(blocked, m == 0)
     if not bool(xp.all(clean)):
         mn = to_numpy(m)
         bad = tuple(int(i) for i in np.argwhere(~to_numpy(clean))[0])
         raise MaskError(
-            f"mask: additive mask {shape_of(m)} holds {mn[bad].item()!r} at {bad}, neither 0 nor a blocking value "
+            f"{name}: additive mask {shape_of(m)} holds {mn[bad].item()!r} at {bad}, neither 0 nor a blocking value "
             f"(<= {threshold:g} or -inf); that is a bias (ALiBi, relative position): pass it as bias=, and "
             f"only its blocking part as mask="
         )
     return xp.logical_not(blocked)
+
+
+def from_additive(mask: Any, *, threshold: float = BLOCKING_THRESHOLD) -> Any:
+    """From an additive float mask (0 = attend; -inf, -1e9, finfo.min ... = blocked) to attnlab's boolean.
+
+    An entry blocks when it is ``-inf`` or at most ``threshold`` (default -1e4, BERT's value; any negative number
+    or ``-inf`` may be given, since 0 is the value that keeps). Any other non-zero entry is a bias, not a mask: it
+    is refused, with a pointer to the ``bias`` argument; NaN is refused too.
+
+    >>> from_additive([[0.0, -1e9], [0.0, 0.0]]).tolist()
+    [[True, False], [True, True]]
+    """
+    return _from_additive(mask, "mask", threshold)
 
 
 def from_torch_sdpa(attn_mask: Any) -> Any:
@@ -337,15 +372,13 @@ def from_torch_sdpa(attn_mask: Any) -> Any:
 
     A float ``attn_mask`` must be a pure mask (0 / blocking values); a real-valued bias goes in ``bias``.
     """
-    xp = namespace(attn_mask)
-    m = xp.asarray(attn_mask)
-    return m if xp.isdtype(m.dtype, "bool") else from_additive(m)
+    xp, m = _mask_array(attn_mask, "attn_mask")
+    return m if xp.isdtype(m.dtype, "bool") else _from_additive(m, "attn_mask", BLOCKING_THRESHOLD)
 
 
 def _mha_part(x: Any, name: str) -> Any:
-    xp = namespace(x)
-    m = xp.asarray(x)
-    return from_blocked(m) if xp.isdtype(m.dtype, "bool") else from_additive(m)
+    xp, m = _mask_array(x, name)
+    return _from_blocked(m, name) if xp.isdtype(m.dtype, "bool") else _from_additive(m, name, BLOCKING_THRESHOLD)
 
 
 def from_torch_mha(
@@ -362,21 +395,27 @@ def from_torch_mha(
         num_heads: heads of the layer, to unpack a 3-D ``attn_mask``.
 
     Returns:
-        a bool mask broadcastable to ``[B, h, n_q, n_k]`` (True = may attend).
+        a bool mask broadcastable to ``[B, h, n_q, n_k]`` (True = may attend). The two masks must agree on
+        ``n_k`` and on ``B``: a :class:`~attnlab.errors.ShapeError` names both shapes otherwise.
     """
     if key_padding_mask is None and attn_mask is None:
         raise MaskError("from_torch_mha: pass key_padding_mask=, attn_mask= or both")
+    if num_heads is not None:
+        num_heads = check_int("num_heads", num_heads, minimum=1)
+    namespace(key_padding_mask=key_padding_mask, attn_mask=attn_mask)
     out = None
+    kp_shape = None
     if key_padding_mask is not None:
         kp = _mha_part(key_padding_mask, "key_padding_mask")
-        s = shape_of(kp)
+        s = kp_shape = shape_of(kp)
         if len(s) not in (1, 2):
             raise ShapeError(f"key_padding_mask: expected [B, n_k] or [n_k], got shape {s}")
-        kp = kp[:, None, None, :] if len(s) == 2 else kp[None, None, None, :]  # [B, 1, 1, n_k]
+        xp = namespace(kp)
+        kp = xp.reshape(kp, (s[0], 1, 1, s[1]) if len(s) == 2 else (1, 1, 1, s[0]))  # [B, 1, 1, n_k]
         out = kp
     if attn_mask is not None:
         am = _mha_part(attn_mask, "attn_mask")
-        s = shape_of(am)
+        s = am_shape = shape_of(am)
         if len(s) == 3:
             if num_heads is None or s[0] % num_heads:
                 raise ShapeError(
@@ -386,7 +425,18 @@ def from_torch_mha(
             am = xp.reshape(am, (s[0] // num_heads, num_heads, s[1], s[2]))  # [B, h, n_q, n_k]
         elif len(s) != 2:
             raise ShapeError(f"attn_mask: expected [n_q, n_k] or [B * num_heads, n_q, n_k], got shape {s}")
-        out = am if out is None else out & am
+        if out is not None:
+            try:
+                np.broadcast_shapes(shape_of(out), shape_of(am))
+            except ValueError:
+                raise ShapeError(
+                    f"attn_mask: shape {am_shape} does not fit key_padding_mask's {kp_shape} (as [B, 1, 1, n_k] "
+                    f"{shape_of(out)} against {shape_of(am)} [B, h, n_q, n_k]): n_k and B must agree"
+                ) from None
+            xp = namespace(am)
+            out = xp.logical_and(out, am)
+        else:
+            out = am
     return out
 
 
@@ -397,20 +447,18 @@ def from_hf(attention_mask: Any) -> Any:
     * 4-D "extended" additive masks ``[B, 1, n_q, n_k]`` (0 / finfo.min) -> the same shape, boolean;
     * 4-D boolean masks (True = attend, as HF's sdpa path builds them) pass through.
     """
-    xp = namespace(attention_mask)
-    m = xp.asarray(attention_mask)
+    xp, m = _mask_array(attention_mask, "attention_mask")
     s = shape_of(m)
     if len(s) == 2:
         return from_keep(m)[:, None, None, :]  # [B, 1, 1, n_k]
     if len(s) == 4:
-        return m if xp.isdtype(m.dtype, "bool") else from_additive(m)
+        return m if xp.isdtype(m.dtype, "bool") else _from_additive(m, "attention_mask", BLOCKING_THRESHOLD)
     raise ShapeError(f"attention_mask: expected [B, n_k] (1 = keep) or [B, 1, n_q, n_k], got shape {s}")
 
 
 def from_jax(mask: Any) -> Any:
     """From ``jax.nn.dot_product_attention``'s ``mask`` (bool, True = attend, ``[B, N, T, S]``): same meaning."""
-    xp = namespace(mask)
-    m = xp.asarray(mask)
+    xp, m = _mask_array(mask, "mask")
     _require_bool(xp, m, "mask", "JAX masks are boolean; for an additive bias use bias=")
     return m
 
@@ -421,8 +469,7 @@ def from_jax(mask: Any) -> Any:
 
 def to_blocked(mask: Any) -> Any:
     """attnlab's mask as True = *blocked* (for ``nn.MultiheadAttention`` and ``masked_fill``)."""
-    xp = namespace(mask)
-    m = xp.asarray(mask)
+    xp, m = _mask_array(mask, "mask")
     _require_bool(xp, m, "mask", "attnlab masks are boolean (True = may attend)")
     return xp.logical_not(m)
 
@@ -431,12 +478,28 @@ def to_additive(mask: Any, dtype: Any = None, *, fill: Literal["min", "-inf"] = 
     """attnlab's mask as an additive float mask: 0 where allowed, ``fill`` where blocked.
 
     ``fill="min"`` uses the dtype's most negative finite number (``finfo(dtype).min``), which never overflows,
-    not even in float16 where -1e9 would become -inf; ``fill="-inf"`` uses -inf. ``dtype`` defaults to float32.
+    not even in float16 where -1e9 would become -inf; ``fill="-inf"`` uses -inf. ``dtype`` defaults to float32
+    and must be a floating dtype of the mask's library (an integer dtype cannot hold -inf, and its "most negative"
+    value would be an ordinary score).
+
+    >>> to_additive([[True, False]], np.float16).tolist()
+    [[0.0, -65504.0]]
     """
-    xp = namespace(mask)
-    m = xp.asarray(mask)
+    xp, m = _mask_array(mask, "mask")
     _require_bool(xp, m, "mask", "attnlab masks are boolean (True = may attend)")
     dtype = xp.float32 if dtype is None else dtype
+    floating = False
+    try:
+        if xp is np:
+            dtype = np.dtype(dtype)
+        floating = xp.isdtype(dtype, "real floating")
+    except (TypeError, ValueError, AttributeError):
+        floating = False
+    if not floating:
+        raise DTypeError(
+            f"dtype: expected a floating dtype for an additive mask (float32, float16, bfloat16, float64), got "
+            f"{dtype!r}; an integer dtype cannot hold -inf, and a bool mask is attnlab's own"
+        )
     if fill == "min":
         value = float(xp.finfo(dtype).min)
     elif fill == "-inf":

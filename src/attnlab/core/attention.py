@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._arrays import index_tuples
-from ..errors import masked_rows_error
-from .inputs import Causal, MaskedRows, Prepared, prepare
+import numpy as np
+
+from .._arrays import index_tuples, shape_of, to_numpy
+from ..errors import MemoryLimitError, RangeError, logits_overflow_error, masked_rows_error
+from ..validate import check_int
+from .inputs import Causal, MaskedRows, Prepared, cast_checked, in_float64, max_abs, prepare
 from .softmax import masked_softmax
 
-__all__ = ["AttentionTrace", "attention_trace", "scaled_dot_product_attention"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "AttentionTrace",
+    "attention_trace",
+    "check_dense_size",
+    "dense_bytes",
+    "scaled_dot_product_attention",
+]
 
 
 @dataclass(frozen=True)
@@ -20,7 +31,8 @@ class AttentionTrace:
     Shapes (``...`` is the broadcast of the inputs' leading dims):
 
     * ``q [..., n_q, d_k]``, ``k [..., n_k, d_k]``, ``v [..., n_k, d_v]``: the inputs, in the compute dtype;
-    * ``scores [..., n_q, n_k]``: ``Q Kᵀ``, unscaled;
+    * ``scores [..., n_q, n_k]``: ``Q Kᵀ``, unscaled (``±inf`` where it overflows float64 although the logits do
+      not: a tiny scale; the logits are then computed from q and k rescaled by powers of two, exactly);
     * ``logits [..., n_q, n_k]``: ``(scale · scores + bias) / temperature``, ``-inf`` where not allowed;
     * ``allowed [..., n_q, n_k]``: the boolean mask actually applied (``mask`` AND causal);
     * ``weights [..., n_q, n_k]``: the softmax of each row of ``logits``;
@@ -28,7 +40,8 @@ class AttentionTrace:
     * ``lse [..., n_q]``: the row log-sum-exp of ``logits`` (``-inf`` on fully masked rows).
 
     ``masked_rows`` lists each fully masked row as ``(*batch_index, query_index)``; ``policy`` says what was done
-    with them. Everything except ``output`` is in the compute dtype (float64, or float32 for lower precisions).
+    with them. Everything except ``output`` is in the compute dtype: float64, or float32 for lower precisions, or
+    float64 again when float32 logits would overflow (see :func:`scaled_dot_product_attention`).
     """
 
     q: Any
@@ -47,15 +60,133 @@ class AttentionTrace:
     policy: str
 
 
-def _forward(p: Prepared) -> AttentionTrace:
+#: The default ``max_bytes`` of the dense path: 16 GiB (beyond it, :func:`attnlab.flash_attention` is the tool).
+DEFAULT_MAX_BYTES = 16 * 2**30
+
+#: Arrays of the scores' shape the dense path holds at its peak, in the compute dtype: ``Q Kᵀ``, the logits and
+#: one temporary of forming them (bias, temperature), their masked copy, the exponentials, the weights, the trace's
+#: ``-inf``-filled logits (measured with tracemalloc: 49-56 bytes per score entry in float64, 25-28 in float32).
+DENSE_FLOAT_ARRAYS = 7
+#: Boolean arrays of the scores' shape at the same time: the allowed mask and the overflow check.
+DENSE_BOOL_ARRAYS = 2
+
+
+def dense_bytes(scores_shape: tuple[int, ...], dtype: Any) -> int:
+    """An estimate of the peak memory of the dense path, in bytes, for scores ``[*batch, n_q, n_k]`` in ``dtype``.
+
+    ``DENSE_FLOAT_ARRAYS`` (7) arrays of the scores' shape in the compute dtype plus ``DENSE_BOOL_ARRAYS`` (2)
+    boolean ones; inputs (a dense mask or bias among them), outputs and ``[..., n_q]`` row statistics are not
+    counted.
+
+    >>> round(dense_bytes((200_000, 200_000), "float64") / 2**40, 2)  # TiB; the scores alone would be 298 GiB
+    2.11
+    """
+    n = math.prod(int(d) for d in scores_shape)
+    itemsize = 4 if "32" in str(dtype) else 8
+    return n * (DENSE_FLOAT_ARRAYS * itemsize + DENSE_BOOL_ARRAYS)
+
+
+def _gib(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} bytes"
+
+
+def _memory_error(p: Prepared, max_bytes: int | None) -> MemoryLimitError:
+    dtype = str(p.q.dtype).replace("torch.", "")
+    need = dense_bytes(p.scores_shape, dtype)
+    limit = "the memory available" if max_bytes is None else f"max_bytes={max_bytes} ({_gib(max_bytes)})"
+    return MemoryLimitError(
+        f"q, k, v: the dense path needs about {_gib(need)} for scores {p.scores_shape} [..., n_q, n_k] in {dtype} "
+        f"({DENSE_FLOAT_ARRAYS} {dtype} arrays of that shape: Q Kᵀ, logits, a temporary, masked logits, exp, "
+        f"weights, the trace's logits; and {DENSE_BOOL_ARRAYS} bool ones), more than {limit}. Use "
+        f"attnlab.flash_attention (exact, O(n) memory: the scores are never formed), or pass a larger "
+        f"max_bytes= (None: no limit)"
+    )
+
+
+def check_dense_size(p: Prepared, max_bytes: int | None) -> None:
+    """Raise :class:`~attnlab.errors.MemoryLimitError` when :func:`dense_bytes` of ``p`` exceeds ``max_bytes``."""
+    if max_bytes is None:
+        return
+    if dense_bytes(p.scores_shape, str(p.q.dtype)) > max_bytes:
+        raise _memory_error(p, max_bytes)
+
+
+def _overflow(p: Prepared, s: Any, bad: Any, note: str = "") -> Exception:
     xp = p.xp
-    scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]
+    where = np.argwhere(to_numpy(bad))
+    index = tuple(int(i) for i in where[0])
+    value = float(to_numpy(xp.broadcast_to(s, shape_of(bad)))[index])
+    return logits_overflow_error(
+        index,
+        value,
+        len(where),
+        p.scores_shape,
+        str(p.q.dtype).replace("torch.", ""),
+        q_max=max_abs(xp, p.q),
+        k_max=max_abs(xp, p.k),
+        bias_max=max_abs(xp, p.bias_source),
+        scale=p.scale,
+        temperature=p.temperature,
+        note=note,
+    )
+
+
+def _forward(p: Prepared, max_bytes: int | None) -> AttentionTrace:
+    check_dense_size(p, max_bytes)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked for below, and explained
+            return _forward_dense(p, max_bytes)
+    except MemoryError as err:
+        if isinstance(err, MemoryLimitError):
+            raise
+        raise _memory_error(p, None) from err
+
+
+def _power_of_two(m: float) -> int:
+    """The exponent e with ``m = f · 2**e``, 0.5 <= f < 1, kept where ``2.0**±e`` is a normal float64."""
+    return 0 if m == 0 else max(-1021, min(1021, math.frexp(m)[1]))
+
+
+def _rescaled_scores(p: Prepared) -> tuple[Any, float] | None:
+    """``(Q' K'ᵀ, scale')`` with ``Q' = Q · 2**-a``, ``K' = K · 2**-b`` (exact) and ``scale' = scale · 2**(a + b)``:
+    ``scale · Q Kᵀ`` without forming ``Q Kᵀ``, which may overflow when the scale is small. ``None`` when
+    ``scale'`` itself overflows."""
+    xp = p.xp
+    a, b = _power_of_two(max_abs(xp, p.q)), _power_of_two(max_abs(xp, p.k))
+    try:
+        scale = math.ldexp(p.scale, a + b)
+    except OverflowError:
+        return None
+    return (p.q * 2.0**-a) @ xp.matrix_transpose(p.k * 2.0**-b), scale
+
+
+def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) -> AttentionTrace:
+    xp = p.xp
+    float32 = p.q.dtype != xp.float64
+    scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]; may hold inf if rescale
     s = scores * p.scale
+    if rescale:
+        unit, scale = _rescaled_scores(p)
+        s = unit * scale
     if p.bias is not None:
         s = s + p.bias
     if p.temperature != 1.0:
         s = s / p.temperature
     allowed = p.allowed()  # [..., n_q, n_k]
+    bad = None
+    if not math.isfinite(float(xp.sum(s))):  # one cheap pass; the exact check only when something is off
+        bad = xp.logical_and(allowed, xp.logical_not(xp.isfinite(s)))  # overflow at an entry that counts
+    if bad is not None and bool(xp.any(bad)):
+        if float32:
+            return _forward(in_float64(p), max_bytes)
+        if not rescale and _rescaled_scores(p) is not None:  # Q Kᵀ may overflow where scale · Q Kᵀ does not
+            return _forward_dense(p, max_bytes, rescale=True)
+        note = "The inputs were already recomputed in float64." if p.out_dtype != xp.float64 else ""
+        raise _overflow(p, s, bad, note)
+    del bad
     weights, lse, empty = masked_softmax(s, allowed)  # [..., n_q, n_k], [..., n_q], [..., n_q]
     rows: tuple[tuple[int, ...], ...] = ()
     if bool(xp.any(empty)):
@@ -66,7 +197,16 @@ def _forward(p: Prepared) -> AttentionTrace:
             weights = xp.where(empty[..., None], xp.full_like(weights, float("nan")), weights)
     neg_inf = xp.asarray(-float("inf"), dtype=s.dtype)
     logits = xp.where(allowed, s, neg_inf)
-    output = xp.astype(weights @ p.v, p.out_dtype)  # [..., n_q, d_v]
+    out = weights @ p.v  # [..., n_q, d_v]
+    live = xp.logical_not(empty)[..., None]  # rows made NaN on purpose are not an overflow
+    if not bool(xp.all(xp.logical_or(xp.isfinite(out), xp.logical_not(live)))):
+        if float32:
+            return _forward(in_float64(p), max_bytes)
+        raise RangeError(
+            f"output: weights @ v overflows float64 (largest finite {np.finfo(np.float64).max:.7g}) although "
+            f"max |v| is {max_abs(xp, p.v):.7g}; scale v down"
+        )
+    output = cast_checked(xp, out, p.out_dtype, "output")
     return AttentionTrace(
         q=p.q,
         k=p.k,
@@ -85,6 +225,10 @@ def _forward(p: Prepared) -> AttentionTrace:
     )
 
 
+def _check_max_bytes(max_bytes: Any) -> int | None:
+    return None if max_bytes is None else check_int("max_bytes", max_bytes, minimum=1)
+
+
 def attention_trace(
     q: Any,
     k: Any,
@@ -96,6 +240,7 @@ def attention_trace(
     scale: float | None = None,
     temperature: float = 1.0,
     masked_rows: MaskedRows = "raise",
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> AttentionTrace:
     """Scaled dot-product attention with every intermediate value kept; arguments as in
     :func:`scaled_dot_product_attention`.
@@ -106,9 +251,8 @@ def attention_trace(
     >>> t.weights.round(4).tolist()
     [[1.0, 0.0], [0.3302, 0.6698]]
     """
-    return _forward(
-        prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
-    )
+    p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
+    return _forward(p, _check_max_bytes(max_bytes))
 
 
 def scaled_dot_product_attention(
@@ -122,6 +266,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     temperature: float = 1.0,
     masked_rows: MaskedRows = "raise",
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> Any:
     """Exact attention: ``softmax((Q Kᵀ · scale + bias) / temperature, masked) V``, row by row.
 
@@ -139,10 +284,29 @@ def scaled_dot_product_attention(
         masked_rows: what a query row with no allowed key becomes: ``"raise"`` (default, a
             :class:`~attnlab.errors.MaskedRowError` naming the rows), ``"zero"`` (weights and output 0, as
             FlashAttention) or ``"nan"`` (what naive code gives). Never anything else, whatever the mask.
+        max_bytes: the most memory the dense ``[..., n_q, n_k]`` arrays may take (:func:`dense_bytes`: 7 of them
+            in the compute dtype, 2 boolean), default 16 GiB; above it a :class:`~attnlab.errors.MemoryLimitError`
+            says how much is needed and points to :func:`attnlab.flash_attention` (exact, O(n) memory). ``None``:
+            no limit (NumPy's own out-of-memory is still reported that way).
 
     Returns:
-        ``[..., n_q, d_v]`` in the caller's library, in the input dtype (float64 for integer inputs). float64
-        inputs are computed in float64, float32/float16/bfloat16 in float32, with the row maximum subtracted.
+        ``[..., n_q, d_v]`` in the caller's library, in the input dtype (float64 for integer and long double
+        inputs). float64 inputs are computed in float64, float32/float16/bfloat16 in float32, with the row maximum
+        subtracted.
+
+    Precision policy (finite inputs never give NaN or inf):
+
+    * float32 compute is used only when it is exact enough: a scale, temperature or float64 bias outside
+      float32's normal range, or logits ``(scale · Q Kᵀ + bias) / temperature`` that overflow float32 at an
+      allowed entry, make the whole call recompute in float64 (which holds every float32/float16/bfloat16 value
+      exactly); the result is still returned in the input dtype;
+    * in float64, ``Q Kᵀ`` overflowing under a small scale is recomputed from q and k rescaled by powers of two
+      (exactly); logits that still overflow raise :class:`~attnlab.errors.RangeError`
+      (:func:`~attnlab.errors.logits_overflow_error`) naming the first entry, the inputs' largest magnitudes,
+      the scale, the temperature and the fix. An underflowing temperature (``1e-310``) is such an overflow,
+      never a fully masked row;
+    * an output the input dtype cannot hold (float16) is a :class:`~attnlab.errors.RangeError`, not ``inf``.
+      Values below the compute dtype's smallest normal number are rounded as in any floating-point code.
 
     The articles' 2×2 example (Q = K = I, V = [[10, 0], [0, 20]]):
 
@@ -152,4 +316,4 @@ def scaled_dot_product_attention(
     (The article prints 6.604 and 13.396: it multiplies by the weights rounded to 0.3302 and 0.6698.)
     """
     p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
-    return _forward(p).output
+    return _forward(p, _check_max_bytes(max_bytes)).output

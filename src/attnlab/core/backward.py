@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from .._arrays import device_of, namespace, shape_of
-from ..errors import DTypeError, MaskedRowError, ShapeError
+from .._arrays import compute_dtype, device_of, namespace, shape_of
+from ..errors import DTypeError, MaskedRowError, RangeError, ShapeError
 from .attention import AttentionTrace
 from .dropout import Dropout, dropout_multiplier
-from .inputs import check_finite
+from .inputs import as_array, cast_checked, check_finite, max_abs
 
 __all__ = ["AttentionGrads", "attention_backward"]
 
@@ -62,16 +62,65 @@ def _sum_to(xp: Any, x: Any, shape: tuple[int, ...]) -> Any:
 
 
 def upstream_gradient(xp: Any, d_out: Any, want: tuple[int, ...], legend: str, like: Any) -> Any:
-    """``d_out`` checked against the output's shape ``want`` and for NaN/inf, as an ``xp`` array next to ``like``."""
-    if isinstance(d_out, (list, tuple)):
-        d_out = np.asarray(d_out)
-    if not hasattr(d_out, "shape") or shape_of(d_out) != want:
-        got = shape_of(d_out) if hasattr(d_out, "shape") else type(d_out).__name__
-        raise ShapeError(f"d_out: shape {got}, expected the output's shape {want} {legend}")
+    """``d_out`` checked against the output's shape ``want`` and for NaN/inf, as an ``xp`` array next to ``like``.
+
+    A NumPy ``d_out`` goes with any library's forward; another library's must be the forward's.
+    """
+    d_out = as_array(d_out, "d_out")
+    own = namespace(d_out=d_out)  # non-arrays, masked arrays, meta tensors
+    if not isinstance(d_out, np.ndarray):
+        namespace(forward=like, d_out=d_out)
+    if shape_of(d_out) != want:
+        raise ShapeError(f"d_out: shape {shape_of(d_out)}, expected the output's shape {want} {legend}")
+    compute_dtype(own, d_out.dtype, "d_out")
     if xp is not np and isinstance(d_out, np.ndarray):
         d_out = xp.asarray(d_out, device=device_of(like))
     check_finite(xp, d_out, "d_out")
     return d_out
+
+
+def _grads(trace: AttentionTrace, d_out: Any, dropout: Dropout | None, cdt: Any) -> tuple[Any, ...]:
+    """``(dq, dk, dv, dbias, ds)`` computed in ``cdt`` (the trace's arrays converted to it)."""
+    xp = namespace(trace.q)
+    a = xp.astype(trace.weights, cdt)  # [..., n_q, n_k]
+    d_o = xp.astype(d_out, cdt)  # [..., n_q, d_v]
+    q, k, v = (xp.astype(x, cdt) for x in (trace.q, trace.k, trace.v))
+    if dropout is not None:
+        mult = dropout_multiplier(a, dropout)  # keep / (1 - p), broadcastable to [..., n_q, n_k]
+        a_drop = a * mult  # [..., n_q, n_k]
+    else:
+        mult = None
+        a_drop = a
+
+    d_v = xp.matrix_transpose(a_drop) @ d_o  # [..., n_k, d_v]
+    d_p = d_o @ xp.matrix_transpose(v)  # [..., n_q, n_k]  gradient w.r.t. the (dropped) weights
+    if mult is not None:
+        d_p = d_p * mult  # gradient w.r.t. A
+    delta = xp.sum(d_p * a, axis=-1, keepdims=True)  # [..., n_q, 1]
+    d_s = a * (d_p - delta)  # [..., n_q, n_k]; exactly 0 where A == 0 (masked)
+    if trace.temperature != 1.0:
+        d_s = d_s / trace.temperature
+    d_scores = d_s * trace.scale
+    d_q = d_scores @ k  # [..., n_q, d_k]
+    d_k = xp.matrix_transpose(d_scores) @ q  # [..., n_k, d_k]
+    d_bias = None if trace.bias is None else _sum_to(xp, d_s, shape_of(trace.bias))
+    return (
+        _sum_to(xp, d_q, shape_of(trace.q)),
+        _sum_to(xp, d_k, shape_of(trace.k)),
+        _sum_to(xp, d_v, shape_of(trace.v)),
+        d_bias,
+        d_s,
+    )
+
+
+_GRAD_NAMES = ("dq", "dk", "dv", "dbias", "ds")
+
+
+def _first_overflow(xp: Any, grads: tuple[Any, ...]) -> str | None:
+    for name, g in zip(_GRAD_NAMES, grads, strict=True):
+        if g is not None and not bool(xp.all(xp.isfinite(g))):
+            return name
+    return None
 
 
 def attention_backward(trace: AttentionTrace, d_out: Any, *, dropout: Dropout | None = None) -> AttentionGrads:
@@ -85,7 +134,10 @@ def attention_backward(trace: AttentionTrace, d_out: Any, *, dropout: Dropout | 
             or ``None``.
 
     Returns:
-        :class:`AttentionGrads` with ``dq``, ``dk``, ``dv``, ``dbias`` (``None`` without bias) and ``ds``.
+        :class:`AttentionGrads` with ``dq``, ``dk``, ``dv``, ``dbias`` (``None`` without bias) and ``ds``, in the
+        trace's compute dtype. A float32 backward whose intermediates overflow (``dO Vᵀ`` beyond 3.4e38) is redone
+        in float64 and converted back; a gradient that float32 (or, computed in float64, float64) cannot hold
+        is a :class:`~attnlab.errors.RangeError` naming it.
 
     Shapes: ``q [..., n_q, d_k]``, ``k [..., n_k, d_k]``, ``v [..., n_k, d_v]``, ``d_out [..., n_q, d_v]``.
 
@@ -111,35 +163,27 @@ def attention_backward(trace: AttentionTrace, d_out: Any, *, dropout: Dropout | 
         )
     xp = namespace(trace.q)
     d_out = upstream_gradient(xp, d_out, shape_of(trace.output), "[..., n_q, d_v]", trace.q)
-    a = trace.weights  # [..., n_q, n_k]
-    cdt = a.dtype
-    d_o = xp.astype(d_out, cdt)  # [..., n_q, d_v]
-
-    if dropout is not None:
-        if not isinstance(dropout, Dropout):
-            raise DTypeError(f"dropout: expected a Dropout (from the forward) or None, got {type(dropout).__name__}")
-        mult = dropout_multiplier(a, dropout)  # keep / (1 - p), broadcastable to [..., n_q, n_k]
-        a_drop = a * mult  # [..., n_q, n_k]
-    else:
-        mult = None
-        a_drop = a
-
-    d_v = xp.matrix_transpose(a_drop) @ d_o  # [..., n_k, d_v]
-    d_p = d_o @ xp.matrix_transpose(trace.v)  # [..., n_q, n_k]  gradient w.r.t. the (dropped) weights
-    if mult is not None:
-        d_p = d_p * mult  # gradient w.r.t. A
-    delta = xp.sum(d_p * a, axis=-1, keepdims=True)  # [..., n_q, 1]
-    d_s = a * (d_p - delta)  # [..., n_q, n_k]; exactly 0 where A == 0 (masked)
-    if trace.temperature != 1.0:
-        d_s = d_s / trace.temperature
-    d_scores = d_s * trace.scale
-    d_q = d_scores @ trace.k  # [..., n_q, d_k]
-    d_k = xp.matrix_transpose(d_scores) @ trace.q  # [..., n_k, d_k]
-    d_bias = None if trace.bias is None else _sum_to(xp, d_s, shape_of(trace.bias))
-    return AttentionGrads(
-        dq=_sum_to(xp, d_q, shape_of(trace.q)),
-        dk=_sum_to(xp, d_k, shape_of(trace.k)),
-        dv=_sum_to(xp, d_v, shape_of(trace.v)),
-        dbias=d_bias,
-        ds=d_s,
-    )
+    if dropout is not None and not isinstance(dropout, Dropout):
+        raise DTypeError(f"dropout: expected a Dropout (from the forward) or None, got {type(dropout).__name__}")
+    cdt = trace.weights.dtype
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked for below, and explained
+        grads = _grads(trace, d_out, dropout, cdt)
+        bad = _first_overflow(xp, grads)
+        if bad is not None and cdt != xp.float64:
+            wide = _grads(trace, d_out, dropout, xp.float64)
+            bad = _first_overflow(xp, wide)
+            if bad is None:
+                grads = tuple(
+                    None if g is None else cast_checked(xp, g, cdt, n) for n, g in zip(_GRAD_NAMES, wide, strict=True)
+                )
+    if bad is not None:
+        dt = str(cdt).replace("torch.", "")
+        note = f" (the {dt} trace was recomputed in float64)" if cdt != xp.float64 else ""
+        raise RangeError(
+            f"{bad}: the attention gradient overflows float64 (largest finite {np.finfo(np.float64).max:.7g}){note} "
+            f"from finite inputs: max |d_out| {max_abs(xp, d_out):.7g}, max |q| {max_abs(xp, trace.q):.7g}, "
+            f"max |k| {max_abs(xp, trace.k):.7g}, max |v| {max_abs(xp, trace.v):.7g}, scale {trace.scale:.7g}, "
+            f"temperature {trace.temperature:.7g}; scale d_out (the loss) or the inputs down"
+        )
+    dq, dk, dv, dbias, ds = grads
+    return AttentionGrads(dq=dq, dk=dk, dv=dv, dbias=dbias, ds=ds)

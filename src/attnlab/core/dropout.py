@@ -34,6 +34,7 @@ import numpy as np
 from .._arrays import compute_dtype, device_of, namespace, shape_of, to_numpy
 from ..errors import DTypeError, OptionError, ShapeError
 from ..validate import check_float
+from .inputs import as_array
 
 __all__ = ["Dropout", "DropoutResult", "apply_dropout", "check_p", "dropout", "dropout_multiplier", "make_dropout"]
 
@@ -108,7 +109,7 @@ def make_dropout(shape: tuple[int, ...], p: float, rng: np.random.Generator | No
     if p == 0.0:
         return None
     if not isinstance(rng, np.random.Generator):
-        raise DTypeError(
+        raise OptionError(
             f"rng: dropout_p={p} in training mode needs an explicit numpy.random.Generator "
             f"(rng=np.random.default_rng(seed)), got {rng!r}"
         )
@@ -203,6 +204,7 @@ def apply_dropout(weights: Any, dropout: Dropout | None) -> Any:
     """
     if dropout is None:
         return weights
+    weights = as_array(weights, "weights")
     return weights * dropout_multiplier(weights, dropout)
 
 
@@ -211,13 +213,18 @@ def dropout_multiplier(weights: Any, dropout: Dropout) -> Any:
 
     Shapes: ``weights [..., n_q, n_k]``; the result as ``dropout.keep`` (broadcastable to the weights).
     """
+    if not isinstance(dropout, Dropout):
+        raise DTypeError(f"dropout: expected a Dropout (from make_dropout) or None, got {type(dropout).__name__}")
+    weights = as_array(weights, "weights")
+    xp = namespace(weights=weights)
+    if not xp.isdtype(weights.dtype, "real floating"):
+        raise DTypeError(f"weights: dtype {weights.dtype}; expected attention weights of a real floating dtype")
     try:
         np.broadcast_shapes(dropout.keep.shape, shape_of(weights))
     except ValueError:
         raise ShapeError(
             f"dropout: keep mask shape {dropout.keep.shape} does not broadcast to the weights' {shape_of(weights)}"
         ) from None
-    xp = namespace(weights)
     m = dropout.multiplier
     if xp is np:
         return xp.asarray(m, dtype=weights.dtype)

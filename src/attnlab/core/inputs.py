@@ -7,21 +7,28 @@ writes into the caller's arrays: conversions to the compute dtype make new array
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from .. import masks as _masks
-from .._arrays import compute_dtype, device_of, namespace, shape_of, to_numpy
-from ..errors import DTypeError, MaskError, NonFiniteError, ShapeError
+from .._arrays import compute_dtype, compute_dtypes, device_of, namespace, shape_of, to_numpy
+from ..errors import DTypeError, MaskError, NonFiniteError, RangeError, ShapeError
+from ..validate import check_float
 
 __all__ = [
     "Causal",
     "MaskedRows",
     "Prepared",
+    "as_array",
+    "cast_checked",
     "check_finite",
     "check_policy",
+    "check_temperature",
+    "fits_float32",
+    "in_float64",
+    "max_abs",
     "prepare",
     "resolve_causal",
     "resolve_scale",
@@ -38,6 +45,7 @@ class Prepared:
 
     Shapes: q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``, v ``[..., n_k, d_v]``; ``mask`` and ``bias``
     broadcastable to ``[*batch, n_q, n_k]`` (``None`` when absent); ``causal`` is None or an alignment.
+    ``bias_source`` is the caller's bias before the conversion (for :func:`in_float64`).
     """
 
     xp: Any
@@ -56,6 +64,7 @@ class Prepared:
     n_k: int
     d_k: int
     d_v: int
+    bias_source: Any | None = field(default=None, repr=False)
 
     @property
     def scores_shape(self) -> tuple[int, ...]:
@@ -79,9 +88,23 @@ class Prepared:
         return xp.broadcast_to(allowed, full)
 
 
-def _as_array(x: Any) -> Any:
-    """Lists and scalars become NumPy arrays; arrays are returned as they are (never copied, never written)."""
-    if isinstance(x, (list, tuple, int, float)):
+def as_array(x: Any, name: str, *, optional: bool = False) -> Any:
+    """Lists and scalars become NumPy arrays; arrays are returned as they are (never copied, never written).
+
+    NumPy subclasses other than masked arrays (``np.matrix``) are viewed as plain ``ndarray``; masked arrays and
+    non-arrays are refused later, by :func:`~attnlab._arrays.namespace`, with the argument's ``name``. ``None`` is
+    refused by name unless ``optional`` (then it stays ``None``).
+    """
+    if x is None:
+        if optional:
+            return None
+        raise DTypeError(f"{name}: expected an array (NumPy, PyTorch, any array-API library) or nested lists, got None")
+    if isinstance(x, (list, tuple, int, float, np.generic)):
+        try:
+            return np.asarray(x)
+        except (ValueError, TypeError):
+            raise ShapeError(f"{name}: nested lists of unequal lengths do not form an array") from None
+    if type(x) is not np.ndarray and isinstance(x, np.ndarray) and not isinstance(x, np.ma.MaskedArray):
         return np.asarray(x)
     return x
 
@@ -97,6 +120,34 @@ def check_finite(xp: Any, x: Any, name: str) -> None:
     raise NonFiniteError(
         f"{name}: holds {value} at index {where} ({len(bad)} non-finite entr{'y' if len(bad) == 1 else 'ies'} "
         f"in shape {shape_of(x)}); attention inputs must be finite"
+    )
+
+
+def max_abs(xp: Any, x: Any | None) -> float | None:
+    """The largest magnitude in ``x`` as a Python float (``None`` for ``None``), for messages."""
+    if x is None:
+        return None
+    return float(to_numpy(xp.max(xp.abs(x))))
+
+
+def cast_checked(xp: Any, x: Any, dtype: Any, name: str) -> Any:
+    """``x`` converted to ``dtype``, or a :class:`~attnlab.errors.RangeError` if a finite value of ``x`` does not fit.
+
+    For results computed in float32 and returned in float16 or bfloat16 (whose range is smaller).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):  # what does not fit is found below, and explained
+        y = xp.astype(x, dtype, copy=False)
+    if y.dtype == x.dtype:
+        return y
+    fits = xp.logical_or(xp.isfinite(y), xp.logical_not(xp.isfinite(x)))
+    if bool(xp.all(fits)):
+        return y
+    where = tuple(int(i) for i in np.argwhere(~to_numpy(fits))[0])
+    shown = str(dtype).replace("torch.", "")
+    raise RangeError(
+        f"{name}: {float(to_numpy(x)[where]):.7g} at index {where} does not fit in {shown} (largest finite "
+        f"{float(xp.finfo(dtype).max):.7g}), the inputs' dtype it is returned in; pass float32 inputs (then "
+        f"the result is float32) or scale the inputs down"
     )
 
 
@@ -119,27 +170,45 @@ def resolve_causal(causal: Any, n_q: int, n_k: int) -> str | None:
     raise MaskError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
 
 
+def _number(value: Any) -> Any:
+    """0-d arrays (``np.float32(2)`` already passes; ``torch.tensor(0.5)``, ``np.array(0.5)``) as Python floats."""
+    if hasattr(value, "shape") and shape_of(value) == () and not isinstance(value, (bool, np.bool_)):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            return value
+    return value
+
+
 def resolve_scale(scale: Any, d_k: int) -> float:
-    """``scale`` as a float; ``None`` gives 1/sqrt(d_k)."""
+    """``scale`` as a finite float (an :class:`~attnlab.errors.OptionError` otherwise); ``None`` gives 1/sqrt(d_k)."""
     if scale is None:
         return 1.0 / math.sqrt(d_k)
-    try:
-        s = float(scale)
-    except (TypeError, ValueError):
-        raise ShapeError(f"scale: expected a number, got {scale!r}") from None
-    if not math.isfinite(s):
-        raise NonFiniteError(f"scale: expected a finite number, got {scale!r}")
-    return s
+    return check_float("scale", _number(scale))
 
 
-def _check_temperature(temperature: Any) -> float:
-    try:
-        t = float(temperature)
-    except (TypeError, ValueError):
-        raise ShapeError(f"temperature: expected a positive number, got {temperature!r}") from None
-    if not (math.isfinite(t) and t > 0):
-        raise ShapeError(f"temperature: expected a finite number > 0, got {temperature!r}")
-    return t
+def check_temperature(temperature: Any) -> float:
+    """``temperature`` as a finite float > 0 (an :class:`~attnlab.errors.OptionError` otherwise)."""
+    return check_float("temperature", _number(temperature), positive=True)
+
+
+def fits_float32(xp: Any, scale: float, temperature: float, bias: Any | None) -> bool:
+    """Whether float32 can hold ``scale``, ``temperature`` and the bias as normal numbers (else compute in float64).
+
+    A scale or temperature outside float32's normal range (``1.18e-38 .. 3.4e38``) would be rounded to 0, a
+    subnormal or infinity when applied to float32 scores, and a float64 bias beyond float32's largest value
+    would become infinite.
+    """
+    f = np.finfo(np.float32)
+    tiny, big = float(f.smallest_normal), float(f.max)
+    if scale != 0 and not tiny <= abs(scale) <= big:
+        return False
+    if not tiny <= temperature <= big:
+        return False
+    if bias is not None and xp.isdtype(bias.dtype, "real floating") and bias.dtype != xp.float32:
+        if max_abs(xp, bias) > big:
+            return False
+    return True
 
 
 def _broadcast_into(name: str, shape: tuple[int, ...], full: tuple[int, ...], q, k, v) -> None:
@@ -155,6 +224,27 @@ def _broadcast_into(name: str, shape: tuple[int, ...], full: tuple[int, ...], q,
         )
 
 
+def _companion(xp: Any, q: Any, name: str, x: Any) -> Any:
+    """A mask or bias next to ``q``: a NumPy array is moved to ``q``'s library; any other library must be ``q``'s."""
+    namespace(**{name: x})  # refuses masked arrays, meta tensors and non-arrays by name
+    if isinstance(x, np.ndarray):
+        return x if xp is np else xp.asarray(x, device=device_of(q))
+    namespace(q=q, **{name: x})  # refuses a tensor mask next to NumPy q, naming both
+    return x
+
+
+def in_float64(p: Prepared) -> Prepared:
+    """``p`` recomputed in float64: q, k, v upcast (exactly), the bias converted again from the caller's array.
+
+    Used when float32 logits overflow: float64 holds every float32, float16 and bfloat16 value exactly.
+    """
+    xp = p.xp
+    bias = None if p.bias is None else xp.astype(p.bias_source, xp.float64)
+    return replace(
+        p, q=xp.astype(p.q, xp.float64), k=xp.astype(p.k, xp.float64), v=xp.astype(p.v, xp.float64), bias=bias
+    )
+
+
 def prepare(
     q: Any,
     k: Any,
@@ -167,9 +257,15 @@ def prepare(
     temperature: float = 1.0,
     masked_rows: MaskedRows = "raise",
 ) -> Prepared:
-    """Validate the arguments of :func:`attnlab.scaled_dot_product_attention` and convert to the compute dtype."""
-    q, k, v, mask, bias = map(_as_array, (q, k, v, mask, bias))
-    xp = namespace(q, k, v, mask, bias)
+    """Validate the arguments of :func:`attnlab.scaled_dot_product_attention` and convert to the compute dtype.
+
+    The compute dtype is float64 for float64, integer and long-double inputs, float32 for float32, float16 and
+    bfloat16 inputs, except that float32 inputs are computed in float64 when float32 cannot hold the scale,
+    the temperature or the bias (:func:`fits_float32`).
+    """
+    q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
+    mask, bias = as_array(mask, "mask", optional=True), as_array(bias, "bias", optional=True)
+    xp = namespace(q=q, k=k, v=v)
     qs, ks, vs = shape_of(q), shape_of(k), shape_of(v)
     shapes = f"(q {qs}, k {ks}, v {vs})"
     for name, s, legend in (("q", qs, "[..., n_q, d_k]"), ("k", ks, "[..., n_k, d_k]"), ("v", vs, "[..., n_k, d_v]")):
@@ -188,19 +284,16 @@ def prepare(
     n_q, n_k, d_k, d_v = qs[-2], ks[-2], qs[-1], vs[-1]
     full = (*batch, n_q, n_k)
 
-    cdt, out_dtype = compute_dtype(xp, xp.result_type(q.dtype, k.dtype, v.dtype), "q, k, v")
+    cdt, out_dtype = compute_dtypes(xp, q=q, k=k, v=v)
     for name, x in (("q", q), ("k", k), ("v", v)):
-        compute_dtype(xp, x.dtype, name)
         check_finite(xp, x, name)
-    device = device_of(q)
-
-    def to_xp(x: Any) -> Any:
-        if xp is np or not isinstance(x, np.ndarray):
-            return x
-        return xp.asarray(x, device=device)
+    scale_f = resolve_scale(scale, d_k)
+    temperature_f = check_temperature(temperature)
+    causal_s = resolve_causal(causal, n_q, n_k)
+    policy = check_policy(masked_rows)
 
     if mask is not None:
-        mask = to_xp(mask)
+        mask = _companion(xp, q, "mask", mask)
         if not xp.isdtype(mask.dtype, "bool"):
             raise DTypeError(
                 f"mask: dtype {mask.dtype} is not a boolean mask (True = may attend); convert it first: "
@@ -209,9 +302,10 @@ def prepare(
             )
         _broadcast_into("mask", shape_of(mask), full, qs, ks, vs)
     if bias is not None:
-        bias = to_xp(bias)
+        bias = _companion(xp, q, "bias", bias)
         if xp.isdtype(bias.dtype, "bool"):
             raise DTypeError("bias: got a bool array; a boolean mask goes in mask= (True = may attend)")
+        compute_dtype(xp, bias.dtype, "bias")
         _broadcast_into("bias", shape_of(bias), full, qs, ks, vs)
         try:
             check_finite(xp, bias, "bias")
@@ -219,7 +313,8 @@ def prepare(
             raise NonFiniteError(
                 f"{err} (to block keys use mask=, or masks.from_additive for additive masks)"
             ) from None
-        bias = xp.astype(bias, cdt)
+    if cdt == xp.float32 and not fits_float32(xp, scale_f, temperature_f, bias):
+        cdt = xp.float64
 
     return Prepared(
         xp=xp,
@@ -227,15 +322,16 @@ def prepare(
         k=xp.astype(k, cdt),
         v=xp.astype(v, cdt),
         mask=mask,
-        bias=bias,
-        causal=resolve_causal(causal, n_q, n_k),
-        scale=resolve_scale(scale, d_k),
-        temperature=_check_temperature(temperature),
-        masked_rows=check_policy(masked_rows),
+        bias=None if bias is None else xp.astype(bias, cdt),
+        causal=causal_s,
+        scale=scale_f,
+        temperature=temperature_f,
+        masked_rows=policy,
         out_dtype=out_dtype,
         batch=batch,
         n_q=n_q,
         n_k=n_k,
         d_k=d_k,
         d_v=d_v,
+        bias_source=bias,
     )

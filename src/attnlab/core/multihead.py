@@ -14,18 +14,18 @@ Shapes: ``x_q [B, n_q, d_model]``, ``x_kv [B, n_k, d_kv]``, per-head ``q [B, h, 
 from __future__ import annotations
 
 import math
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .._arrays import compute_dtype, namespace, shape_of
+from .._arrays import compute_dtypes, namespace, shape_of
 from ..errors import DTypeError, OptionError, RangeError, ShapeError
 from ..validate import check_choice, check_float, check_int
-from .attention import AttentionTrace, attention_trace
+from .attention import DEFAULT_MAX_BYTES, AttentionTrace, attention_trace
 from .backward import attention_backward, upstream_gradient
-from .dropout import Dropout, apply_dropout, make_dropout
-from .inputs import Causal, MaskedRows, check_finite
+from .dropout import Dropout, apply_dropout, check_p, make_dropout
+from .inputs import Causal, MaskedRows, as_array, cast_checked, check_finite, max_abs
 
 __all__ = [
     "MultiHeadGrads",
@@ -59,8 +59,9 @@ def split_heads(x: Any, num_heads: int) -> Any:
     >>> split_heads(np.arange(8).reshape(1, 2, 4), 2)[0].tolist()  # head 0 holds columns 0-1, head 1 columns 2-3
     [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
     """
-    num_heads = _int("num_heads", num_heads)
-    xp = namespace(x)
+    num_heads = check_int("num_heads", num_heads, minimum=1)
+    x = as_array(x, "x")
+    xp = namespace(x=x)
     s = shape_of(x)
     if len(s) < 2:
         raise ShapeError(f"x: expected [..., n, h * d] with at least 2 dims, got shape {s}")
@@ -81,7 +82,8 @@ def merge_heads(x: Any) -> Any:
     >>> bool((merge_heads(split_heads(x, 2)) == x).all())
     True
     """
-    xp = namespace(x)
+    x = as_array(x, "x")
+    xp = namespace(x=x)
     s = shape_of(x)
     if len(s) < 3:
         raise ShapeError(f"x: expected [..., h, n, d] with at least 3 dims, got shape {s}")
@@ -101,8 +103,9 @@ def repeat_kv(x: Any, n_rep: int) -> Any:
     >>> repeat_kv(np.array([[[[1]], [[2]]]]), 2)[0, :, 0, 0].tolist()
     [1, 1, 2, 2]
     """
-    n_rep = _int("n_rep", n_rep)
-    xp = namespace(x)
+    n_rep = check_int("n_rep", n_rep, minimum=1)
+    x = as_array(x, "x")
+    xp = namespace(x=x)
     s = shape_of(x)
     if len(s) < 3:
         raise ShapeError(f"x: expected [..., h_kv, n, d] with at least 3 dims, got shape {s}")
@@ -117,8 +120,12 @@ def sum_kv_groups(x: Any, num_kv_heads: int) -> Any:
 
     Shapes: ``x [..., h, n, d] -> [..., h_kv, n, d]``.
     """
-    xp = namespace(x)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
+    x = as_array(x, "x")
+    xp = namespace(x=x)
     s = shape_of(x)
+    if len(s) < 3 or s[-3] % num_kv_heads:
+        raise ShapeError(f"x: shape {s} is not [..., h, n, d] with h a multiple of num_kv_heads={num_kv_heads}")
     n_rep = s[-3] // num_kv_heads
     if n_rep == 1:
         return x
@@ -408,6 +415,7 @@ def multi_head_attention(
     training: bool = False,
     return_weights: bool = False,
     average_weights: bool = False,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
 ) -> MultiHeadResult:
     """Multi-head attention (MHA, GQA or MQA), self or cross, with every mask option of the core.
 
@@ -428,6 +436,7 @@ def multi_head_attention(
         training: dropout is applied only in training mode; evaluation is deterministic.
         return_weights: also return the attention weights (before dropout).
         average_weights: return them averaged over heads, ``[B, n_q, n_k]`` (default: per head).
+        max_bytes: the memory limit of the dense scores, as in :func:`~attnlab.scaled_dot_product_attention`.
 
     Returns:
         a :class:`MultiHeadResult` (``.output [B, n_q, d_model]``, ``.weights``, and the trace for the backward).
@@ -443,12 +452,10 @@ def multi_head_attention(
     """
     if not isinstance(weights, MultiHeadWeights):
         raise DTypeError(f"weights: expected a MultiHeadWeights (see init_multi_head), got {type(weights).__name__}")
-    if isinstance(x_q, (list, tuple)):
-        x_q = np.asarray(x_q)
-    if isinstance(x_kv, (list, tuple)):
-        x_kv = np.asarray(x_kv)
+    x_q = as_array(x_q, "x_q")
+    x_kv = as_array(x_kv, "x_kv", optional=True)
     params = weights.arrays()
-    xp = namespace(x_q, x_kv, *params.values())
+    xp = namespace(x_q=x_q, x_kv=x_kv, **params)
     sq = _check_x(xp, x_q, "x_q", weights.d_model, "d_model")
     if x_kv is not None:
         sk = _check_x(xp, x_kv, "x_kv", weights.d_kv, "d_kv")
@@ -464,42 +471,46 @@ def multi_head_attention(
             f"mask: 3-D shape {shape_of(mask)} is ambiguous for multi-head scores [B, h, n_q, n_k]; "
             f"give [n_q, n_k], or add the head axis: mask[:, None] -> [B, 1, n_q, n_k]"
         )
-    if not isinstance(training, bool):
-        raise DTypeError(f"training: expected True or False, got {training!r}")
+    for name, flag in (
+        ("training", training),
+        ("return_weights", return_weights),
+        ("average_weights", average_weights),
+    ):
+        if not isinstance(flag, bool):
+            raise OptionError(f"{name}: expected True or False, got {flag!r}")
+    dropout_p = check_p(dropout_p)
 
-    dtypes = [x_q.dtype] + ([x_kv.dtype] if x_kv is not None else []) + [a.dtype for a in params.values()]
-    cdt, out_dtype = compute_dtype(xp, xp.result_type(*dtypes), "x_q, x_kv, weights")
+    cdt, out_dtype = compute_dtypes(xp, x_q=x_q, x_kv=x_kv, **params)
     for name, x in (("x_q", x_q), ("x_kv", x_kv), *params.items()):
         if x is not None:
-            compute_dtype(xp, x.dtype, name)
             check_finite(xp, x, name)
-    cast = {n: xp.astype(a, cdt) for n, a in params.items()}
-    xq = xp.astype(x_q, cdt)
-    xkv = None if x_kv is None else xp.astype(x_kv, cdt)
-    src = xq if xkv is None else xkv
+    opts = {
+        "mask": mask,
+        "bias": attn_bias,
+        "causal": causal,
+        "scale": scale,
+        "masked_rows": masked_rows,
+        "max_bytes": max_bytes,
+    }
+    drawn: dict[str, Dropout | None] = {}
 
-    h, h_kv = weights.num_heads, weights.num_kv_heads
-    q = split_heads(_project(xq, cast["w_q"], cast.get("b_q")), h)  # [B, h, n_q, d]
-    k = split_heads(_project(src, cast["w_k"], cast.get("b_k")), h_kv)  # [B, h_kv, n_k, d]
-    v = split_heads(_project(src, cast["w_v"], cast.get("b_v")), h_kv)  # [B, h_kv, n_k, d]
-    k, v = repeat_kv(k, weights.n_rep), repeat_kv(v, weights.n_rep)  # [B, h, n_k, d]
-    trace = attention_trace(q, k, v, mask, bias=attn_bias, causal=causal, scale=scale, masked_rows=masked_rows)
+    def draw(shape: tuple[int, ...]) -> Dropout | None:
+        if "drop" not in drawn:  # once, even when a float32 pass is redone in float64
+            drawn["drop"] = make_dropout(shape, dropout_p, rng) if training else None
+        return drawn["drop"]
 
-    drop = None
-    if training:
-        drop = make_dropout(shape_of(trace.weights), dropout_p, rng)
-    elif not (isinstance(dropout_p, (int, float)) and 0.0 <= dropout_p < 1.0):
-        make_dropout((1,), dropout_p, None)  # validates and raises with the usual message
-    a = trace.weights if drop is None else apply_dropout(trace.weights, drop)  # [B, h, n_q, n_k]
-    heads = merge_heads(a @ trace.v)  # [B, n_q, h * d]
-    out = _project(heads, cast["w_o"], cast.get("b_o"))  # [B, n_q, d_model]
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked for stage by stage, and explained
+        done = _mha_forward(xp, x_q, x_kv, weights, cdt, opts, draw)
+        if done is None:  # float32 overflowed somewhere: the whole layer again in float64
+            done = _mha_forward(xp, x_q, x_kv, weights, xp.float64, opts, draw)
+    trace, drop, heads, out, xq, xkv = done
 
     w = None
     if return_weights or average_weights:
         w = xp.mean(trace.weights, axis=1) if average_weights else trace.weights
         w = xp.astype(w, out_dtype)
     return MultiHeadResult(
-        output=xp.astype(out, out_dtype),
+        output=cast_checked(xp, out, out_dtype, "output"),
         weights=w,
         trace=trace,
         dropout=drop,
@@ -508,6 +519,69 @@ def multi_head_attention(
         x_kv=xkv,
         params=weights,
     )
+
+
+def _overflowed(xp: Any, x: Any, cdt: Any, what: str, inputs: dict[str, Any]) -> bool:
+    """False if ``x`` is finite; True (redo in float64) if not and ``cdt`` is float32; else a RangeError."""
+    if bool(xp.all(xp.isfinite(x))):
+        return False
+    if cdt != xp.float64:
+        return True
+    shown = ", ".join(f"max |{n}| {max_abs(xp, a):.7g}" for n, a in inputs.items() if a is not None)
+    raise RangeError(
+        f"{what} overflows float64 (largest finite {np.finfo(np.float64).max:.7g}) from finite inputs ({shown}); "
+        f"scale the inputs or the weights down"
+    )
+
+
+def _mha_forward(
+    xp: Any, x_q: Any, x_kv: Any, weights: MultiHeadWeights, cdt: Any, opts: dict[str, Any], draw: Any
+) -> tuple[Any, ...] | None:
+    """One pass of the layer in ``cdt``: ``(trace, dropout, heads, output, x_q, x_kv)``, or ``None`` when a float32
+    pass overflowed (the caller redoes it in float64); a float64 overflow is a RangeError naming the stage."""
+    cast = {n: xp.astype(a, cdt) for n, a in weights.arrays().items()}
+    xq = xp.astype(x_q, cdt)
+    xkv = None if x_kv is None else xp.astype(x_kv, cdt)
+    src = xq if xkv is None else xkv
+    src_name = "x_q" if xkv is None else "x_kv"
+
+    h, h_kv = weights.num_heads, weights.num_kv_heads
+    projected = {}
+    for part, x, name, heads_n in (("q", xq, "x_q", h), ("k", src, src_name, h_kv), ("v", src, src_name, h_kv)):
+        y = _project(x, cast[f"w_{part}"], cast.get(f"b_{part}"))  # [B, n, heads * d]
+        inputs = {name: x, f"w_{part}": cast[f"w_{part}"], f"b_{part}": cast.get(f"b_{part}")}
+        if _overflowed(xp, y, cdt, f"{part}: the projection {name} @ w_{part} + b_{part}", inputs):
+            return None
+        projected[part] = split_heads(y, heads_n)  # [B, heads, n, d]
+    q = projected["q"]
+    k, v = repeat_kv(projected["k"], weights.n_rep), repeat_kv(projected["v"], weights.n_rep)  # [B, h, n_k, d]
+    trace = attention_trace(
+        q,
+        k,
+        v,
+        opts["mask"],
+        bias=opts["bias"],
+        causal=opts["causal"],
+        scale=opts["scale"],
+        masked_rows=opts["masked_rows"],
+        max_bytes=opts["max_bytes"],
+    )
+    if trace.weights.dtype != cdt:  # the core recomputed float32 logits in float64: so does the whole layer
+        return None
+    drop = draw(shape_of(trace.weights))
+    a = trace.weights if drop is None else apply_dropout(trace.weights, drop)  # [B, h, n_q, n_k]
+    o = a @ trace.v  # [B, h, n_q, d]
+    live = o if trace.policy != "nan" or not trace.masked_rows else xp.where(xp.isnan(o), xp.zeros_like(o), o)
+    if _overflowed(xp, live, cdt, "heads: (dropped) weights @ v", {"v": trace.v}):
+        return None
+    heads = merge_heads(o)  # [B, n_q, h * d]
+    out = _project(heads, cast["w_o"], cast.get("b_o"))  # [B, n_q, d_model]
+    live = out if trace.policy != "nan" or not trace.masked_rows else xp.where(xp.isnan(out), xp.zeros_like(out), out)
+    if _overflowed(
+        xp, live, cdt, "output: heads @ w_o + b_o", {"heads": heads, "w_o": cast["w_o"], "b_o": cast.get("b_o")}
+    ):
+        return None
+    return trace, drop, heads, out, xq, xkv
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -553,7 +627,9 @@ def multi_head_backward(result: MultiHeadResult, d_out: Any) -> MultiHeadGrads:
         d_out: ``∂L/∂output``, ``[B, n_q, d_model]``.
 
     Returns:
-        :class:`MultiHeadGrads` in the compute dtype (float64, or float32 for lower precisions).
+        :class:`MultiHeadGrads` in the compute dtype (float64, or float32 for lower precisions). A float32
+        backward that overflows is redone in float64 and converted back; a gradient float32 cannot hold (or an
+        overflow in float64) is a :class:`~attnlab.errors.RangeError` naming it.
 
     >>> rng = np.random.default_rng(0)
     >>> w = init_multi_head(4, 2, rng=rng)
@@ -564,23 +640,87 @@ def multi_head_backward(result: MultiHeadResult, d_out: Any) -> MultiHeadGrads:
     """
     if not isinstance(result, MultiHeadResult):
         raise DTypeError(f"result: expected the MultiHeadResult of multi_head_attention, got {type(result).__name__}")
-    w = result.params
     xp = namespace(result.heads)
     d_out = upstream_gradient(xp, d_out, shape_of(result.output), "[B, n_q, d_model]", result.heads)
     cdt = result.heads.dtype
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked for below, and explained
+        try:
+            grads = _mh_grads(result, d_out, cdt)
+            bad = _first_non_finite(xp, grads)
+        except RangeError:
+            if cdt == xp.float64:
+                raise
+            bad = "heads"  # the core's gradient did not fit float32
+        if bad is not None and cdt != xp.float64:
+            wide = _mh_grads(result, d_out, xp.float64)
+            bad = _first_non_finite(xp, wide)
+            if bad is None:
+                grads = _map_grads(wide, lambda name, g: cast_checked(xp, g, cdt, name))
+    if bad is not None:
+        note = f" (the {str(cdt).replace('torch.', '')} layer was recomputed in float64)" if cdt != xp.float64 else ""
+        raise RangeError(
+            f"{bad}: the multi-head gradient overflows float64 (largest finite {np.finfo(np.float64).max:.7g}){note} "
+            f"from finite inputs: max |d_out| {max_abs(xp, d_out):.7g}, max |x_q| {max_abs(xp, result.x_q):.7g}; "
+            f"scale d_out (the loss), the inputs or the weights down"
+        )
+    return grads
+
+
+_MH_NAMES = ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o")
+
+
+def _map_grads(g: MultiHeadGrads, f: Any) -> MultiHeadGrads:
+    """``g`` with ``f(name, array)`` applied to every gradient array (``None`` entries kept)."""
+    w = g.weights
+    arrays = [None if getattr(w, n) is None else f(n, getattr(w, n)) for n in _MH_NAMES]
+    return MultiHeadGrads(
+        dx_q=f("dx_q", g.dx_q),
+        dx_kv=None if g.dx_kv is None else f("dx_kv", g.dx_kv),
+        weights=MultiHeadWeights(*arrays, num_heads=w.num_heads, num_kv_heads=w.num_kv_heads, head_dim=w.head_dim),
+        dattn_bias=None if g.dattn_bias is None else f("dattn_bias", g.dattn_bias),
+        heads=g.heads,
+    )
+
+
+def _first_non_finite(xp: Any, g: MultiHeadGrads) -> str | None:
+    found: list[str] = []
+
+    def look(name: str, a: Any) -> Any:
+        if not found and not bool(xp.all(xp.isfinite(a))):
+            found.append(name)
+        return a
+
+    _map_grads(g, look)
+    return found[0] if found else None
+
+
+def _mh_grads(result: MultiHeadResult, d_out: Any, cdt: Any) -> MultiHeadGrads:
+    """The backward of one multi-head layer with every array converted to ``cdt``."""
+    w = result.params
+    xp = namespace(result.heads)
     d_o = xp.astype(d_out, cdt)  # [B, n_q, d_model]
     p = {n: xp.astype(a, cdt) for n, a in w.arrays().items()}
+    trace = result.trace
+    if trace.weights.dtype != cdt:
+        trace = replace(trace, **{n: xp.astype(getattr(trace, n), cdt) for n in ("q", "k", "v", "weights")})
+    heads = xp.astype(result.heads, cdt)
 
-    dw_o = xp.matrix_transpose(_flat(xp, result.heads)) @ _flat(xp, d_o)  # [h*d, d_model]
+    dw_o = xp.matrix_transpose(_flat(xp, heads)) @ _flat(xp, d_o)  # [h*d, d_model]
     db_o = xp.sum(_flat(xp, d_o), axis=0) if w.b_o is not None else None
     d_heads = split_heads(d_o @ xp.matrix_transpose(p["w_o"]), w.num_heads)  # [B, h, n_q, d]
-    g = attention_backward(result.trace, d_heads, dropout=result.dropout)
+    try:
+        g = attention_backward(trace, d_heads, dropout=result.dropout)
+    except RangeError as err:
+        raise RangeError(
+            f"multi_head_backward: in the heads' attention backward, where d_out is the heads' gradient "
+            f"d_out W_Oᵀ: {err}"
+        ) from None
     d_q = merge_heads(g.dq)  # [B, n_q, h*d]
     d_k = merge_heads(sum_kv_groups(g.dk, w.num_kv_heads))  # [B, n_k, h_kv*d]
     d_v = merge_heads(sum_kv_groups(g.dv, w.num_kv_heads))  # [B, n_k, h_kv*d]
 
-    x_q = result.x_q
-    x_kv = x_q if result.x_kv is None else result.x_kv
+    x_q = xp.astype(result.x_q, cdt)
+    x_kv = x_q if result.x_kv is None else xp.astype(result.x_kv, cdt)
     fq, fkv = _flat(xp, x_q), _flat(xp, x_kv)
     dw_q = xp.matrix_transpose(fq) @ _flat(xp, d_q)
     dw_k = xp.matrix_transpose(fkv) @ _flat(xp, d_k)
