@@ -84,3 +84,13 @@ def kill_all(pids: set[int]) -> None:
         if alive(p):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
+
+
+def with_default_sigint(cmd: list[str]) -> list[str]:
+    """``cmd`` (``cmd[0]`` an absolute path) run with SIGINT at its default, as from a terminal.
+
+    A process started in the background by a non-interactive shell ignores SIGINT, and so would its children (an
+    ignored signal stays ignored through exec); this wrapper undoes that before exec'ing ``cmd``.
+    """
+    code = "import os,signal,sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    return [cmd[0], "-c", code, *cmd]

@@ -3,6 +3,7 @@ float64 reference, bad input as messages, the experiments' answers, and the serv
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -13,7 +14,7 @@ import urllib.request
 import marimo as mo
 import numpy as np
 import pytest
-from procs import descendants, kill_all, serving, wait_gone
+from procs import descendants, kill_all, serving, wait_gone, with_default_sigint
 from reference import reference_attention
 
 from attnlab import masks
@@ -245,9 +246,10 @@ def test_lab_command_refuses_a_port_in_use(capsys):
     assert err.startswith(f"attnlab lab: error: port {port} on 127.0.0.1 is in use (") and err.count("\n") == 1, err
 
 
-def test_sigterm_stops_attnlab_lab_and_its_server():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_stops_attnlab_lab_and_its_server(sig):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "lab"],
+        with_default_sigint([sys.executable, "-m", "attnlab", "lab"]),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -259,9 +261,13 @@ def test_sigterm_stops_attnlab_lab_and_its_server():
         port = int(re.match(r"attnlab lab: serving notebook.py at http://127\.0\.0\.1:(\d+)/ ", line).group(1))
         children = descendants(proc.pid)
         assert children and serving(port)
-        proc.send_signal(signal.SIGTERM)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # Ctrl-C in a terminal: the whole foreground group
+        else:
+            proc.send_signal(sig)
         assert proc.wait(15) == 0
-        assert "attnlab lab: stopped by SIGTERM" in proc.stdout.read()
+        tail = proc.stdout.read()
+        assert tail == ("\nattnlab lab: stopped\n" if sig == signal.SIGINT else "\nattnlab lab: stopped by SIGTERM\n")
         assert wait_gone(children, 5) == set(), "the marimo server outlived attnlab lab"
         assert not serving(port)
     finally:

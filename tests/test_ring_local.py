@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from procs import descendants, kill_all, state, wait_for, wait_gone
+from procs import descendants, kill_all, state, wait_for, wait_gone, with_default_sigint
 
 import attnlab
 from attnlab import masks
@@ -377,15 +377,12 @@ def test_cli_ring_reports_a_stopped_rank_after_the_timeout(capsys):
     assert _ranks_of(os.getpid()) == set()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
 def test_killing_attnlab_ring_takes_its_ranks_with_it(sig):
     # rank 1 stops itself at its first step, so the run is alive (and would stay so for --timeout 60 s) when killed
+    cmd = [sys.executable, "-m", "attnlab", "ring", "-n", "24", "-P", "2", "--inject-fault", "1:1:stop"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "ring", "-n", "24", "-P", "2", "--inject-fault", "1:1:stop"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        with_default_sigint(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     ranks: set[int] = set()
     try:
@@ -395,12 +392,16 @@ def test_killing_attnlab_ring_takes_its_ranks_with_it(sig):
             return rs if len(rs) == 2 and "T" in {state(r) for r in rs} else None
 
         ranks = wait_for(one_stopped, 60, "two ranks, one of them stopped")
-        os.kill(proc.pid, sig)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # Ctrl-C in a terminal: the whole group, ranks included
+        else:
+            os.kill(proc.pid, sig)
         proc.wait(10)
         assert wait_gone(ranks, 5) == set(), "ranks outlived attnlab ring"
-        if sig == signal.SIGTERM:
-            assert proc.returncode == 128 + signal.SIGTERM
-            assert proc.stderr.read() == "attnlab ring: stopped by SIGTERM; every rank was stopped\n"
+        if sig != signal.SIGKILL:
+            assert proc.returncode == 128 + sig
+            what = "interrupted by Ctrl-C" if sig == signal.SIGINT else "stopped by SIGTERM"
+            assert proc.stderr.read() == f"attnlab ring: {what}; every rank was stopped\n"  # no rank's traceback
     finally:
         kill_all(ranks | {proc.pid})
         proc.wait(10)

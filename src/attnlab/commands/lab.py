@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         except (TimeoutError, RuntimeError) as err:
             return _fail(err, 1)
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: the usual way to end a server, so exit 0
-            sys.stdout.write(f"\nattnlab lab: {stop or 'stopped'}\n")
+            sys.stdout.write(f"\nattnlab lab: {str(stop) or 'stopped'}\n")
             return 0
         finally:
             lab.stop()

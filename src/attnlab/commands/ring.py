@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"attnlab ring: error: {err}\n")
         return 1
     except KeyboardInterrupt as stop:
-        sys.stderr.write(f"attnlab ring: {stop or 'interrupted'}; every rank was stopped\n")
+        sys.stderr.write(f"attnlab ring: {str(stop) or 'interrupted by Ctrl-C'}; every rank was stopped\n")
         return 128 + getattr(stop, "signum", 2)
     if report is None:  # a torchrun rank other than 0
         return 0
