@@ -7,17 +7,21 @@ Chromium comes from Debian (/usr/bin/chromium, installed by scripts/install-test
 
 from __future__ import annotations
 
+import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from playwright.sync_api import Page, sync_playwright
+from procs import descendants, kill_all, serving, wait_gone
 from reference import reference_attention
 
 from attnlab import masks
-from attnlab.lab import logic
+from attnlab.lab import NOTEBOOK, logic
 from attnlab.lab.server import HOST, start
 
 CHROMIUM = "/usr/bin/chromium"
@@ -216,3 +220,52 @@ def test_predict_then_reveal_and_the_steps_by_hand(page):
     page.wait_for_selector("text=s[q0,k0] = q0·k0 = 1×1 + 0×0 = 1")
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "lab-experiments.png"), full_page=True)
+
+
+def test_edit_mode_url_opens_the_editor_and_sigkill_takes_the_server_along(browser, tmp_path):
+    """``attnlab lab --edit``: the printed URL (with its token) opens marimo's editor, not the password page; the
+    bare address asks for the token; a SIGKILL of ``attnlab lab`` leaves no server and no kernel behind."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "lab", "--edit"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    children: set[int] = set()
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    try:
+        line = proc.stdout.readline()  # printed once the server answers (attnlab lab waits up to --timeout 60 s)
+        m = re.match(r"attnlab lab: editing attnlab_lab.py at (http://127\.0\.0\.1:(\d+)/\?access_token=\S{32}) ", line)
+        assert m, line
+        url, port = m.group(1), int(m.group(2))
+        assert (tmp_path / "attnlab_lab.py").read_text() == NOTEBOOK.read_text()  # the teacher's copy
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(url, timeout=WAIT_MS)
+        page.wait_for_selector("text=Compute attention by hand: Q, K, V and the causal mask")
+        page.wait_for_selector(".cm-editor")  # the cells' code, editable
+        assert page.locator("input[type=password]").count() == 0
+        page.screenshot(path=str(tmp_path / "lab-edit.png"), full_page=False)
+        children = descendants(proc.pid)  # the server, and the kernel it started for this page
+        assert len(children) >= 2, children
+
+        stranger = browser.new_context()  # no token, no session cookie: marimo's login page, none of the notebook
+        try:
+            bare = stranger.new_page()
+            bare.goto(url.split("?")[0], timeout=WAIT_MS)
+            bare.wait_for_selector("input[type=password]", timeout=WAIT_MS)
+            assert "Compute attention by hand" not in bare.content()
+        finally:
+            stranger.close()
+
+        proc.kill()
+        proc.wait(10)
+        assert wait_gone(children, 5) == set(), "marimo (or its kernel) outlived attnlab lab"
+        assert not serving(port)
+    finally:
+        context.close()
+        kill_all(children | {proc.pid})
+        proc.wait(10)
+        proc.stdout.close()

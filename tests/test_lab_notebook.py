@@ -3,12 +3,18 @@ float64 reference, bad input as messages, the experiments' answers, and the serv
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import urllib.request
 
 import marimo as mo
 import numpy as np
 import pytest
+from procs import descendants, kill_all, serving, wait_gone, with_default_sigint
 from reference import reference_attention
 
 from attnlab import masks
@@ -189,7 +195,9 @@ def test_server_command_is_local_and_headless():
     cmd = command(8123)
     assert cmd[1:4] == ["-m", "marimo", "run"] and str(NOTEBOOK) in cmd
     assert cmd[-5:] == ["--headless", "--host", "127.0.0.1", "--port", "8123"]
-    assert "--skip-update-check" in command(1, edit=True)
+    edit = command(1, edit=True)
+    assert "--skip-update-check" in edit
+    assert edit[edit.index("--token-password-file") + 1] == "-"  # the token comes on stdin, never in argv
     assert 1024 <= free_port() <= 65535
 
 
@@ -209,3 +217,61 @@ def test_lab_command_prints_the_url(capsys):
     assert main(["lab", "--exit-when-ready"]) == 0
     out = capsys.readouterr().out
     assert re.match(r"attnlab lab: serving notebook.py at http://127\.0\.0\.1:\d+/ ", out)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--port", "-1"], "--port: expected an int in [0, 65535], got -1"),
+        (["--port", "65536"], "--port: expected an int in [0, 65535], got 65536"),
+        (["--port", "80.5"], "--port: expected an int in [0, 65535], got '80.5'"),
+        (["--timeout", "-1"], "--timeout: expected a finite number > 0, got -1.0"),
+        (["--timeout", "0"], "--timeout: expected a finite number > 0, got 0.0"),
+        (["--timeout", "nan"], "--timeout: expected a finite number > 0, got nan"),
+        (["--timeout", "soon"], "--timeout: expected a finite number > 0, got 'soon'"),
+    ],
+)
+def test_lab_command_checks_its_flags_before_starting(capsys, argv, message):
+    assert main(["lab", *argv, "--exit-when-ready"]) == 2
+    assert capsys.readouterr().err == f"attnlab lab: error: {message}\n"
+
+
+def test_lab_command_refuses_a_port_in_use(capsys):
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["lab", "--port", str(port), "--exit-when-ready"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnlab lab: error: port {port} on 127.0.0.1 is in use (") and err.count("\n") == 1, err
+
+
+# (SIGINT and SIGHUP end in the same KeyboardInterrupt handler; the ring's test sends SIGINT to a whole group)
+@pytest.mark.parametrize("sig", [signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_stops_attnlab_lab_and_its_server(sig):
+    proc = subprocess.Popen(
+        with_default_sigint([sys.executable, "-m", "attnlab", "lab"]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    children: set[int] = set()
+    try:
+        line = proc.stdout.readline()  # printed once the server answers (attnlab lab waits up to --timeout 60 s)
+        port = int(re.match(r"attnlab lab: serving notebook.py at http://127\.0\.0\.1:(\d+)/ ", line).group(1))
+        children = descendants(proc.pid)
+        assert children and serving(port)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # Ctrl-C in a terminal: the whole foreground group
+        else:
+            proc.send_signal(sig)
+        assert proc.wait(15) == 0
+        tail = proc.stdout.read()
+        assert tail == ("\nattnlab lab: stopped\n" if sig == signal.SIGINT else "\nattnlab lab: stopped by SIGTERM\n")
+        assert wait_gone(children, 5) == set(), "the marimo server outlived attnlab lab"
+        assert not serving(port)
+    finally:
+        kill_all(children | {proc.pid})
+        proc.wait(10)
+        proc.stdout.close()

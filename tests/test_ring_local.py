@@ -3,20 +3,28 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from procs import descendants, kill_all, state, wait_for, wait_gone, with_default_sigint
 
 import attnlab
 from attnlab import masks
+from attnlab._process import Terminated, signals_raise
 from attnlab.cli import main
 from attnlab.distributed import (
     RingLayout,
+    launch,
     merge_partials,
     ring_attention,
     ring_attention_backward,
@@ -231,14 +239,15 @@ def test_errors_name_the_argument_and_shapes():
 
 
 def test_missing_rank_is_reported_not_awaited():
-    with pytest.raises(SpawnError, match=r"(?s)rank 1 of 2 failed:\n.*ZeroDivisionError: boom"):
-        spawn(_fail_on_rank_1, 2, timeout=60, op_timeout=10, threads=1)
+    t0 = time.monotonic()
+    with pytest.raises(SpawnError, match=r"(?s)^rank 1 of 2 failed at step 1 \(running\):\n.*ZeroDivisionError: boom"):
+        spawn(_fail_on_rank_1, 2, timeout=60, op_timeout=30, threads=1)
+    assert time.monotonic() - t0 < 25  # rank 0 waits in a barrier: it is stopped, not awaited for op_timeout
+    assert _ranks_of(os.getpid()) == set()
 
 
 def test_spawn_retries_when_the_free_port_was_taken(monkeypatch):
     import socket
-
-    from attnlab.distributed import launch
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -289,8 +298,163 @@ def test_cli_ring_runs_two_ranks_and_checks(capsys):
 
 
 def test_cli_ring_rejects_bad_heads(capsys):
-    assert main(["ring", "-n", "8", "--heads", "4", "--kv-heads", "3"]) == 1
-    assert capsys.readouterr().err == "attnlab ring: --kv-heads: 3 must divide --heads 4\n"
+    assert main(["ring", "-n", "8", "--heads", "4", "--kv-heads", "3"]) == 2
+    assert capsys.readouterr().err == "attnlab ring: error: kv_heads: 3 key/value heads must divide heads=4\n"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the launcher: validation before spawning, dead and stopped ranks, being killed, torchrun without peers
+
+
+def _ranks_of(pid: int) -> set[int]:
+    """The living rank processes (multiprocessing's spawn children) below ``pid``."""
+    out = set()
+    for p in descendants(pid):
+        try:
+            if b"multiprocessing.spawn" in Path(f"/proc/{p}/cmdline").read_bytes():
+                out.add(p)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-n", "3", "-P", "2", "--causal"], "n: a 'zigzag' layout over P=2 ranks cuts the sequence into 4 chunks, so"),
+        (["-n", "3", "-P", "4"], "n: a 'contiguous' layout over P=4 ranks cuts the sequence into 4 chunks, so"),
+        (["--timeout", "-5"], "--timeout: expected a finite number > 0, got -5.0"),
+        (["--timeout", "inf"], "--timeout: expected a finite number > 0, got inf"),
+        (["-P", "0"], "-P/--procs: expected an int >= 1, got 0"),
+        (["-P", "65"], "-P/--procs: expected an int <= 64, got 65"),
+        (["-n", "1e3"], "-n/--seq-len: expected an int >= 1, got '1e3'"),
+        (["--block", "0"], "--block: expected an int >= 1, got 0"),
+        (["--inject-fault", "2:1:kill"], "--inject-fault: rank 2 is not one of the 2 spawned ranks"),
+        (["--inject-fault", "1:1:melt"], "fault action: expected one of 'kill', 'stop', 'exit', 'raise', got 'melt'"),
+    ],
+)
+def test_cli_ring_checks_every_argument_before_spawning(capsys, argv, message):
+    t0 = time.monotonic()
+    assert main(["ring", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnlab ring: error: {message}") and err.count("\n") == 1, err
+    assert time.monotonic() - t0 < 2 and _ranks_of(os.getpid()) == set()  # nothing was started
+
+
+KILLED = "attnlab ring: error: rank 1 of 2 died at step 3 (pass 1: forward) (killed by SIGKILL); every rank was stopped"
+
+
+def test_cli_ring_reports_a_killed_rank_and_stops_the_others(capsys):
+    code = main(["ring", "-n", "24", "-P", "2", "--block", "4", "--inject-fault", "1:3:kill"])
+    assert code == 1
+    assert capsys.readouterr().err == KILLED + "\n"
+    assert _ranks_of(os.getpid()) == set()
+
+
+def test_docs_failure_messages_are_real(capsys):
+    import shlex
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "distributed.md").read_text()
+    section = doc[doc.index("### Bad arguments, timeouts, dead ranks and clean-up") :]
+    first, _, second = section.split("```")[1:4]
+    lines = first.strip().splitlines()
+    assert len(lines) == 4
+    for cmd, shown in zip(lines[::2], lines[1::2], strict=True):
+        assert main(shlex.split(cmd.removeprefix("$ "))[1:]) == 2
+        assert capsys.readouterr().err == shown + "\n"
+    assert second.strip().splitlines()[0] == KILLED
+
+
+def test_cli_ring_reports_a_stopped_rank_after_the_timeout(capsys):
+    t0 = time.monotonic()
+    code = main(["ring", "-n", "24", "-P", "2", "--block", "4", "--timeout", "2", "--inject-fault", "1:4:stop"])
+    assert code == 1
+    assert capsys.readouterr().err == (
+        "attnlab ring: error: rank 1 of 2 did not answer within 2 s at step 4 (gathering on rank 0); "
+        "every rank was stopped\n"
+    )
+    assert time.monotonic() - t0 < 40  # start-up (torch in two processes) + 2 s, not the old 600 s
+    assert _ranks_of(os.getpid()) == set()
+
+
+# SIGTERM and SIGHUP take the same path as SIGINT once signals_raise has turned them into a KeyboardInterrupt (tested
+# below, in-process); SIGINT to the group also checks that the ranks ignore it (no traceback from them)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_killing_attnlab_ring_takes_its_ranks_with_it(sig):
+    # rank 1 stops itself at its first step, so the run is alive (and would stay so for --timeout 60 s) when killed
+    cmd = [sys.executable, "-m", "attnlab", "ring", "-n", "24", "-P", "2", "--inject-fault", "1:1:stop"]
+    proc = subprocess.Popen(
+        with_default_sigint(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    ranks: set[int] = set()
+    try:
+
+        def one_stopped() -> set[int] | None:
+            rs = _ranks_of(proc.pid)
+            return rs if len(rs) == 2 and "T" in {state(r) for r in rs} else None
+
+        ranks = wait_for(one_stopped, 60, "two ranks, one of them stopped")
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # Ctrl-C in a terminal: the whole group, ranks included
+        else:
+            os.kill(proc.pid, sig)
+        proc.wait(10)
+        assert wait_gone(ranks, 5) == set(), "ranks outlived attnlab ring"
+        if sig != signal.SIGKILL:
+            assert proc.returncode == 128 + sig
+            what = "interrupted by Ctrl-C" if sig == signal.SIGINT else "stopped by SIGTERM"
+            assert proc.stderr.read() == f"attnlab ring: {what}; every rank was stopped\n"  # no rank's traceback
+    finally:
+        kill_all(ranks | {proc.pid})
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchrun_environment_without_peers_fails_in_one_line(monkeypatch, capsys, rank):
+    port = launch.free_port()
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    t0 = time.monotonic()
+    assert main(["ring", "-n", "8", "--timeout", "1"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(
+            f"attnlab ring: error: rank {rank} of 2 waited 1 s for the other ranks at 127.0.0.1:{port} "
+            "(MASTER_ADDR:MASTER_PORT) and gave up: Dist"
+        )
+        and err.count("\n") == 1
+    ), err
+    assert time.monotonic() - t0 < 15
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_torchrun_environment_is_checked_before_joining(monkeypatch, capsys):
+    for key, value in {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    assert main(["ring", "-n", "8"]) == 2
+    assert capsys.readouterr().err == "attnlab ring: error: RANK: expected an int in [0, 1], got 2\n"
+    monkeypatch.setenv("RANK", "0")
+    assert main(["ring", "-n", "3", "--causal"]) == 2  # the layout for WORLD_SIZE, not -P
+    assert "over P=2 ranks" in capsys.readouterr().err
+    monkeypatch.setenv("MASTER_PORT", "x")
+    assert main(["ring", "-n", "8"]) == 2
+    assert capsys.readouterr().err == "attnlab ring: error: MASTER_PORT: expected an int, got 'x' (torchrun sets it)\n"
+
+
+def test_signals_raise_turns_sigterm_and_sighup_into_terminated():
+    before = signal.getsignal(signal.SIGHUP)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with pytest.raises(Terminated, match=f"stopped by {sig.name}") as err, signals_raise():
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # the handler raises before this ends
+        assert err.value.signum == sig and isinstance(err.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGHUP) is before
 
 
 def test_ring_imports_stay_lazy():

@@ -1,7 +1,8 @@
 """``attnlab lab``: open the interactive attention lab (a marimo notebook) on 127.0.0.1, offline.
 
 Edit Q, K and V, toggle causal and padding masks, move the temperature and shift sliders, and do the article's
-predict-then-reveal experiments. Stop it with Ctrl-C.
+predict-then-reveal experiments. Stop it with Ctrl-C, SIGTERM or SIGHUP (exit status 0): the marimo server always
+stops with it, and on Linux it is killed even when this command is killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -13,42 +14,73 @@ NAME = "lab"
 HELP = "open the interactive attention lab in your browser (local, offline)"
 
 
+def _int(text: str) -> int | str:
+    """``text`` as an int, or the text itself for :func:`run` to reject in one line (argparse would add its usage)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _float(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--port", type=_int, default=0, help="port on 127.0.0.1, 1-65535 (default 0: a free one)")
     parser.add_argument("--open", action="store_true", help="open the URL in the default browser")
     parser.add_argument(
-        "--edit", action="store_true", help="copy the notebook to ./attnlab_lab.py and open marimo's editor (teachers)"
+        "--edit",
+        action="store_true",
+        help="copy the notebook to ./attnlab_lab.py and open marimo's editor (teachers); the URL carries a token",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server to start (60)")
+    parser.add_argument("--timeout", type=_float, default=60.0, help="seconds to wait for the server to start (60)")
     parser.add_argument("--exit-when-ready", action="store_true", help=argparse.SUPPRESS)
 
 
+def _fail(message: object, code: int) -> int:
+    sys.stderr.write(f"attnlab lab: error: {message}\n")
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..errors import MissingExtraError
+    from .._process import signals_raise
+    from ..errors import MissingExtraError, OptionError
     from ..lab.server import start
+    from ..validate import check_float, check_int
 
     try:
-        lab = start(args.port, edit=args.edit)
-    except MissingExtraError as err:
-        sys.stderr.write(f"attnlab lab: error: {err}\n")
-        return 1
-    with lab:
+        port = check_int("--port", args.port, minimum=0, maximum=65535)
+        timeout = check_float("--timeout", args.timeout, positive=True)
+    except OptionError as err:
+        return _fail(err, 2)
+    with signals_raise():  # SIGTERM, SIGHUP -> Terminated (a KeyboardInterrupt): the server is stopped below
         try:
-            lab.wait_ready(args.timeout)
-        except (TimeoutError, RuntimeError) as err:
-            sys.stderr.write(f"attnlab lab: error: {err}\n")
-            return 1
-        sys.stdout.write(f"attnlab lab: serving {lab.notebook.name} at {lab.url}  (Ctrl-C stops it)\n")
-        sys.stdout.flush()
-        if args.exit_when_ready:
-            return 0
-        if args.open:
-            import webbrowser
-
-            webbrowser.open(lab.url)
-        try:
-            lab.process.wait()
+            lab = start(port, edit=args.edit)
+        except (MissingExtraError, OSError) as err:
+            return _fail(err.strerror if isinstance(err, OSError) and err.strerror else err, 1)
         except KeyboardInterrupt:
-            sys.stdout.write("\nattnlab lab: stopped\n")
             return 0
-    return int(lab.process.returncode or 0)
+        try:
+            lab.wait_ready(timeout)
+            what = "editing" if args.edit else "serving"
+            sys.stdout.write(f"attnlab lab: {what} {lab.notebook.name} at {lab.url}  (Ctrl-C stops it)\n")
+            sys.stdout.flush()
+            if args.exit_when_ready:
+                return 0
+            if args.open:
+                import webbrowser
+
+                webbrowser.open(lab.url)
+            code = lab.process.wait()
+            return _fail(f"marimo exited with code {code}:\n{lab.output()}", 1) if code else 0
+        except (TimeoutError, RuntimeError) as err:
+            return _fail(err, 1)
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP: the usual way to end a server, so exit 0
+            sys.stdout.write(f"\nattnlab lab: {str(stop) or 'stopped'}\n")
+            return 0
+        finally:
+            lab.stop()
