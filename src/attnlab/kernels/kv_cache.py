@@ -8,6 +8,13 @@ for their sequence, which gives exactly the rows of one full causal forward.
 
 Memory is the article's formula ``B · L · layers · h_kv · d_head · 2 · bytes`` (:attr:`KVCache.nbytes` for one
 layer; :func:`attnlab.cost.kv_cache_bytes` for a model).
+
+Padded batches follow one rule: ``append(..., lengths=)`` stores only each sequence's real tokens, and the next
+:func:`cached_attention` gives that sequence's padding queries 0 (``lengths[b] = 0``: all of them). Storage in
+float16 or bfloat16 refuses a value it cannot hold (:class:`~attnlab.errors.RangeError`) instead of storing inf;
+logits that overflow raise :class:`~attnlab.errors.RangeError` too. Queries that require grad get gradients
+(:mod:`attnlab.kernels.autograd`); the cached keys and values are detached copies, and appending tensors that
+require grad is refused.
 """
 
 from __future__ import annotations
