@@ -272,3 +272,13 @@ def test_overflowing_logits_are_a_named_error(dense, monkeypatch):
 def test_impossible_capacity_is_a_named_error():
     with pytest.raises(OptionError, match=r"capacity: room for 4611686018427387904 tokens needs .* GiB"):
         KVCache(1, 1, 8, capacity=2**62)
+
+
+def test_results_come_back_in_the_queries_dtype():
+    c = KVCache(1, 1, 4)
+    c.append(np.ones((1, 1, 2, 4)), np.full((1, 1, 2, 4), 1e5))
+    with pytest.raises(RangeError, match=r"output: 100000 at index \(0, 0, 0, 0\) does not fit in float16"):
+        cached_attention(np.ones((1, 1, 1, 4), np.float16), c)
+    r = cached_attention(torch.ones((1, 1, 1, 4), dtype=torch.bfloat16), c)
+    assert r.dtype == torch.bfloat16 and torch.allclose(r.float(), torch.full((1, 1, 1, 4), 1e5), rtol=1e-2)
+    assert cached_attention(np.ones((1, 1, 1, 4), np.int32), c).dtype == np.float64

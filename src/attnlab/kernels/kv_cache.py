@@ -508,20 +508,38 @@ def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, mask
             )
         n_new = np.minimum(cache.last_appended, t)  # [B] real queries per sequence: the newest n_new[b] tokens
     sc = resolve_scale(scale, d_k)
-    out_dtype = qn.dtype if qn.dtype.kind == "f" else np.float64
     if autograd.wants_grad(q):
 
         def run(q_detached: Any) -> tuple[Any, _Saved]:
             out, saved = _cached(to_numpy(q_detached), cache, sc, masked_rows, n_new, keep=True)
             saved.q_like = q
-            return xp.asarray(out.astype(out_dtype, copy=False), device=device_of(q)), saved
+            return _to_caller(xp, q, out), saved
 
         return autograd.cached_function(q, run)
     out, _ = _cached(qn, cache, sc, masked_rows, n_new, keep=False)
-    result = out.astype(out_dtype, copy=False)
-    if xp is not np:
-        return xp.asarray(result, device=device_of(q))
-    return result
+    return _to_caller(xp, q, out)
+
+
+def _to_caller(xp: Any, q: Any, out: np.ndarray) -> Any:
+    """``out`` (compute dtype) in q's library and dtype (float64 for integer q); a finite value that the narrower
+    dtype (float16, bfloat16) cannot hold is a :class:`~attnlab.errors.RangeError`, not an inf."""
+    qdt = q.dtype
+    if xp is np:
+        dt = qdt if qdt.kind == "f" else np.dtype(np.float64)
+        with np.errstate(over="ignore"):
+            y = out.astype(dt, copy=False)
+        lost = ~np.isfinite(y) & np.isfinite(out)
+    else:
+        dt = qdt if xp.isdtype(qdt, "real floating") else xp.float64
+        y = xp.astype(xp.asarray(out, device=device_of(q)), dt)
+        lost = ~np.isfinite(to_numpy(y)) & np.isfinite(out)
+    if lost.any():
+        where = tuple(int(i) for i in np.argwhere(lost)[0])
+        raise RangeError(
+            f"output: {float(out[where]):.7g} at index {where} does not fit in {str(dt).replace('torch.', '')}, q's "
+            f"dtype it is returned in; pass float32 queries (then the result is float32) or scale the values down"
+        )
+    return y
 
 
 def decode_step(
