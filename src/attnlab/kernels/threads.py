@@ -98,18 +98,19 @@ def pinned_blas(threads: int = 1) -> Iterator[None]:
         yield
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """The shared pool, with room for at least ``workers`` threads (replaced by a larger one if it has less room;
-    the old one is shut down: its threads finish what they run, then exit)."""
+def _submit(fn: Callable[[], None], count: int) -> list[Any]:
+    """``count`` futures of ``fn`` in the shared pool, which is first replaced by a larger one if it has room for
+    fewer than ``count`` threads (the old one is shut down: its threads finish what they run, then exit). Under the
+    lock, so that no call submits to a pool another call has just shut down."""
     global _shared, _shared_size
     with _lock:
-        if _shared is None or _shared_size < workers:
+        if _shared is None or _shared_size < count:
             old = _shared
-            _shared_size = min(max(workers, _shared_size), max_threads())
+            _shared_size = min(max(count, _shared_size), max_threads())
             _shared = ThreadPoolExecutor(max_workers=_shared_size, thread_name_prefix="attnlab-kernel")
             if old is not None:
                 old.shutdown(wait=False)
-        return _shared
+        return [_shared.submit(fn) for _ in range(count)]
 
 
 def pool_size() -> int:
@@ -149,7 +150,7 @@ def run_tasks(fn: Callable[[Any], Any], tasks: Iterable[Any], num_threads: int) 
                 return
 
     with pinned_blas(1):
-        futures = [_pool(n - 1).submit(work) for _ in range(n - 1)]
+        futures = _submit(work, n - 1)
         work()
         for f in futures:
             f.result()
