@@ -1405,7 +1405,9 @@ def flash_attention_backward(
     grad mode on, this raises :class:`~attnlab.errors.DTypeError` rather than return tensors that would silently
     drop second-order terms; :func:`flash_attention` itself is differentiable (its ``torch.autograd.Function``
     calls this). Gradients that overflow the compute dtype from finite inputs raise
-    :class:`~attnlab.errors.RangeError`.
+    :class:`~attnlab.errors.RangeError`. As in FlashAttention, ``P`` is only as exact as ``lse``: a float32
+    ``lse`` of magnitude L carries ~L · 6e-8 absolute rounding, a relative error of the recomputed weights (at
+    |logits| ~ 1e4, ~1e-3: far beyond real activations, but a float64 lse would not have it).
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)
