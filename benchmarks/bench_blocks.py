@@ -20,6 +20,7 @@ sections with ``--only blocks accuracy shapes bias after-torch``.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -58,7 +59,10 @@ def _blocks_at(d: int) -> None:
     jit, one = fused.kernels(), np.float32(1)
     diag = tiled._position_mask(b, b, 0, True, None, None, "<f4")
     ones = np.ones(b, np.float32)
-    q = rng.standard_normal((b, d)).astype(np.float32) * np.float32(1.4427 / np.sqrt(d))
+    # as the kernel: a power of two of the scale folded into Q (exact), the rest times log2(e) applied in the pass
+    mant, exp = math.frexp(1 / np.sqrt(d))
+    q = rng.standard_normal((b, d)).astype(np.float32) * np.float32(2.0 ** (exp - 1))
+    a = np.float32(2 * mant / math.log(2))
     K, V = (rng.standard_normal((n, d)).astype(np.float32) for _ in range(2))
     s, pv, acc = np.empty((b, b), np.float32), np.empty((b, d), np.float32), np.zeros((b, d), np.float32)
     lt, l_i = np.empty(b, np.float32), np.zeros(b, np.float32)
@@ -67,11 +71,11 @@ def _blocks_at(d: int) -> None:
 
     def bias_copied() -> None:
         np.copyto(bias_buf, bias_view)
-        jit.exp2_rows(s, bias_buf, one, None, None, lt)
+        jit.exp2_rows(s, a, bias_buf, one, None, one, None, lt)
 
     def bias_numpy() -> None:
         s.__iadd__(bias_view * one)
-        jit.exp2_rows(s, None, one, None, None, lt)
+        jit.exp2_rows(s, a, None, one, None, one, None, lt)
 
     def qk() -> None:
         np.matmul(q, K[:b].T, out=s)
@@ -80,14 +84,14 @@ def _blocks_at(d: int) -> None:
         "S = Q_i K_j^T": (qk, None),
         "P V_j": (lambda: np.matmul(s, V[:b], out=pv), qk),
         "acc += P V_j": (lambda: acc.__iadd__(pv), None),
-        "fused pass (exp + row sums)": (lambda: jit.exp2_rows(s, None, one, None, None, lt), qk),
-        "fused pass, causal diagonal": (lambda: jit.exp2_rows(s, None, one, None, diag.bad, lt), qk),
+        "fused pass (exp + row sums)": (lambda: jit.exp2_rows(s, a, None, one, None, one, None, lt), qk),
+        "fused pass, causal diagonal": (lambda: jit.exp2_rows(s, a, None, one, None, one, diag.bad, lt), qk),
         "np.exp2(S) in place": (lambda: np.exp2(s, out=s), qk),
         "np.exp(S) in place": (lambda: np.exp(s, out=s), qk),
         "P 1 (row sums)": (lambda: np.matmul(s, ones, out=lt), qk),
         "P *= keep (causal diagonal)": (lambda: s.__imul__(diag.keep), qk),
         "bias: copy block + fused pass": (bias_copied, qk),
-        "bias: fused pass on a strided view": (lambda: jit.exp2_rows(s, bias_view, one, None, None, lt), qk),
+        "bias: fused pass on a strided view": (lambda: jit.exp2_rows(s, a, bias_view, one, None, one, None, lt), qk),
         "bias: NumPy add + fused pass": (bias_numpy, qk),
     }
     for name, (fn, reset) in steps.items():
@@ -98,7 +102,7 @@ def _blocks_at(d: int) -> None:
         for j0 in range(0, n, b):
             np.matmul(q, K[j0 : j0 + b].T, out=s)
             if exp == "fused":
-                jit.exp2_rows(s, None, one, None, None, lt)
+                jit.exp2_rows(s, a, None, one, None, one, None, lt)
             elif exp != "none":
                 getattr(np, exp)(s, out=s)
                 np.matmul(s, ones, out=lt)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import attnlab
 from attnlab.cost import kv_cache_bytes
-from attnlab.errors import DTypeError, MaskedRowError, ShapeError
+from attnlab.errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
 from attnlab.kernels import kv_cache as kvmod
 from attnlab.kernels.kv_cache import KVCache, cached_attention, decode_step
 from tests.reference import reference_attention
@@ -167,11 +167,11 @@ def test_errors():
         cached_attention(np.zeros((2, 3, 1, 8)), c)
     with pytest.raises(ShapeError, match=r"q: shape \(1, 2, 1, 8\), expected \[B=2, h, t, d_k=8\]"):
         cached_attention(np.zeros((1, 2, 1, 8)), c)
-    with pytest.raises(ShapeError, match=r"q: 2 query tokens \(dim 2\), but the last append added at most 1 token"):
+    with pytest.raises(ShapeError, match=r"q: 2 query tokens \(dim 2\), but the last append was 1 token\(s\) wide"):
         cached_attention(np.zeros((2, 2, 2, 8)), c)
     with pytest.raises(DTypeError, match="cache: expected a KVCache"):
         cached_attention(np.zeros((2, 2, 1, 8)), object())
-    with pytest.raises(ShapeError, match="capacity: expected a positive int, got 0"):
+    with pytest.raises(OptionError, match="capacity: expected an int >= 1, got 0"):
         KVCache(1, 1, 8, capacity=0)
     with pytest.raises(DTypeError, match="dtype: expected a floating dtype"):
         KVCache(1, 1, 8, dtype=np.int32)
@@ -190,3 +190,95 @@ def test_property_any_chunking_equals_the_full_forward(cuts, h_kv, capacity, see
     out, cache = _decode(q, k, v, cuts, capacity=capacity)
     assert np.abs(out - _full(q, k, v)).max() <= 1e-6
     assert cache.nbytes == kv_cache_bytes(batch=2, seq_len=n, layers=1, kv_heads=h_kv, head_dim=8, dtype="float32")
+
+
+def test_low_precision_storage_refuses_what_it_cannot_hold():
+    """float16 would store 1e5 as inf (every later step NaN); bfloat16 has float32's range, not float64's."""
+    c = KVCache(2, 1, 4, dtype=np.float16)
+    k = np.ones((2, 1, 3, 4))
+    k[1, 0, 2, 3] = 1e5
+    with pytest.raises(RangeError, match=r"k_new: 100000 at index \(1, 0, 2, 3\) does not fit in the cache's float16"):
+        c.append(k, np.ones((2, 1, 3, 4)))
+    assert c.lengths.tolist() == [0, 0]  # nothing stored
+    v = np.ones((2, 1, 3, 4))
+    v[0, 0, 0, 0] = -7e4
+    with pytest.raises(RangeError, match=r"v_new: -70000 at index \(0, 0, 0, 0\).*largest finite 65504"):
+        c.append(np.ones((2, 1, 3, 4)), v)
+    c.append(k, np.ones((2, 1, 3, 4)), lengths=[3, 2])  # the big value is padding: not stored, not refused
+    assert c.lengths.tolist() == [3, 2] and np.isfinite(c.keys).all()
+    c.append(np.full((2, 1, 1, 4), 6e4), np.full((2, 1, 1, 4), -6e4))  # within range: stored (rounded)
+    out = cached_attention(np.zeros((2, 1, 1, 4), np.float32), c)
+    assert np.isfinite(out).all()
+    bf = KVCache(1, 1, 2, dtype="bfloat16")
+    assert bf.dtype.name == "bfloat16" and bf.allocated_nbytes == 2 * 256 * 2 * 2
+    with pytest.raises(RangeError, match=r"k_new: 1e\+39 at index \(0, 0, 0, 1\) does not fit in the cache's bfloat16"):
+        bf.append(np.array([[[[1.0, 1e39]]]]), np.ones((1, 1, 1, 2)))
+    bf.append(np.array([[[[1.0, 1e38]]]]), np.ones((1, 1, 1, 2)))
+    assert float(bf.keys[0, 0, 0, 1]) == pytest.approx(1e38, rel=1e-2)
+    assert KVCache(1, 1, 2, dtype=torch.bfloat16).dtype == bf.dtype
+    f32 = KVCache(1, 1, 2)
+    with pytest.raises(RangeError, match=r"k_new: 1e\+40 .* float32"):
+        f32.append(np.full((1, 1, 1, 2), 1e40), np.ones((1, 1, 1, 2)))
+
+
+def test_padding_rule_lengths_zero_and_short_appends():
+    """The documented rule: query rows i >= t_b of a sequence that appended t_b tokens are padding (output 0);
+    lengths=[0] appends nothing and its queries are all padding; a query block as wide as the append, longer than
+    every sequence's real tokens, is accepted."""
+    q, k, v = _qkv(30, B=2, h=2, h_kv=1, n=12, d=8, d_v=8, dtype=np.float64)
+    c = KVCache(2, 1, 8, head_dim_v=8, dtype=np.float64)
+    c.append(k[:, :, :5], v[:, :, :5])
+    out = cached_attention(q[:, :, 5:6], KVCache(2, 1, 8, head_dim_v=8), masked_rows="zero")
+    assert not out.any()  # nothing ever appended: real queries with nothing to see, masked_rows decides
+    c.append(k[:, :, 5:6], v[:, :, 5:6], lengths=[0, 1])
+    assert c.lengths.tolist() == [5, 6]
+    out = cached_attention(q[:, :, 5:6], c)  # raise is the default: sequence 0 is padding, not an empty row
+    assert np.array_equal(out[0], np.zeros((2, 1, 8))) and not np.signbit(out[0]).any()
+    full = _full(q[:, :, :6], k[:, :, :6], v[:, :, :6])
+    np.testing.assert_allclose(out[1], full[1, :, 5:6], atol=1e-12)
+    c.append(k[:, :, 6:10], v[:, :, 6:10], lengths=[2, 3])  # a block 4 wide, no sequence uses all of it
+    out = cached_attention(q[:, :, 6:10], c)
+    assert not out[0, :, 2:].any() and not out[1, :, 3:].any()
+    kk0 = np.concatenate([k[0, :, :5], k[0, :, 6:8]], axis=1)[None]
+    vv0 = np.concatenate([v[0, :, :5], v[0, :, 6:8]], axis=1)[None]
+    q0 = np.concatenate([q[0, :, :5], q[0, :, 6:8]], axis=1)[None]
+    np.testing.assert_allclose(out[0, :, :2], _full(q0, kk0, vv0)[0, :, 5:], atol=1e-12)
+    np.testing.assert_allclose(out[1, :, :3], _full(q[1:], k[1:], v[1:])[0, :, 6:9], atol=1e-12)
+    with pytest.raises(ShapeError, match=r"q: 5 query tokens \(dim 2\), but the last append was 4 token\(s\) wide"):
+        cached_attention(q[:, :, 6:11], c)
+    c.reset()
+    with pytest.raises(MaskedRowError, match="no cached key to attend to"):
+        cached_attention(q[:, :, :1], c)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_overflowing_logits_are_a_named_error(dense, monkeypatch):
+    if not dense:
+        monkeypatch.setattr(kvmod, "_DENSE_LIMIT", 0)
+    c = KVCache(1, 1, 4)
+    c.append(np.full((1, 1, 3, 4), 1e20), np.ones((1, 1, 3, 4)))
+    big = np.full((1, 1, 1, 4), 1e20, np.float32)
+    with pytest.raises(RangeError, match=r"logits: \(scale · Q Kᵀ \+ bias\) / temperature overflow float32"):
+        cached_attention(big, c)
+    small = np.ones((1, 1, 1, 4), np.float32)
+    with pytest.raises(RangeError, match=r"scale 1e\+39"):
+        cached_attention(small, c, scale=1e39)
+    c64 = KVCache(1, 1, 4, dtype=np.float64)
+    c64.append(np.ones((1, 1, 2, 4)), np.ones((1, 1, 2, 4)))
+    with pytest.raises(RangeError, match="overflow float64"):
+        cached_attention(np.ones((1, 1, 1, 4)), c64, scale=1e308)
+
+
+def test_impossible_capacity_is_a_named_error():
+    with pytest.raises(OptionError, match=r"capacity: room for 4611686018427387904 tokens needs .* GiB"):
+        KVCache(1, 1, 8, capacity=2**62)
+
+
+def test_results_come_back_in_the_queries_dtype():
+    c = KVCache(1, 1, 4)
+    c.append(np.ones((1, 1, 2, 4)), np.full((1, 1, 2, 4), 1e5))
+    with pytest.raises(RangeError, match=r"output: 100000 at index \(0, 0, 0, 0\) does not fit in float16"):
+        cached_attention(np.ones((1, 1, 1, 4), np.float16), c)
+    r = cached_attention(torch.ones((1, 1, 1, 4), dtype=torch.bfloat16), c)
+    assert r.dtype == torch.bfloat16 and torch.allclose(r.float(), torch.full((1, 1, 1, 4), 1e5), rtol=1e-2)
+    assert cached_attention(np.ones((1, 1, 1, 4), np.int32), c).dtype == np.float64

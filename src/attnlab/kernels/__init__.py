@@ -1,4 +1,6 @@
-"""Kernels built on the core: tiled online-softmax attention and the KV cache."""
+"""Kernels built on the core: tiled online-softmax attention and the KV cache (differentiable on PyTorch tensors
+through :mod:`attnlab.kernels.autograd`; overflow is a :class:`~attnlab.errors.RangeError`, see
+:mod:`attnlab.kernels.overflow`)."""
 
 from .kv_cache import KVCache, cached_attention, decode_step
 from .tiled import FlashGrads, FlashResult, flash_attention, flash_attention_backward

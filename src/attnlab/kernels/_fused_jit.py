@@ -64,22 +64,32 @@ def _exp2(x: Any) -> Any:  # pragma: no cover - compiled
 
 
 @_compiled
-def exp2_rows(s: Any, bias: Any, c: Any, off: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover - compiled
-    """``s <- 2 ** (s + c · bias - off[:, None])``, 0 where ``bad``; ``rowsum <- s.sum(1)``. ``bias``, ``bad`` and
-    ``rowsum`` may be None; ``c`` is a float32. ``off=None`` means no offset *and* ``-126 <= s + c · bias <= 128``
-    (the caller's bound): the range checks for ``-inf``, overflow and NaN are left out (numba compiles the two
-    cases separately, so neither pays for the other's branch)."""
+def exp2_rows(s: Any, a: Any, bias: Any, c: Any, off: Any, p: Any, bad: Any, rowsum: Any) -> None:  # pragma: no cover
+    """``s <- 2 ** (p · (a · s + c · bias - off[:, None]))``, 0 where ``bad``; ``rowsum <- s.sum(1)``. ``bias``,
+    ``bad`` and ``rowsum`` may be None; ``a``, ``c`` and ``p`` are float32.
+
+    ``off=None`` means no offset, no ``p`` (the caller folds it into ``a`` and ``c``) *and*
+    ``-126 <= a · s + c · bias <= 128`` (the caller's bound): the range checks for ``-inf``, overflow and NaN are
+    left out (numba compiles the two cases separately, so neither pays for the other's branch).
+
+    With an offset, ``z = fl(a · s) + c · bias`` is rounded as the naive ``fl(fl(Q Kᵀ) · scale) + bias`` is (``+ 0``
+    keeps the compiler from fusing the product into the subtraction), the offset is subtracted (exactly, where
+    the weights matter) and only the difference is multiplied by ``p`` (``log2(e)`` for logits in nats):
+    ``p · a · s - p · off`` would round numbers as large as the logits. ``a`` is the part of the logits' factor
+    that is not a power of two (the tiled kernel folds only a power of two into Q: exact)."""
     bq, bk = s.shape
     for i in range(bq):
         acc = _ZERO
         for j in range(bk):
-            x = s[i, j]
+            # fl(a · s), rounded as the product alone: "+ 0" keeps it out of the next fused multiply-add (contracted,
+            # fma(a, s, 0) rounds once), which then adds the bias exactly: fma(c, bias, z)
+            z = a * s[i, j] + _ZERO
             if bias is not None:
-                x = x + c * bias[i, j]
+                z = z + c * bias[i, j]
             if off is None:
-                y = _pow2(x)
+                y = _pow2(z)
             else:
-                y = _exp2(x - off[i])
+                y = _exp2(p * (z - off[i]))
             if bad is not None:
                 y = _ZERO if bad[i, j] else y
             s[i, j] = y

@@ -5,7 +5,7 @@ entries, sum the rows" is three or four passes over a 1 MiB block, ~17 % of the 
 d = 64 (docs/performance.md). Here each is one pass, with the row sums accumulated while the values are in
 registers:
 
-* :func:`exp2_block` — ``s <- 2 ** (s + c · bias - off[:, None])``, masked entries 0, optionally
+* :func:`exp2_block` — ``s <- 2 ** (a · s + c · bias - off[:, None])``, masked entries 0, optionally
   ``rowsum <- s.sum(1)``;
 * :func:`ds_block` — the backward's ``dp <- p * (dp - delta[:, None])``.
 
@@ -114,9 +114,10 @@ def exp2_block(
     *,
     bias: np.ndarray | None = None,
     bias_scale: float = 1.0,
+    scale: float = 1.0,
     bounded: bool = False,
 ) -> None:
-    """In place: ``s[i, j] <- 2 ** (s[i, j] + bias_scale · bias[i, j] - off[i])``, 0 where ``bad[i, j]``;
+    """In place: ``s[i, j] <- 2 ** (scale · s[i, j] + bias_scale · bias[i, j] - off[i])``, 0 where ``bad[i, j]``;
     ``rowsum[i] <- sum_j s[i, j]``.
 
     Args:
@@ -126,9 +127,10 @@ def exp2_block(
         rowsum: ``[bq]`` float32, overwritten with the row sums of the result, or None.
         bias: ``[bq, bk]`` float32 added (times ``bias_scale``, in float32) before the exponential, or None; any
             strides (a broadcast view is read as it is).
-        bounded: the caller guarantees ``-126 <= s + bias_scale · bias <= 128`` (``off`` must be None): skips the range
-            checks for ``-inf``, overflow and NaN, ~30 % faster. The tiled forward proves the bound from the norms
-            of q and k; outside it the result is wrong, not an error.
+        scale: multiplies ``s`` (in float32, rounded as a product alone) before the bias and the offset.
+        bounded: the caller guarantees ``-126 <= scale · s + bias_scale · bias <= 128`` (``off`` must be None):
+            skips the range checks for ``-inf``, overflow and NaN, ~30 % faster. The tiled forward proves the bound
+            from the norms of q and k; outside it the result is wrong, not an error.
 
     >>> import numpy as np
     >>> s = np.array([[0.0, 1.0, -1.0], [3.0, -np.inf, 0.5]], dtype=np.float32)
@@ -148,14 +150,16 @@ def exp2_block(
         _check("rowsum", rowsum, (bq,))
     if bias is not None:
         _check("bias", bias, (bq, bk))
-    c = np.float32(bias_scale)
+    c, a = np.float32(bias_scale), np.float32(scale)
     if not np.isfinite(c):
         raise ShapeError(f"bias_scale: expected a finite number, got {bias_scale!r}")
+    if not np.isfinite(a):
+        raise ShapeError(f"scale: expected a finite number, got {scale!r}")
     if bounded and off is not None:
         raise ShapeError("off: must be None with bounded=True (the bound is on s itself)")
     if not bounded and off is None:
         off = np.zeros(bq, dtype=np.float32)  # the compiled pass reads off=None as "bounded"
-    jit.exp2_rows(s, bias, c, off, bad, rowsum)
+    jit.exp2_rows(s, a, bias, c, off, np.float32(1), bad, rowsum)
 
 
 def ds_block(dp: np.ndarray, delta: np.ndarray, p: np.ndarray) -> None:

@@ -8,18 +8,29 @@ for their sequence, which gives exactly the rows of one full causal forward.
 
 Memory is the article's formula ``B · L · layers · h_kv · d_head · 2 · bytes`` (:attr:`KVCache.nbytes` for one
 layer; :func:`attnlab.cost.kv_cache_bytes` for a model).
+
+Padded batches follow one rule: ``append(..., lengths=)`` stores only each sequence's real tokens, and the next
+:func:`cached_attention` gives that sequence's padding queries 0 (``lengths[b] = 0``: all of them). Storage in
+float16 or bfloat16 refuses a value it cannot hold (:class:`~attnlab.errors.RangeError`) instead of storing inf;
+logits that overflow raise :class:`~attnlab.errors.RangeError` too. Queries that require grad get gradients
+(:mod:`attnlab.kernels.autograd`); the cached keys and values are detached copies, and appending tensors that
+require grad is refused.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .._arrays import index_tuples, namespace, shape_of, to_numpy
+from .._arrays import device_of, index_tuples, namespace, shape_of, to_numpy
 from ..core.inputs import check_finite, check_policy, resolve_scale
 from ..core.softmax import masked_softmax
-from ..errors import DTypeError, MaskedRowError, ShapeError
+from ..errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
+from ..validate import check_int
+from . import autograd
+from .overflow import logits_overflow_error
 
 __all__ = ["KVCache", "cached_attention", "decode_step"]
 
@@ -27,10 +38,32 @@ __all__ = ["KVCache", "cached_attention", "decode_step"]
 _DENSE_LIMIT = 1 << 22
 
 
-def _pos_int(name: str, x: Any) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1:
-        raise ShapeError(f"{name}: expected a positive int, got {x!r}")
-    return int(x)
+def _storage_dtype(dtype: Any) -> np.dtype:
+    """The cache's storage dtype: a NumPy float dtype, or bfloat16 (``"bfloat16"``, ``torch.bfloat16`` or
+    ``ml_dtypes.bfloat16``; NumPy has none of its own, so it needs ``ml_dtypes``, which comes with jax)."""
+    if "bfloat16" in str(dtype):
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise DTypeError(
+                "dtype: bfloat16 storage needs ml_dtypes (NumPy has no bfloat16): pip install ml_dtypes"
+            ) from None
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise DTypeError(f"dtype: {dtype!r} is not a NumPy dtype") from None
+    if dt.kind != "f":
+        raise DTypeError(f"dtype: expected a floating dtype (float16, bfloat16, float32, float64), got {dt}")
+    return dt
+
+
+def _finfo_max(dt: np.dtype) -> float:
+    if dt.name == "bfloat16":
+        import ml_dtypes
+
+        return float(ml_dtypes.finfo(dt).max)
+    return float(np.finfo(dt).max)
 
 
 class KVCache:
@@ -42,10 +75,21 @@ class KVCache:
         head_dim: d_k.
         head_dim_v: d_v (default d_k).
         capacity: initial room in tokens; the buffers double when a sequence outgrows them.
-        dtype: storage dtype (float32 default; float16 halves the memory, attention still computes in float32).
+        dtype: storage dtype (float32 default; float16 or bfloat16 halve the memory, attention still computes in
+            float32). :meth:`append` refuses a value the storage dtype cannot hold (a
+            :class:`~attnlab.errors.RangeError`): float16 would store 1e5 as ``inf`` and every later step would
+            be NaN.
 
     Shapes: :attr:`keys` ``[B, h_kv, L, d_k]``, :attr:`values` ``[B, h_kv, L, d_v]`` with ``L = max(lengths)``
     (views, no copy; positions ``>= lengths[b]`` of a shorter sequence hold zeros), :attr:`lengths` ``[B]``.
+
+    Padding: ``append(k_new, v_new, lengths=)`` appends only the first ``lengths[b]`` of the ``t`` new tokens of
+    sequence b; the rest is padding, never stored. The following :func:`cached_attention` treats query rows
+    ``i >= lengths[b]`` of that sequence as padding too (their output is 0), so ``lengths=[0]`` appends nothing
+    and gives that sequence an all-zero output.
+
+    The cache stores copies without autograd history: :meth:`append` refuses PyTorch tensors that require grad
+    (a :class:`~attnlab.errors.DTypeError`) rather than silently cut their gradient; queries may require grad.
 
     >>> c = KVCache(1, 2, 4, capacity=2)
     >>> c.append(np.ones((1, 2, 3, 4)), np.ones((1, 2, 3, 4)))
@@ -65,21 +109,16 @@ class KVCache:
         capacity: int = 256,
         dtype: Any = np.float32,
     ) -> None:
-        self.batch = _pos_int("batch", batch)
-        self.num_kv_heads = _pos_int("num_kv_heads", num_kv_heads)
-        self.head_dim = _pos_int("head_dim", head_dim)
-        self.head_dim_v = self.head_dim if head_dim_v is None else _pos_int("head_dim_v", head_dim_v)
-        cap = _pos_int("capacity", capacity)
-        try:
-            self.dtype = np.dtype(dtype)
-        except TypeError:
-            raise DTypeError(f"dtype: {dtype!r} is not a NumPy dtype") from None
-        if self.dtype.kind != "f":
-            raise DTypeError(f"dtype: expected a floating dtype (float16, float32, float64), got {self.dtype}")
-        self._k = np.zeros((self.batch, self.num_kv_heads, cap, self.head_dim), dtype=self.dtype)
-        self._v = np.zeros((self.batch, self.num_kv_heads, cap, self.head_dim_v), dtype=self.dtype)
+        self.batch = check_int("batch", batch, minimum=1)
+        self.num_kv_heads = check_int("num_kv_heads", num_kv_heads, minimum=1)
+        self.head_dim = check_int("head_dim", head_dim, minimum=1)
+        self.head_dim_v = self.head_dim if head_dim_v is None else check_int("head_dim_v", head_dim_v, minimum=1)
+        cap = check_int("capacity", capacity, minimum=1)
+        self.dtype = _storage_dtype(dtype)
+        self._k, self._v = self._alloc(cap, "capacity")
         self._lengths = np.zeros(self.batch, dtype=np.int64)
         self._last = np.zeros(self.batch, dtype=np.int64)
+        self._last_width: int | None = None  # t of the last append; None: nothing appended since creation/reset
 
     # ---------------------------------------------------------------------------------------------------------
     @property
@@ -138,6 +177,22 @@ class KVCache:
         )
 
     # ---------------------------------------------------------------------------------------------------------
+    def _alloc(self, cap: int, why: str) -> tuple[np.ndarray, np.ndarray]:
+        """Zeroed K and V buffers for ``cap`` tokens (an :class:`~attnlab.errors.OptionError` naming ``why`` if the
+        memory cannot be had)."""
+        shapes = (
+            (self.batch, self.num_kv_heads, cap, self.head_dim),
+            (self.batch, self.num_kv_heads, cap, self.head_dim_v),
+        )
+        try:
+            return np.zeros(shapes[0], dtype=self.dtype), np.zeros(shapes[1], dtype=self.dtype)
+        except (MemoryError, ValueError):
+            need = self.batch * self.num_kv_heads * cap * (self.head_dim + self.head_dim_v) * self.dtype.itemsize
+            raise OptionError(
+                f"{why}: room for {cap} tokens needs {need / 2**30:.3g} GiB "
+                f"(B·h_kv·tokens·(d_k + d_v)·bytes), which cannot be allocated; ask for less"
+            ) from None
+
     def _grow(self, need: int) -> None:
         cap = self.capacity
         while cap < need:
@@ -145,11 +200,27 @@ class KVCache:
         if cap == self.capacity:
             return
         n = self.max_length
-        k = np.zeros((self.batch, self.num_kv_heads, cap, self.head_dim), dtype=self.dtype)
-        v = np.zeros((self.batch, self.num_kv_heads, cap, self.head_dim_v), dtype=self.dtype)
+        k, v = self._alloc(cap, f"append: growing to {need} tokens")
         k[:, :, :n] = self._k[:, :, :n]
         v[:, :, :n] = self._v[:, :, :n]
         self._k, self._v = k, v
+
+    def _stored(self, name: str, x: np.ndarray, real: np.ndarray) -> np.ndarray:
+        """``x`` in the storage dtype, or a :class:`~attnlab.errors.RangeError` if a real (non-padding) value does
+        not fit it. ``real`` is ``[B, t]``, True for the tokens that will be stored."""
+        if x.dtype == self.dtype:
+            return x
+        with np.errstate(over="ignore"):
+            y = x.astype(self.dtype)
+        lost = ~np.isfinite(y) & real[:, None, :, None]
+        if lost.any():
+            where = tuple(int(i) for i in np.argwhere(lost)[0])
+            raise RangeError(
+                f"{name}: {float(x[where]):.7g} at index {where} does not fit in the cache's {self.dtype} (largest "
+                f"finite {_finfo_max(self.dtype):.7g}): it would be stored as inf and every later step would be NaN. "
+                f"Use KVCache(..., dtype=np.float32) or scale the keys/values down"
+            )
+        return y
 
     def append(self, k_new: Any, v_new: Any, *, lengths: Any = None) -> None:
         """Append new tokens' keys and values to each sequence.
@@ -158,8 +229,14 @@ class KVCache:
             k_new: ``[B, h_kv, t, d_k]`` keys of the t new tokens.
             v_new: ``[B, h_kv, t, d_v]`` values.
             lengths: ``[B]`` ints: sequence b appends only its first ``lengths[b]`` new tokens (the rest is
-                padding); default t for all.
+                padding, not stored; the next :func:`cached_attention` gives its padding queries 0); default t
+                for all.
+
+        Nothing is stored if an argument is refused: shapes, dtypes, NaN/inf (:class:`~attnlab.errors.NonFiniteError`),
+        a real value beyond the storage dtype's range (:class:`~attnlab.errors.RangeError`), tensors that require
+        grad (:class:`~attnlab.errors.DTypeError`).
         """
+        autograd.refuse_grad("KVCache.append (the cache stores detached copies)", k_new=k_new, v_new=v_new)
         kn, vn = to_numpy(k_new), to_numpy(v_new)
         want_k = (self.batch, self.num_kv_heads, None, self.head_dim)
         want_v = (self.batch, self.num_kv_heads, None, self.head_dim_v)
@@ -185,6 +262,8 @@ class KVCache:
             if bad.size:
                 raise ShapeError(f"lengths: entry {bad[0]} is {new[bad[0]]}; expected 0 <= length <= t={t}")
             new = new.astype(np.int64)
+        real = np.arange(t)[None, :] < new[:, None]  # [B, t]
+        kn, vn = self._stored("k_new", kn, real), self._stored("v_new", vn, real)
         self._grow(int((self._lengths + new).max()))
         if lengths is None and (self._lengths == self._lengths[0]).all():
             s = int(self._lengths[0])
@@ -197,13 +276,167 @@ class KVCache:
                 self._v[b, :, s : s + n] = vn[b, :, :n]
         self._lengths += new
         self._last = new
+        self._last_width = t
 
     def reset(self) -> None:
-        """Forget every cached token (the buffers are kept, zeroed)."""
-        self._k[...] = 0
-        self._v[...] = 0
+        """Forget every cached token (the buffers are kept, zeroed where they were used)."""
+        n = self.max_length
+        self._k[:, :, :n] = 0
+        self._v[:, :, :n] = 0
         self._lengths[:] = 0
         self._last[:] = 0
+        self._last_width = None
+
+
+@dataclass
+class _Saved:
+    """What the backward of :func:`cached_attention` needs (copies: the cache may change after the call)."""
+
+    q: np.ndarray  # [B, h, t, d_k], compute dtype
+    k: np.ndarray  # [B, h_kv, L, d_k]
+    v: np.ndarray  # [B, h_kv, L, d_v]
+    out: np.ndarray  # [B, h_kv, g, t, d_v], before padding rows were zeroed
+    lse: np.ndarray  # [B, h_kv, g, t] nats, -inf on empty rows
+    lengths: np.ndarray  # [B]
+    start: np.ndarray  # [B] position of query 0
+    real: np.ndarray  # [B, t]
+    empty: np.ndarray  # [B, h_kv, g, t] real rows with no key
+    scale: float
+    masked_rows: str
+    q_like: Any  # the caller's q (library, dtype, device of dq)
+
+    def backward(self, d_out: Any) -> Any:
+        """``dq`` from ``d_out [B, h, t, d_v]``: FlashAttention-2's backward per sequence (padding rows: 0)."""
+        from .tiled import flash_attention_backward
+
+        if self.masked_rows == "nan" and self.empty.any():
+            raise MaskedRowError(
+                "cache: a real query row had no cached key (output NaN under masked_rows='nan'); NaN has no "
+                "gradient: use masked_rows='zero' for a zero output and a zero gradient",
+                index_tuples(self.empty.reshape(self.q.shape[:3])),
+            )
+        B, h, t, d_k = self.q.shape
+        h_kv = self.k.shape[1]
+        g = h // h_kv
+        cdt = self.q.dtype
+        do = to_numpy(d_out).astype(cdt).reshape(B, h_kv, g, t, -1) * self.real[:, None, None, :, None]
+        dq = np.zeros((B, h_kv, g, t, d_k), dtype=cdt)
+        for b in range(B):
+            n_b = int(self.lengths[b])
+            if n_b == 0:
+                continue
+            gr = flash_attention_backward(
+                self.q[b].reshape(h_kv, g, t, d_k),
+                self.k[b, :, None, :n_b],
+                self.v[b, :, None, :n_b],
+                self.out[b],
+                self.lse[b],
+                do[b],
+                causal=True,
+                q_offset=int(self.start[b]),
+                scale=self.scale,
+                masked_rows="zero",
+            )
+            dq[b] = gr.dq
+        dq = dq.reshape(B, h, t, d_k)
+        import torch
+
+        return torch.as_tensor(dq, device=self.q_like.device).to(self.q_like.dtype)
+
+
+def _cached(
+    qn: np.ndarray, cache: KVCache, sc: float, masked_rows: str, n_new: np.ndarray, keep: bool
+) -> tuple[np.ndarray, _Saved | None]:
+    """The attention of ``qn [B, h, t, d_k]`` to the cache in the compute dtype ``[B, h, t, d_v]``; with ``keep``,
+    also what the backward needs."""
+    B, h, t, d_k = qn.shape
+    h_kv = cache.num_kv_heads
+    g = h // h_kv
+    cdt = np.float64 if qn.dtype == np.float64 and cache.dtype == np.float64 else np.float32
+    lengths = cache.lengths
+    L = max(1, int(lengths.max()))
+    start = lengths - n_new  # [B] position of query 0
+    qpos = start[:, None] + np.arange(t)[None, :]  # [B, t]
+    real = np.arange(t)[None, :] < n_new[:, None]  # [B, t] padding queries of short appends are not real
+    qc = qn.astype(cdt, copy=False)
+    out = np.zeros((B, h_kv, g, t, cache.head_dim_v), dtype=cdt)
+    lse = np.full((B, h_kv, g, t), -np.inf, dtype=cdt)
+    K = cache._k[:, :, :L].astype(cdt, copy=keep)  # [B, h_kv, L, d_k]
+    V = cache._v[:, :, :L].astype(cdt, copy=keep)
+    if B * h * t * L <= _DENSE_LIMIT:
+        qg = qc.reshape(B, h_kv, g * t, d_k)  # GQA: a kv head's g query heads as rows
+        with np.errstate(over="ignore", invalid="ignore"):
+            s = (qg @ np.swapaxes(K, -1, -2)) * cdt(sc)  # [B, h_kv, g·t, L]
+        allowed = np.arange(L)[None, None, :] <= qpos[:, :, None]  # [B, t, L] bottom-right causal
+        allowed &= np.arange(L)[None, None, :] < lengths[:, None, None]
+        allowed = np.broadcast_to(allowed[:, None, None], (B, 1, g, t, L)).reshape(B, 1, g * t, L)
+        _check_logits(s, allowed, qc, K, sc, (B, h_kv, g, t, L))
+        w, lse_d, empty = masked_softmax(s, allowed)
+        out = (w @ V).reshape(B, h_kv, g, t, -1)
+        lse = lse_d.reshape(B, h_kv, g, t)
+        empty = empty.reshape(B, h_kv, g, t)
+    else:
+        from .tiled import flash_attention
+
+        empty = np.zeros((B, h_kv, g, t), dtype=bool)
+        for b in range(B):
+            n_b = int(lengths[b])
+            if n_b == 0:
+                empty[b] = True
+                continue
+            r = flash_attention(
+                qc[b].reshape(h_kv, g, t, d_k),
+                K[b, :, None, :n_b],
+                V[b, :, None, :n_b],
+                causal=True,
+                q_offset=int(start[b]),
+                scale=sc,
+                masked_rows="zero",
+            )
+            out[b] = r.output
+            lse[b] = r.lse
+            empty[b] = np.isneginf(r.lse)
+    empty &= real[:, None, None, :]
+    saved = None
+    if keep:
+        saved = _Saved(qc.copy(), K, V, out, lse, lengths, start, real, empty, sc, masked_rows, None)
+    out = np.where(real[:, None, None, :, None], out, 0).astype(cdt, copy=False)  # padding queries -> 0
+    if empty.any():
+        rows = index_tuples(empty.reshape(B, h, t))
+        if masked_rows == "raise":
+            raise MaskedRowError(
+                f"cache: {len(rows)} query row(s) have no cached key to attend to, at (batch, head, query) "
+                f"{', '.join(map(str, rows[:8]))}; append the new tokens' k/v before attending",
+                rows,
+            )
+        if masked_rows == "nan":
+            out[empty] = np.nan
+    return out.reshape(B, h, t, -1), saved
+
+
+def _check_logits(s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarray, sc: float, full: tuple) -> None:
+    """A :class:`~attnlab.errors.RangeError` if an allowed logit ``s [B, h_kv, g·t, L]`` is not finite."""
+    bad = ~np.isfinite(s)
+    if not bad.any():
+        return
+    bad &= allowed
+    if not bad.any():
+        return
+    B, h_kv, g, t, L = full
+    b, hk, row, j = (int(x) for x in np.argwhere(bad)[0])
+    raise logits_overflow_error(
+        (b, hk * g + row // t, row % t, j),
+        float(s[b, hk, row, j]),
+        int(bad.sum()),
+        (B, h_kv * g, t, L),
+        str(s.dtype),
+        q_max=float(np.abs(q).max()),
+        k_max=float(np.abs(k).max()),
+        bias_max=None,
+        scale=sc,
+        temperature=1.0,
+        index_layout="(batch, head, query, key)",
+    )
 
 
 def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, masked_rows: str = "raise") -> Any:
@@ -212,18 +445,23 @@ def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, mask
     The cache already holds the new tokens (call :meth:`KVCache.append` first). The t queries are the t newest
     tokens: query i of sequence b sits at position ``lengths[b] - t_b + i`` with ``t_b = min(t,
     last_appended[b])`` and sees keys ``j <=`` that position, exactly its row of a full causal forward.
-    (Top-left alignment would let the first new token see only key 0: wrong.) Query rows ``i >= t_b`` of a
-    sequence that appended fewer tokens (``append(..., lengths=)``) are padding: their output is 0.
+    (Top-left alignment would let the first new token see only key 0: wrong.) Query rows ``i >= t_b`` are
+    padding: their output is 0 (a sequence that appended fewer tokens with ``append(..., lengths=)``, down to
+    ``lengths[b] = 0``: all its rows). ``t`` may not exceed the width of the last append (the ``t`` of its
+    ``k_new``, padding included). Before any append (or after :meth:`KVCache.reset`) every query is real and has
+    nothing to see: ``masked_rows`` decides.
 
     Args:
         q: ``[B, h, t, d_k]`` queries of the t newest tokens; ``h`` a multiple of the cache's ``h_kv`` (GQA:
-            query head i reads kv head ``i // (h / h_kv)``).
+            query head i reads kv head ``i // (h / h_kv)``). A PyTorch tensor that requires grad gets its gradient
+            through attnlab's backward (:func:`~attnlab.kernels.tiled.flash_attention_backward`, per sequence).
         cache: the layer's :class:`KVCache`.
         scale: default ``1/sqrt(d_k)``.
         masked_rows: for a real query with nothing to see (an empty cache): "raise", "zero" or "nan".
 
     Returns:
-        ``[B, h, t, d_v]`` in q's dtype (computed in float32, or float64 for float64 q and cache).
+        ``[B, h, t, d_v]`` in q's dtype (computed in float32, or float64 for float64 q and cache). Logits that
+        overflow the compute dtype from finite inputs raise :class:`~attnlab.errors.RangeError`.
 
     >>> rng = np.random.default_rng(0)
     >>> k, v, q = (rng.standard_normal((1, 1, 5, 4)) for _ in range(3))
@@ -238,8 +476,12 @@ def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, mask
     if not isinstance(cache, KVCache):
         raise DTypeError(f"cache: expected a KVCache, got {type(cache).__name__}")
     check_policy(masked_rows)
+    if isinstance(q, (list, tuple)):
+        q = np.asarray(q)
+    if not hasattr(q, "shape"):
+        raise DTypeError(f"q: expected an array, got {type(q).__name__}")
     xp = namespace(q)
-    qn = to_numpy(q) if xp is not np else np.asarray(q)
+    qn = to_numpy(q)
     qs = shape_of(qn)
     if len(qs) != 4 or qs[0] != cache.batch or qs[3] != cache.head_dim:
         raise ShapeError(
@@ -255,75 +497,49 @@ def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, mask
     if qn.dtype.kind not in "fiu":
         raise DTypeError(f"q: dtype {qn.dtype} is not a real number dtype")
     check_finite(np, qn, "q")
-    last = cache.last_appended
-    if t > max(1, int(last.max())):
-        raise ShapeError(
-            f"q: {t} query tokens (dim 2), but the last append added at most {int(last.max())} token(s) per "
-            f"sequence; pass one query per new token (the cache must already hold them: append first)"
-        )
-    n_new = np.minimum(last, t)  # [B] real queries per sequence: the newest n_new[b] tokens
-    if not last.any():
-        n_new[:] = t  # nothing appended yet: every query is real and has nothing to see
-    cdt = np.float64 if qn.dtype == np.float64 and cache.dtype == np.float64 else np.float32
-    out_dtype = qn.dtype if qn.dtype.kind == "f" else np.float64
-    g = h // h_kv
-    lengths = cache.lengths
-    L = max(1, int(lengths.max()))
-    sc = resolve_scale(scale, d_k)
-    start = lengths - n_new  # [B] position of query 0
-    qpos = start[:, None] + np.arange(t)[None, :]  # [B, t]
-    real = np.arange(t)[None, :] < n_new[:, None]  # [B, t] padding queries of short appends are not real
-    out = np.zeros((B, h_kv, g, t, cache.head_dim_v), dtype=cdt)
-    if B * h * t * L <= _DENSE_LIMIT:
-        K = cache._k[:, :, :L].astype(cdt, copy=False)  # [B, h_kv, L, d_k]
-        V = cache._v[:, :, :L].astype(cdt, copy=False)
-        qg = qn.astype(cdt, copy=False).reshape(B, h_kv, g * t, d_k)  # GQA: a kv head's g query heads as rows
-        s = (qg @ np.swapaxes(K, -1, -2)) * cdt(sc)  # [B, h_kv, g·t, L]
-        allowed = np.arange(L)[None, None, :] <= qpos[:, :, None]  # [B, t, L] bottom-right causal
-        allowed &= np.arange(L)[None, None, :] < lengths[:, None, None]
-        allowed = np.broadcast_to(allowed[:, None, None], (B, 1, g, t, L)).reshape(B, 1, g * t, L)
-        w, _, empty = masked_softmax(s, allowed)
-        out = (w @ V).reshape(B, h_kv, g, t, -1)
-        empty = empty.reshape(B, h_kv, g, t)
+    width = cache._last_width
+    if width is None:
+        n_new = np.full(B, t, dtype=np.int64)  # nothing appended yet: every query is real and has nothing to see
     else:
-        from .tiled import flash_attention
-
-        empty = np.zeros((B, h_kv, g, t), dtype=bool)
-        for b in range(B):
-            n_b = int(lengths[b])
-            if n_b == 0:
-                empty[b] = True
-                continue
-            qb = qn[b].astype(cdt, copy=False).reshape(h_kv, g, t, d_k)
-            r = flash_attention(
-                qb,
-                cache._k[b, :, None, :n_b].astype(cdt, copy=False),
-                cache._v[b, :, None, :n_b].astype(cdt, copy=False),
-                causal=True,
-                q_offset=int(start[b]),
-                scale=sc,
-                masked_rows="zero",
+        if t > width:
+            raise ShapeError(
+                f"q: {t} query tokens (dim 2), but the last append was {width} token(s) wide; pass one query per "
+                f"new token, at most as many as appended (the cache must already hold them: append first)"
             )
-            out[b] = r.output
-            empty[b] = np.isneginf(r.lse)
-    empty &= real[:, None, None, :]
-    out = out * real[:, None, None, :, None]  # padding queries -> 0
-    if empty.any():
-        rows = index_tuples(empty.reshape(B, h, t))
-        if masked_rows == "raise":
-            raise MaskedRowError(
-                f"cache: {len(rows)} query row(s) have no cached key to attend to, at (batch, head, query) "
-                f"{', '.join(map(str, rows[:8]))}; append the new tokens' k/v before attending",
-                rows,
-            )
-        if masked_rows == "nan":
-            out[empty] = np.nan
-    result = out.reshape(B, h, t, -1).astype(out_dtype, copy=False)
-    if xp is not np:
-        from .._arrays import device_of
+        n_new = np.minimum(cache.last_appended, t)  # [B] real queries per sequence: the newest n_new[b] tokens
+    sc = resolve_scale(scale, d_k)
+    if autograd.wants_grad(q):
 
-        return xp.asarray(result, device=device_of(q))
-    return result
+        def run(q_detached: Any) -> tuple[Any, _Saved]:
+            out, saved = _cached(to_numpy(q_detached), cache, sc, masked_rows, n_new, keep=True)
+            saved.q_like = q
+            return _to_caller(xp, q, out), saved
+
+        return autograd.cached_function(q, run)
+    out, _ = _cached(qn, cache, sc, masked_rows, n_new, keep=False)
+    return _to_caller(xp, q, out)
+
+
+def _to_caller(xp: Any, q: Any, out: np.ndarray) -> Any:
+    """``out`` (compute dtype) in q's library and dtype (float64 for integer q); a finite value that the narrower
+    dtype (float16, bfloat16) cannot hold is a :class:`~attnlab.errors.RangeError`, not an inf."""
+    qdt = q.dtype
+    if xp is np:
+        dt = qdt if qdt.kind == "f" else np.dtype(np.float64)
+        with np.errstate(over="ignore"):
+            y = out.astype(dt, copy=False)
+        lost = ~np.isfinite(y) & np.isfinite(out)
+    else:
+        dt = qdt if xp.isdtype(qdt, "real floating") else xp.float64
+        y = xp.astype(xp.asarray(out, device=device_of(q)), dt)
+        lost = ~np.isfinite(to_numpy(y)) & np.isfinite(out)
+    if lost.any():
+        where = tuple(int(i) for i in np.argwhere(lost)[0])
+        raise RangeError(
+            f"output: {float(out[where]):.7g} at index {where} does not fit in {str(dt).replace('torch.', '')}, q's "
+            f"dtype it is returned in; pass float32 queries (then the result is float32) or scale the values down"
+        )
+    return y
 
 
 def decode_step(

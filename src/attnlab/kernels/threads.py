@@ -6,6 +6,11 @@ the threads run truly in parallel. While they run, the BLAS library (OpenBLAS, M
 with `threadpoolctl <https://github.com/joblib/threadpoolctl>`_; otherwise each worker's matrix product would start
 its own BLAS threads and the two cores would be oversubscribed.
 
+All calls share **one** pool of worker threads. It grows to the largest thread count asked for (capped at
+:func:`max_threads`, four per available core) and is never multiplied: a call that wants fewer threads runs that many
+worker loops in it, the calling thread being one of them. So after calls with ``num_threads`` 2, 3, ..., 64 the
+process holds at most ``max_threads() - 1`` idle kernel threads, not one pool per distinct count.
+
 ``threadpoolctl`` is optional (``pip install 'attnlab[fast]'``). Without it the kernels run their tasks on the
 calling thread only and leave BLAS with its own threads (correct, and never oversubscribed, but slower on small
 blocks). :func:`blas_report` says which BLAS library, kernel ("architecture") and thread count are in use, or
@@ -22,10 +27,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BlasInfo", "available_cores", "blas_report", "pinned_blas", "resolve_threads", "run_tasks"]
+import numpy as np
+
+from ..errors import OptionError
+
+__all__ = [
+    "BlasInfo",
+    "available_cores",
+    "blas_report",
+    "max_threads",
+    "pinned_blas",
+    "pool_size",
+    "resolve_threads",
+    "run_tasks",
+]
 
 _lock = threading.Lock()
-_pools: dict[int, ThreadPoolExecutor] = {}
+_shared: ThreadPoolExecutor | None = None  # the one pool (None until a call needs threads)
+_shared_size = 0  # its max_workers
 _controller: Any = None
 
 
@@ -45,15 +64,19 @@ def _has_threadpoolctl() -> bool:
     return True
 
 
+def max_threads() -> int:
+    """The most worker threads a call runs: four per available core (more would only oversubscribe the cores)."""
+    return 4 * available_cores()
+
+
 def resolve_threads(num_threads: Any) -> int:
-    """``None`` -> every available core (1 without threadpoolctl); otherwise a positive int, checked."""
+    """``None`` -> every available core (1 without threadpoolctl); otherwise an int >= 1 (an
+    :class:`~attnlab.errors.OptionError` if not), capped at :func:`max_threads`."""
     if num_threads is None:
         return available_cores() if _has_threadpoolctl() else 1
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-        from ..errors import ShapeError
-
-        raise ShapeError(f"num_threads: expected None or an int >= 1, got {num_threads!r}")
-    return num_threads
+    if isinstance(num_threads, (bool, np.bool_)) or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
+        raise OptionError(f"num_threads: expected None or an int >= 1, got {num_threads!r}")
+    return min(int(num_threads), max_threads())
 
 
 def _get_controller() -> Any:
@@ -75,26 +98,65 @@ def pinned_blas(threads: int = 1) -> Iterator[None]:
         yield
 
 
-def _pool(n: int) -> ThreadPoolExecutor:
+def _submit(fn: Callable[[], None], count: int) -> list[Any]:
+    """``count`` futures of ``fn`` in the shared pool, which is first replaced by a larger one if it has room for
+    fewer than ``count`` threads (the old one is shut down: its threads finish what they run, then exit). Under the
+    lock, so that no call submits to a pool another call has just shut down."""
+    global _shared, _shared_size
     with _lock:
-        pool = _pools.get(n)
-        if pool is None:
-            pool = _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="attnlab-kernel")
-        return pool
+        if _shared is None or _shared_size < count:
+            old = _shared
+            _shared_size = min(max(count, _shared_size), max_threads())
+            _shared = ThreadPoolExecutor(max_workers=_shared_size, thread_name_prefix="attnlab-kernel")
+            if old is not None:
+                old.shutdown(wait=False)
+        return [_shared.submit(fn) for _ in range(count)]
+
+
+def pool_size() -> int:
+    """How many threads the shared pool may hold (0 before any call used threads)."""
+    return _shared_size
 
 
 def run_tasks(fn: Callable[[Any], Any], tasks: Iterable[Any], num_threads: int) -> list[Any]:
-    """``[fn(t) for t in tasks]``, on ``num_threads`` worker threads with BLAS pinned to one thread each.
+    """``[fn(t) for t in tasks]``, on ``num_threads`` threads with BLAS pinned to one thread each.
 
-    Tasks should be listed from the most expensive to the cheapest (the pool hands them out in order, so the
-    last ones fill the gaps). With one thread, or one task, everything runs on the calling thread and BLAS keeps
-    its own threads. An exception in a task is re-raised here.
+    ``num_threads - 1`` worker loops run in the shared pool and one on the calling thread; each takes the next task
+    until none is left, so exactly ``num_threads`` tasks run at a time, whatever the pool's size, and the calling
+    thread alone finishes the work if the pool is busy. Tasks should be listed from the most expensive to the
+    cheapest (they are handed out in order, so the last ones fill the gaps). With one thread, or one task,
+    everything runs on the calling thread and BLAS keeps its own threads. The first exception in a task is
+    re-raised here (the other tasks are not started once one has failed).
     """
     tasks = list(tasks)
-    if num_threads <= 1 or len(tasks) <= 1 or not _has_threadpoolctl():
+    n = min(num_threads, len(tasks), max_threads())
+    if n <= 1 or not _has_threadpoolctl():
         return [fn(t) for t in tasks]
+    results: list[Any] = [None] * len(tasks)
+    failed: list[BaseException] = []
+    order = iter(range(len(tasks)))
+    take = threading.Lock()
+
+    def work() -> None:
+        while not failed:
+            with take:
+                i = next(order, None)
+            if i is None:
+                return
+            try:
+                results[i] = fn(tasks[i])
+            except BaseException as err:
+                failed.append(err)
+                return
+
     with pinned_blas(1):
-        return list(_pool(min(num_threads, len(tasks))).map(fn, tasks))
+        futures = _submit(work, n - 1)
+        work()
+        for f in futures:
+            f.result()
+    if failed:
+        raise failed[0]
+    return results
 
 
 @dataclass(frozen=True)

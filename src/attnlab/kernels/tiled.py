@@ -15,9 +15,12 @@ sum ``l_i`` of ``exp(s - m_i)`` and an accumulator ``acc`` of ``exp(s - m_i) V``
 This is exact: only the order of the additions differs from the dense computation. Some refinements make it
 fast in NumPy, where every element-wise pass over a score block costs about a sixth of its two matrix products:
 
-* scores are computed in log2 units (``scale · log2(e)`` is folded into Q once) and exponentiated with ``exp2``,
-  about 0.6× the cost of ``exp`` — unless ``exp`` measured faster in this process (see :func:`_exp`: NumPy's
-  ``exp2`` is sometimes ~3.5× slower for a whole process), then in nats with ``exp``;
+* scores are rounded exactly as the naive computation rounds them (see :class:`_Units`): only a power of two of
+  ``scale / temperature`` is folded into Q (exact), the rest multiplies the product, the running maximum is
+  subtracted in nats, and only then is the difference converted for ``exp2`` (about 0.6× the cost of ``exp``) —
+  unless ``exp`` measured faster in this process (see :func:`_exp`: NumPy's ``exp2`` is sometimes ~3.5× slower for
+  a whole process). Folding all of the factor into Q, in log2 units, cost up to 18× the naive float32 error at
+  |logits| ~ 1e3-1e4 (issue 12); with numba, the multiplication, the offset and ``exp2`` are one fused pass;
 * the row sums of ``P`` come from a matrix-vector product ``P 1`` (a fifth of ``P.sum(axis=1)``, and cheaper than
   a column of ones on ``V``, which makes the second product's width odd);
 * when the scores of a query block are bounded (``|scale · q_i · k_j| <= ||scale · q_i|| · max_j ||k_j||``, by
@@ -36,7 +39,13 @@ padding by lengths, packed segments, arbitrary boolean masks); a key block that 
 skipped, not computed, and one it sees entirely is not masked. An additive ``bias`` is read block by block too (its
 largest magnitude joins the bound of the fast path), and ``temperature`` divides the logits, as in the core. The
 backward is FlashAttention-2's: recompute ``P`` from the saved ``lse``, ``delta = rowsum(dO ∘ O)``,
-``dS = P ∘ (dP - delta)``.
+``dS = P ∘ (dP - delta)``; on PyTorch tensors that require grad, :func:`flash_attention` runs inside a
+``torch.autograd.Function`` whose backward it is (:mod:`attnlab.kernels.autograd`).
+
+Finite inputs whose logits overflow the compute dtype raise :class:`~attnlab.errors.RangeError` (what overflowed,
+where, the fix), never NaN: when the Cauchy-Schwarz bound of a query block cannot rule it out (it can for any
+realistic input, at no cost), that block's logits are checked for infinities as they are computed. Values of V near
+the dtype's limit are divided by a power of two first, so that the unnormalised sums cannot overflow either.
 
 Work is split into tasks (batch·heads × query blocks forward, batch·heads × key blocks backward) run on the cores
 by :mod:`attnlab.kernels.threads`, with BLAS pinned to one thread per worker.
@@ -44,6 +53,8 @@ by :mod:`attnlab.kernels.threads`, with BLAS pinned to one thread per worker.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
 import threading
@@ -56,9 +67,11 @@ import numpy as np
 
 from .._arrays import compute_dtype, device_of, index_tuples, namespace, shape_of, to_numpy
 from ..core.inputs import check_finite, check_policy, prepare
-from ..errors import DTypeError, MaskedRowError, MaskError, ShapeError, masked_rows_error
+from ..errors import DTypeError, MaskedRowError, MaskError, RangeError, ShapeError, masked_rows_error
 from ..masks import causal_alignment_message
-from . import fused
+from ..validate import check_int
+from . import autograd, fused
+from .overflow import factor_overflow_error, gradient_overflow_error, logits_overflow_error
 from .threads import resolve_threads, run_tasks
 
 __all__ = [
@@ -76,7 +89,6 @@ DEFAULT_BLOCK_Q = 512
 DEFAULT_BLOCK_K = 512
 
 _LOG2E = 1.0 / math.log(2.0)
-_LN2 = math.log(2.0)
 _THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
 
 #: Tests set this to run the online-softmax path where the fast (bounded-scores) path would apply.
@@ -88,22 +100,21 @@ _FORCE_EXP: str | None = None
 
 @dataclass(frozen=True)
 class _Exp:
-    """The exponential the kernels use and its units: scores are computed as ``unit · (scale · q · k)`` (the
-    factor folded into Q) and exponentiated with ``fn``; ``back`` (``1 / unit``) turns them into nats. With
-    ``fused``, score blocks go through :mod:`attnlab.kernels.fused` (exponential, mask and row sums in one
-    compiled pass; ``fn`` is left for short vectors)."""
+    """The exponential the kernels use: logits are in nats, and ``exp(x) = fn(pre · x)`` (``exp2`` with ``pre =
+    log2(e)``, or ``exp`` with ``pre = 1``), the offset subtracted before ``pre`` multiplies (see :class:`_Units`).
+    With ``fused``, score blocks go through :mod:`attnlab.kernels.fused` (exponential, mask and row sums in one
+    compiled pass)."""
 
     name: str
     fn: Any
-    unit: float
-    back: float
+    pre: float
     fused: bool = False
 
 
 _EXPS = {
-    "fused": _Exp("fused", np.exp2, _LOG2E, _LN2, fused=True),
-    "exp2": _Exp("exp2", np.exp2, _LOG2E, _LN2),
-    "exp": _Exp("exp", np.exp, 1.0, 1.0),
+    "fused": _Exp("fused", np.exp2, _LOG2E, fused=True),
+    "exp2": _Exp("exp2", np.exp2, _LOG2E),
+    "exp": _Exp("exp", np.exp, 1.0),
 }
 _exp_choice: dict[str, _Exp] = {}
 
@@ -409,12 +420,6 @@ def _bias_block(plan: _Plan, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1
     return out
 
 
-def _check_block(name: str, b: Any) -> int:
-    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
-        raise ShapeError(f"{name}: expected a positive int, got {b!r}")
-    return int(b)
-
-
 def _check_window(window: Any) -> tuple[int | None, int | None] | None:
     """``None``; an int ``w`` (keys up to ``w`` positions back, none ahead); or ``(left, right)``, None = unbounded."""
     if window is None:
@@ -492,6 +497,41 @@ def _segments_arrays(segments: Any, n_q: int, n_k: int, first_axis: int) -> tupl
     return qa, ka
 
 
+def _library(x: Any) -> str:
+    """The array library ``x`` belongs to: ``"numpy"`` for NumPy arrays, scalars and lists, else its top module."""
+    if isinstance(x, (np.ndarray, np.generic, list, tuple, int, float, bool)):
+        return "numpy"
+    return type(x).__module__.split(".")[0]
+
+
+def _check_libraries(q: Any, k: Any, v: Any, mask: Any, bias: Any) -> None:
+    """q, k and v come from one library; mask and bias from that library or NumPy (a :class:`DTypeError` if not)."""
+    libs = {name: _library(x) for name, x in (("q", q), ("k", k), ("v", v))}
+    main = libs["q"]
+    for name, x in (("k", k), ("v", v), ("mask", mask), ("bias", bias)):
+        if x is None:
+            continue
+        lib = libs.get(name) or _library(x)
+        if lib != main and (name in ("k", "v") or lib != "numpy"):
+            raise DTypeError(
+                f"{name}: a {type(x).__module__}.{type(x).__name__} with q a {type(q).__module__}.{type(q).__name__}; "
+                f"q, k and v must come from one array library (mask and bias from it or NumPy): convert first, "
+                f"for example torch.as_tensor(x) or x.numpy()"
+            )
+
+
+def _check_factors(scale: float, temperature: float, has_bias: bool, dtype: np.dtype) -> None:
+    """The logits' factors must be finite: ``scale / temperature`` in float64 (only a power of two of it is folded
+    into Q, exactly, so it may exceed float32's range), ``1 / temperature`` in the compute dtype with a bias."""
+    factor = scale / temperature
+    if not math.isfinite(factor):
+        raise factor_overflow_error("scale / temperature", factor, "float64", scale=scale, temperature=temperature)
+    if has_bias and not 2.0 / temperature <= float(np.finfo(dtype).max):
+        raise factor_overflow_error(
+            "1 / temperature", 1.0 / temperature, str(dtype), scale=scale, temperature=temperature
+        )
+
+
 def _plan(
     q: Any,
     k: Any,
@@ -525,6 +565,7 @@ def _plan(
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "shape"):
             raise DTypeError(f"{name}: expected an array, got {type(x).__name__}")
+    _check_libraries(q, k, v, mask, bias)
     xp = namespace(q, k, v)
     device = device_of(q) if xp is not np else None
     qs, ks, vs = shape_of(q), shape_of(k), shape_of(v)
@@ -536,8 +577,8 @@ def _plan(
             mask = to_numpy(mask)
         if bias is not None and not isinstance(bias, np.ndarray):
             bias = to_numpy(bias)
-    block_q = _check_block("block_q", DEFAULT_BLOCK_Q if block_q is None else block_q)
-    block_k = _check_block("block_k", DEFAULT_BLOCK_K if block_k is None else block_k)
+    block_q = check_int("block_q", DEFAULT_BLOCK_Q if block_q is None else block_q, minimum=1)
+    block_k = check_int("block_k", DEFAULT_BLOCK_K if block_k is None else block_k, minimum=1)
     threads = resolve_threads(num_threads)
     win = _check_window(window)
     check_policy(masked_rows)
@@ -567,6 +608,8 @@ def _plan(
 
     p = prepare(q, k, v, mask, bias=bias, causal=False, scale=scale, temperature=temperature, masked_rows=masked_rows)
     n_q, n_k = p.n_q, p.n_k
+    block_q, block_k = min(block_q, n_q), min(block_k, n_k)  # a block never outgrows its sequence (nor its memory)
+    _check_factors(p.scale, p.temperature, p.bias is not None, p.q.dtype)
     batch = p.batch
     if group > 1:
         out_batch = (*batch[:-2], batch[-2] * group)
@@ -658,13 +701,23 @@ def _plan(
     )
 
 
-def _to_caller(plan: _Plan, x: np.ndarray, dtype: Any = None) -> Any:
-    """``x`` in the caller's library (and ``dtype``, default the output dtype)."""
+def _to_caller(plan: _Plan, x: np.ndarray, dtype: Any = None, *, name: str | None = None) -> Any:
+    """``x`` in the caller's library (and ``dtype``, default the output dtype). Cast to a narrower dtype (float16,
+    bfloat16), a finite value that does not fit is a :class:`~attnlab.errors.RangeError` naming ``name``."""
     dtype = plan.out_dtype if dtype is None else dtype
-    if plan.xp is np:
-        return x.astype(dtype, copy=False)
     xp = plan.xp
-    return xp.astype(xp.asarray(x, device=plan.device), dtype)
+    y = x.astype(dtype, copy=False) if xp is np else xp.astype(xp.asarray(x, device=plan.device), dtype)
+    if name is not None and y.dtype != x.dtype:
+        lost = ~np.isfinite(to_numpy(y)) & np.isfinite(x)
+        if lost.any():
+            where = tuple(int(i) for i in np.argwhere(lost)[0])
+            shown = str(dtype).replace("torch.", "")
+            raise RangeError(
+                f"{name}: {float(x[where]):.7g} at index {where} does not fit in {shown} (largest finite "
+                f"{float(xp.finfo(dtype).max):.7g}), the inputs' dtype it is returned in; pass float32 inputs "
+                f"(then the result is float32) or scale v down"
+            )
+    return y
 
 
 def _empty_rows_error(plan: _Plan, lse: np.ndarray, what: str) -> MaskedRowError:
@@ -678,19 +731,62 @@ def _empty_rows_error(plan: _Plan, lse: np.ndarray, what: str) -> MaskedRowError
 
 
 @dataclass(frozen=True)
-class _Extras:
-    """Per-call values the forward tasks share: per batch·head, the largest key norm, and the score bound under
-    which the fast path (no running maximum) is exact."""
+class _Units:
+    """How a score block becomes logits with the roundings of the naive computation, no more.
 
+    Only a signed power of two of the factor ``scale / temperature`` is folded into Q (``Q · ±2**shift``: exact),
+    and the rest, ``R`` in [1, 2), multiplies the block: ``logits = fl(R · (±2**shift Q) Kᵀ) + bias / T`` is the
+    naive ``fl(fl(Q Kᵀ) · scale)`` (+ bias) bit for bit, up to the product's own rounding. The running maximum is
+    then subtracted in nats, and only the difference is converted for ``exp2`` (``pre · (z - m)``): nearly exact
+    where the weights matter. Folding all of the factor into Q rounds every element of ``factor · Q``, and
+    converting to log2 units before subtracting rounds numbers as large as the logits: in float32 at |logits| ~
+    1e3-1e4 either cost up to 6-18x the naive error, beyond FlashAttention's 2x rule in ~18 % of random cases.
+    """
+
+    E: _Exp
+    shift: int  # Q is scaled by sign · 2**shift
+    sign: int  # the sign of the factor (folded into Q, so that R >= 0)
+    R: Any  # logits = R · (folded Q) Kᵀ + c_bias · bias; a scalar of the compute dtype in [1, 2) (0 for scale 0)
+    c_bias: Any  # 1 / temperature: the bias in nats
+    pre: Any  # E.pre in the compute dtype
+
+    def fold(self, q: np.ndarray) -> np.ndarray:
+        """``q · sign · 2**shift`` (a new array; exact unless it leaves the dtype's normal range)."""
+        dt = q.dtype
+        with np.errstate(over="ignore", under="ignore"):  # an overflow here is caught as an overflow of the logits
+            if -np.finfo(dt).maxexp + 2 < self.shift < np.finfo(dt).maxexp - 1:
+                return q * dt.type(self.sign * 2.0**self.shift)
+            out = np.ldexp(q, self.shift)
+        return -out if self.sign < 0 else out
+
+
+def _units(plan: _Plan) -> _Units:
+    dt = plan.q.dtype
+    E = _exp(dt)
+    mant, exp = math.frexp(abs(plan.factor))  # |factor| = mant · 2**exp, mant in [0.5, 1) (0 for 0)
+    R = dt.type(2.0 * mant)
+    with np.errstate(over="ignore"):  # 1 / temperature may not fit (checked by _plan when there is a bias)
+        c_bias = dt.type(1.0 / plan.temperature)
+    return _Units(E=E, shift=exp - 1, sign=-1 if plan.factor < 0 else 1, R=R, c_bias=c_bias, pre=dt.type(E.pre))
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """Per-call values the forward tasks share: the units, per batch·head the largest key norm, the score bound
+    under which the fast path (no running maximum) is exact, and the one beyond which a logit may overflow."""
+
+    u: _Units
     k_norm: np.ndarray  # [*batch]
     safe: float  # |logit| bound (nats) under which exp(S) needs no offset
     bias_max: float  # max |bias| / temperature (nats), 0 without a bias
+    limit: float  # |logit| bound (nats) under which no logit, nor a difference of two, can overflow
 
 
 def _extras(plan: _Plan) -> _Extras:
     dt = plan.q.dtype
     v_raw, k_raw = plan.v_raw, plan.k_raw
-    k_norm = np.sqrt(np.einsum("...ij,...ij->...i", k_raw, k_raw).max(axis=-1))  # [*k batch]
+    with np.errstate(over="ignore"):  # an infinite norm only says "check this block" (see _forward_task)
+        k_norm = np.sqrt(np.einsum("...ij,...ij->...i", k_raw, k_raw).max(axis=-1))  # [*k batch]
     v_max = max(float(v_raw.max()), -float(v_raw.min()))  # max |v| without a temporary
     # exp(S) stays far from overflow in every sum and product, and far from underflow (<= 60, or 600 in float64)
     big, cap = (69.0, 60.0) if dt == np.float32 else (690.0, 600.0)
@@ -698,7 +794,35 @@ def _extras(plan: _Plan) -> _Extras:
     bias_max = 0.0
     if plan.bias_raw is not None and plan.bias_raw.size:
         bias_max = max(float(plan.bias_raw.max()), -float(plan.bias_raw.min())) / plan.temperature
-    return _Extras(k_norm=np.broadcast_to(k_norm, plan.batch), safe=safe, bias_max=bias_max)
+    return _Extras(
+        u=_units(plan),
+        k_norm=np.broadcast_to(k_norm, plan.batch),
+        safe=safe,
+        bias_max=bias_max,
+        limit=float(np.finfo(dt).max) / 16,
+    )
+
+
+def _v_shift(plan: _Plan) -> int:
+    """The power of two V is divided by (exactly) so that the unnormalised sums ``acc = sum_j P_ij V_j`` cannot
+    overflow: ``P`` reaches the row-sum threshold (``2**40`` in float32) between two maximum passes, so ``acc`` is
+    at most ``n_k · threshold · max |v|``. 0 (no scaling) unless ``max |v|`` is within ``n_k · 2**41`` of the
+    dtype's limit, which no real activation is."""
+    dt = plan.q.dtype
+    v_max = max(float(plan.v_raw.max()), -float(plan.v_raw.min()), 0.0)
+    room = float(np.finfo(dt).max) / (4.0 * _THRESHOLD[dt] * max(plan.n_k, 1))
+    if v_max <= room:
+        return 0
+    return math.ceil(math.log2(v_max / room))
+
+
+def _scaled_v(plan: _Plan, shift: int) -> _Plan:
+    """``plan`` with V divided by ``2**shift`` (exact up to underflow of values ``2**shift`` below the largest)."""
+    if shift == 0:
+        return plan
+    with np.errstate(under="ignore"):
+        v_raw = np.ldexp(plan.v_raw, -shift)
+    return dataclasses.replace(plan, v_raw=v_raw, v=np.broadcast_to(v_raw, plan.v.shape))
 
 
 @functools.lru_cache(maxsize=16)
@@ -743,71 +867,95 @@ def _forward_task(
     Fast path: when ``|scale · q_i · k_j| <= ex.safe`` for the whole block (Cauchy-Schwarz on the norms),
     ``exp(S)`` needs no running maximum at all: each key block costs one product, one exponential with the row
     sums (:func:`_exp_bounded`) and one product with ``V``. Otherwise the online softmax with a
-    running maximum ``m_i`` (see the module docstring) runs.
+    running maximum ``m_i`` (see the module docstring) runs. When the same bound cannot rule out a logit beyond
+    the dtype's range (``ex.limit``), every block's logits are checked for infinities and NaN (a
+    :class:`~attnlab.errors.RangeError`); with the bound, none is possible and nothing is checked.
     """
     idx, i0, i1 = task
     dt = plan.q.dtype
     bq = i1 - i0
-    E = _exp(dt)
-    qs = plan.q[idx][i0:i1] * dt.type(plan.factor * E.unit)  # [bq, d_k]: logits come out in E's units
+    u = ex.u
+    qs = u.fold(plan.q[idx][i0:i1])  # [bq, d_k]: R · qs Kᵀ (+ bias / T) are the logits
     K, V = plan.k[idx], plan.v[idx]  # [n_k, d_k], [n_k, d_v]
     w = _work(bq, plan.block_k, plan.d_v, dt)
     acc, pv, l_i, lt, buf = w.acc, w.pv, w.l_i, w.lt, w.s
     acc.fill(0)
     l_i.fill(0)
     ones = _ones(plan.block_k, dt.str)
-    q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
-    bounded = q_norm * float(ex.k_norm[idx]) * E.back + ex.bias_max <= ex.safe and not _FORCE_ONLINE
+    with np.errstate(over="ignore"):
+        q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
+    bound = q_norm * float(ex.k_norm[idx]) * float(u.R)  # |logits - bias / T| (inf or NaN: unknown)
+    bounded = bound + ex.bias_max <= ex.safe and not _FORCE_ONLINE
     if bounded:
         matmul = np.matmul
+        a = u.R * u.pre  # what turns qs Kᵀ into the exponential's argument
+        if not u.E.fused:
+            # NumPy's passes: all of it folded into Q (rounding each element of Q), which saves a pass per block;
+            # within the bound that rounding stays below float32's own (0 of 600 random bounded cases beyond
+            # FlashAttention's rule), unlike at large logits (see _Units)
+            qs, a = qs * a, dt.type(1)
         for j0, j1, bad in plan.key_blocks(idx, i0, i1):
             bk = j1 - j0
             s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
-            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk] logits · log2(e), |s + bias| <= safe · log2(e) < 126
-            _exp_bounded(plan, E, idx, i0, j0, s, bad, lt, ones)  # P = exp(logits), masked 0, lt = P 1
+            matmul(qs, K[j0:j1].T, out=s)  # [bq, bk], |R · s + bias / T| <= safe
+            _exp_bounded(plan, u, a, idx, i0, j0, s, bad, lt, ones)  # P = exp(logits), masked 0, lt = P 1
             matmul(s, V[j0:j1], out=pv)
             acc += pv
             l_i += lt
         m_i = np.zeros(bq, dtype=dt)
     else:
-        m_i = _online_softmax(plan, idx, i0, i1, qs, K, V, w, ones, E)
+        check = not bound + ex.bias_max <= ex.limit
+        with np.errstate(over="ignore", invalid="ignore") if check else contextlib.nullcontext():
+            m_i = _online_softmax(plan, ex, idx, i0, i1, qs, K, V, w, ones, check)
     full = l_i > 0
     if full.all():
         acc /= l_i[:, None]
         out[idx][i0:i1] = acc
-        lse[idx][i0:i1] = m_i * dt.type(E.back) + np.log(l_i)
+        lse[idx][i0:i1] = m_i + np.log(l_i)
     else:
         safe_l = np.where(full, l_i, 1)
         acc /= safe_l[:, None]
         if plan.masked_rows == "nan":
             acc[~full] = np.nan
         out[idx][i0:i1] = acc
-        lse[idx][i0:i1] = np.where(full, m_i * dt.type(E.back) + np.log(safe_l), -np.inf)
+        lse[idx][i0:i1] = np.where(full, m_i + np.log(safe_l), -np.inf)
 
 
-def _bias_unit(plan: _Plan, E: _Exp) -> Any:
-    """What turns the bias into logits in E's units: ``unit / temperature`` (a scalar of the compute dtype)."""
-    return plan.q.dtype.type(E.unit / plan.temperature)
-
-
-def _add_bias(plan: _Plan, E: _Exp, idx: tuple[int, ...], i0: int, j0: int, s: np.ndarray) -> None:
-    """``s += bias block · unit / temperature`` in place, if there is a bias (the NumPy passes)."""
+def _bias_into(plan: _Plan, idx: tuple[int, ...], i0: int, j0: int, s: np.ndarray, c: Any) -> None:
+    """``s += c · bias block`` in place, if there is a bias (the NumPy passes)."""
     if plan.bias is not None:
-        s += plan.bias[idx][i0 : i0 + s.shape[0], j0 : j0 + s.shape[1]] * _bias_unit(plan, E)
+        s += plan.bias[idx][i0 : i0 + s.shape[0], j0 : j0 + s.shape[1]] * c
+
+
+def _to_logits(plan: _Plan, u: _Units, idx: tuple[int, ...], i0: int, j0: int, s: np.ndarray) -> None:
+    """``s <- fl(R · s) + c_bias · bias block`` in place (the NumPy passes; ``s`` the product of the folded Q)."""
+    if u.R != 1:
+        s *= u.R
+    _bias_into(plan, idx, i0, j0, s, u.c_bias)
 
 
 def _logits(
-    plan: _Plan, E: _Exp, idx: tuple[int, ...], qs: np.ndarray, Kj: np.ndarray, i0: int, j0: int, s: np.ndarray
+    plan: _Plan, u: _Units, idx: tuple[int, ...], qs: np.ndarray, Kj: np.ndarray, i0: int, j0: int, s: np.ndarray
 ) -> np.ndarray:
-    """The block's logits in E's units into ``s``: ``qs Kjᵀ`` (q already scaled) plus the bias block, if any."""
+    """The block's logits (nats) into ``s``: ``R · qs Kjᵀ`` (q already folded) plus the bias block, if any."""
     np.matmul(qs, Kj.T, out=s)
-    _add_bias(plan, E, idx, i0, j0, s)
+    _to_logits(plan, u, idx, i0, j0, s)
     return s
+
+
+def _exp_offset(u: _Units, s: np.ndarray, off: np.ndarray) -> None:
+    """``s <- exp(s - off[:, None])`` in place with NumPy's passes (``s`` in nats): the offset first, then
+    ``pre``."""
+    s -= off[:, None]
+    if u.pre != 1:
+        s *= u.pre
+    u.E.fn(s, out=s)
 
 
 def _exp_bounded(
     plan: _Plan,
-    E: _Exp,
+    u: _Units,
+    a: Any,
     idx: tuple[int, ...],
     i0: int,
     j0: int,
@@ -816,22 +964,71 @@ def _exp_bounded(
     lt: np.ndarray,
     ones: np.ndarray,
 ) -> None:
-    """The fast path's exponential of one block of bounded scores ``s`` (``qs Kjᵀ``, bias not yet added), in
-    place, with no offset: masked entries 0, ``lt`` = the row sums. One fused pass, or NumPy's passes (the mask
-    multiplied in after the exponential, which is slow on ``-inf``; the row sums as ``P 1``)."""
-    if E.fused:
+    """The fast path's exponential of one block of bounded scores: ``s <- fn(a · s + pre · bias / T)`` in place, with
+    no offset (``s = qs Kjᵀ``, ``a`` what is left of the factor times ``pre``): masked entries 0, ``lt`` = the row
+    sums. One fused pass, or NumPy's passes (the mask multiplied in after the exponential, which is slow on
+    ``-inf``; the row sums as ``P 1``)."""
+    c = u.c_bias * u.pre
+    if u.E.fused:
         bias = _bias_block(plan, idx, i0, i0 + s.shape[0], j0, j0 + s.shape[1])
-        fused.kernels().exp2_rows(s, bias, _bias_unit(plan, E), None, _bad_array(bad), lt)
+        fused.kernels().exp2_rows(s, a, bias, c, None, u.pre, _bad_array(bad), lt)
         return
-    _add_bias(plan, E, idx, i0, j0, s)
-    E.fn(s, out=s)
+    if a != 1:
+        s *= a
+    _bias_into(plan, idx, i0, j0, s, c)
+    u.E.fn(s, out=s)
     if bad is not None:
         _zero_masked(s, bad)
     np.matmul(s, ones[: s.shape[1]], out=lt)
 
 
+def _caller_index(plan: _Plan, idx: tuple[int, ...]) -> tuple[int, ...]:
+    """An internal batch index (GQA: ``(..., kv head, group member)``) in the caller's layout (``(..., head)``)."""
+    if plan.group > 1:
+        return (*idx[:-2], idx[-2] * plan.group + idx[-1])
+    return idx
+
+
+def _check_logits(
+    plan: _Plan,
+    u: _Units,
+    idx: tuple[int, ...],
+    i0: int,
+    j0: int,
+    s: np.ndarray,
+    bad: np.ndarray | _PositionMask | None,
+) -> None:
+    """A :class:`~attnlab.errors.RangeError` if a logit of the block ``s`` that the mask allows is not finite."""
+    ok = np.isfinite(s)
+    blocked = _bad_array(bad)
+    if blocked is not None:
+        ok |= blocked
+    if ok.all():
+        return
+    i, j = (int(x) for x in np.argwhere(~ok)[0])
+    value = float(s[i, j])
+    q_max = max(float(plan.q.max()), -float(plan.q.min()))
+    k_max = max(float(plan.k_raw.max()), -float(plan.k_raw.min()))
+    bias_max = None
+    if plan.bias_raw is not None:
+        bias_max = max(float(plan.bias_raw.max()), -float(plan.bias_raw.min()))
+    raise logits_overflow_error(
+        (*_caller_index(plan, idx), i0 + i, j0 + j),
+        value,
+        -1,
+        (*plan.out_batch, plan.n_q, plan.n_k),
+        str(plan.q.dtype),
+        q_max=q_max,
+        k_max=k_max,
+        bias_max=bias_max,
+        scale=plan.scale,
+        temperature=plan.temperature,
+    )
+
+
 def _online_softmax(
     plan: _Plan,
+    ex: _Extras,
     idx: tuple[int, ...],
     i0: int,
     i1: int,
@@ -840,20 +1037,23 @@ def _online_softmax(
     V: np.ndarray,
     w: _Work,
     ones: np.ndarray,
-    E: _Exp,
+    check: bool = False,
 ) -> np.ndarray:
     """The online softmax with running max ``m_i`` (lazy: the max pass runs only while some row has none yet, or
     when a block's row sums pass the threshold, and for every block after that one). Accumulates ``P V`` into
-    ``w.acc`` and the row sums into ``w.l_i``; returns ``m_i``."""
+    ``w.acc`` and the row sums into ``w.l_i``; returns ``m_i``. With ``check``, every block takes the max pass and
+    its logits are checked (:func:`_check_logits`) before they are used."""
     dt = plan.q.dtype
+    u = ex.u
+    E = u.E
     threshold = _THRESHOLD[dt]
     bq = i1 - i0
     acc, pv, l_i, lt, buf = w.acc, w.pv, w.l_i, w.lt, w.s
-    m_i = np.full(bq, -np.inf, dtype=dt)  # running max (the offset of P)
+    m_i = np.full(bq, -np.inf, dtype=dt)  # running max of the logits (the offset of P)
     ready = False  # every row has a finite m_i
-    lazy = True  # try blocks without the max pass; off after the first block whose scores outgrew m_i
+    lazy = not check  # try blocks without the max pass; off after the first block whose scores outgrew m_i
     jit = fused.kernels() if E.fused else None
-    c_bias = _bias_unit(plan, E)
+    one = dt.type(1)
     for j0, j1, bad in plan.key_blocks(idx, i0, i1):
         bk = j1 - j0
         s = buf[: bq * bk].reshape(bq, bk)  # contiguous [bq, bk]
@@ -862,15 +1062,16 @@ def _online_softmax(
         if skip_max and E.fused:  # bias, running max, mask, exponential and row sums in one pass
             np.matmul(qs, Kj.T, out=s)
             bias = _bias_block(plan, idx, i0, i1, j0, j1)
-            jit.exp2_rows(s, bias, c_bias, m_i, _bad_array(bad), lt)  # P relative to the running max
+            jit.exp2_rows(s, u.R, bias, u.c_bias, m_i, u.pre, _bad_array(bad), lt)  # P, relative to m_i
         else:
-            _logits(plan, E, idx, qs, Kj, i0, j0, s)  # [bq, bk]
+            _logits(plan, u, idx, qs, Kj, i0, j0, s)  # [bq, bk]
+            if check:
+                _check_logits(plan, u, idx, i0, j0, s, bad)
             if bad is not None:
                 _apply_mask(s, bad)
             if skip_max:
-                s -= m_i[:, None]
                 with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows up in the row sums, below
-                    E.fn(s, out=s)  # P relative to the running max (entries may exceed 1)
+                    _exp_offset(u, s, m_i)  # P relative to the running max (entries may exceed 1)
                     np.matmul(s, ones[:bk], out=lt)
         if skip_max:
             if lt.max() <= threshold:  # False for inf and NaN too
@@ -879,18 +1080,17 @@ def _online_softmax(
                 l_i += lt
                 continue
             lazy = False  # scores that grow along the keys (ALiBi, a window) would fail block after block
-            _logits(plan, E, idx, qs, Kj, i0, j0, s)  # scores grew too much: redo this block with the max pass
+            _logits(plan, u, idx, qs, Kj, i0, j0, s)  # scores grew too much: redo this block with the max pass
             if bad is not None:
                 _apply_mask(s, bad)
         m_new = np.maximum(m_i, s.max(axis=1))
         ready = bool(np.isfinite(m_new).all())
         m_use = m_new if ready else np.where(np.isfinite(m_new), m_new, 0).astype(dt)
-        alpha = E.fn(m_i - m_use)  # rescales the old acc and l_i (0 where m_i was -inf)
+        alpha = np.exp(m_i - m_use)  # rescales the old acc and l_i (0 where m_i was -inf)
         if E.fused:
-            jit.exp2_rows(s, None, c_bias, m_use, None, lt)  # the bias is in s already; masked entries -inf: 0
+            jit.exp2_rows(s, one, None, one, m_use, u.pre, None, lt)  # logits already; masked entries -inf: 0
         else:
-            s -= m_use[:, None]
-            E.fn(s, out=s)
+            _exp_offset(u, s, m_use)
             np.matmul(s, ones[:bk], out=lt)
         np.matmul(s, V[j0:j1], out=pv)
         acc *= alpha[:, None]
@@ -935,7 +1135,10 @@ def flash_attention(
     matrix.
 
     Args:
-        q: queries ``[..., h, n_q, d_k]`` (NumPy, PyTorch or any array-API array; computed in NumPy).
+        q: queries ``[..., h, n_q, d_k]`` (NumPy, PyTorch or any array-API array; computed in NumPy). q, k and v
+            come from one library (mask and bias from it or NumPy), else :class:`~attnlab.errors.DTypeError`.
+            PyTorch tensors that require grad get gradients (q, k, v, bias; through ``output`` and ``lse``) from
+            :func:`flash_attention_backward`, in a ``torch.autograd.Function``.
         k: keys ``[..., h_kv, n_k, d_k]``. ``h_kv`` may divide ``h`` (GQA/MQA: query head i reads kv head
             ``i // (h / h_kv)``, without repeating K and V). Other leading dims broadcast.
         v: values ``[..., h_kv, n_k, d_v]``.
@@ -955,15 +1158,20 @@ def flash_attention(
         temperature: divides the logits (> 1 flattens the weights, < 1 sharpens them), as in the core.
         masked_rows: fully masked rows: ``"raise"`` (:class:`~attnlab.errors.MaskedRowError`), ``"zero"``
             (output 0, as FlashAttention) or ``"nan"``. ``lse`` is ``-inf`` on them.
-        block_q, block_k: tile sizes (default :data:`DEFAULT_BLOCK_Q`, :data:`DEFAULT_BLOCK_K`); any positive
-            size works, dividing n or not.
-        num_threads: worker threads (default: every core when threadpoolctl is installed, else 1).
+        block_q, block_k: tile sizes (default :data:`DEFAULT_BLOCK_Q`, :data:`DEFAULT_BLOCK_K`); any int >= 1
+            works, dividing n or not (larger than n_q or n_k: clamped to it, so memory never follows a huge size).
+        num_threads: worker threads (default: every core when threadpoolctl is installed, else 1; at most
+            :func:`~attnlab.kernels.threads.max_threads`, from one shared pool).
 
     Returns:
         :class:`FlashResult` with ``output [..., h, n_q, d_v]`` (caller's library and dtype) and
         ``lse [..., h, n_q]`` (caller's library, float32 or float64: the compute dtype).
 
     All masks combine (AND). Extra memory is ``O(block_q · block_k)`` per thread plus the output.
+
+    Raises :class:`~attnlab.errors.RangeError` when finite inputs give logits beyond the compute dtype's range
+    (``q = 1e20`` in float32, ``scale=1e308`` in float64, ``temperature=1e-310``), naming what overflowed: never
+    NaN, and never a "masked row" for an underflowing temperature.
 
     >>> import numpy as np, attnlab
     >>> rng = np.random.default_rng(0)
@@ -974,6 +1182,14 @@ def flash_attention(
     >>> r.lse.shape
     (2, 97)
     """
+    if autograd.wants_grad(q, k, v, bias):
+        options = dict(
+            causal=causal, q_offset=q_offset, window=window, key_lengths=key_lengths, segments=segments, mask=mask,
+            scale=scale, temperature=temperature, masked_rows=masked_rows, block_q=block_q, block_k=block_k,
+            num_threads=num_threads,
+        )  # fmt: skip
+        output, lse = autograd.flash_function(q, k, v, bias, options)
+        return FlashResult(output=output, lse=lse)
     plan = _plan(
         q,
         k,
@@ -993,6 +1209,8 @@ def flash_attention(
         num_threads=num_threads,
     )
     dt = plan.q.dtype
+    v_shift = _v_shift(plan)
+    plan = _scaled_v(plan, v_shift)
     out = np.empty((*plan.batch, plan.n_q, plan.d_v), dtype=dt)
     lse = np.empty((*plan.batch, plan.n_q), dtype=dt)
     tasks = _forward_tasks(plan)
@@ -1000,9 +1218,19 @@ def flash_attention(
     run_tasks(lambda t: _forward_task(plan, ex, out, lse, t), tasks, plan.threads)
     out = out.reshape((*plan.out_batch, plan.n_q, plan.d_v))
     lse = lse.reshape((*plan.out_batch, plan.n_q))
+    if v_shift:
+        out = np.ldexp(out, v_shift)  # exact: |output| <= max |v|
+    bad = np.isnan(lse) | np.isposinf(lse)
+    if bad.any():  # not reachable by the bounds above: a last guard against a silent NaN
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise RangeError(
+            f"lse: {lse[where]} at (*batch, query) index {where} from finite inputs: a value overflowed {dt} in the "
+            f"tiled forward (max |q| {float(np.abs(plan.q).max()):.7g}, max |k| {float(np.abs(plan.k).max()):.7g}, "
+            f"scale {plan.scale:.7g}, temperature {plan.temperature:.7g}). Fix: smaller inputs or float64 inputs"
+        )
     if plan.masked_rows == "raise" and np.isneginf(lse).any():
         raise _empty_rows_error(plan, lse, "forward")
-    return FlashResult(output=_to_caller(plan, out), lse=_to_caller(plan, lse, plan.lse_dtype))
+    return FlashResult(output=_to_caller(plan, out, name="output"), lse=_to_caller(plan, lse, plan.lse_dtype))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1049,6 +1277,7 @@ def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _backward_task(
     plan: _Plan,
+    u: _Units,
     qs_all: np.ndarray,
     d_o: np.ndarray,
     lse_safe: np.ndarray,
@@ -1059,14 +1288,32 @@ def _backward_task(
     task: tuple[tuple[int, ...], int, int],
 ) -> tuple[tuple[int, ...], np.ndarray | None]:
     idx, ja, jb = task
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows up in the gradients, checked after
+        return _backward_blocks(plan, u, qs_all, d_o, lse_safe, delta, dk, dv, dbias, idx, ja, jb)
+
+
+def _backward_blocks(
+    plan: _Plan,
+    u: _Units,
+    qs_all: np.ndarray,
+    d_o: np.ndarray,
+    lse_safe: np.ndarray,
+    delta: np.ndarray,
+    dk: np.ndarray,
+    dv: np.ndarray,
+    dbias: _BiasGrad | None,
+    idx: tuple[int, ...],
+    ja: int,
+    jb: int,
+) -> tuple[tuple[int, ...], np.ndarray | None]:
+    """The key blocks ``[ja, jb)`` of batch·head ``idx``: ``dk``, ``dv`` (and ``dbias``) written, ``dq`` returned."""
     dt = plan.q.dtype
-    E = _exp(dt)  # the forward caller's choice (cached): qs_all and lse_safe are in its units
-    Qs = qs_all[idx]  # [n_q, d_k], scaled
+    E = u.E
+    Qs = qs_all[idx]  # [n_q, d_k], folded: R · Qs Kᵀ + c_bias · bias are the logits
     K, V = plan.k[idx], plan.v[idx]
     dO, L, D = d_o[idx], lse_safe[idx], delta[idx]
     dq = None
     jit = fused.kernels() if E.fused else None
-    c_bias = _bias_unit(plan, E)
     for j0 in range(ja, jb, plan.block_k):
         j1 = min(j0 + plan.block_k, jb)
         Kj, Vj = K[j0:j1], V[j0:j1]
@@ -1078,16 +1325,15 @@ def _backward_task(
             bad = plan.blocked(idx, i0, i1, j0, j1)
             if bad is False:
                 continue
-            s = Qs[i0:i1] @ Kj.T  # [bq, bk] logits · log2(e)
+            s = Qs[i0:i1] @ Kj.T  # [bq, bk]
             if E.fused:
                 bias = _bias_block(plan, idx, i0, i1, j0, j1)
-                jit.exp2_rows(s, bias, c_bias, L[i0:i1], _bad_array(bad), None)  # P, with bias and mask: one pass
+                jit.exp2_rows(s, u.R, bias, u.c_bias, L[i0:i1], u.pre, _bad_array(bad), None)  # P: one pass
             else:
-                _add_bias(plan, E, idx, i0, j0, s)
+                _to_logits(plan, u, idx, i0, j0, s)
                 if bad is not None:
                     _apply_mask(s, bad)
-                s -= L[i0:i1, None]
-                E.fn(s, out=s)  # P, exactly the forward's weights
+                _exp_offset(u, s, L[i0:i1])  # P, exactly the forward's weights
             dOi = dO[i0:i1]
             dVj += s.T @ dOi  # dV += Pᵀ dO
             dP = dOi @ Vj.T  # [bq, bk]
@@ -1101,8 +1347,8 @@ def _backward_task(
             if dq is None:
                 dq = np.zeros((plan.n_q, plan.d_k), dtype=dt)
             dq[i0:i1] += dP @ Kj  # unscaled; times scale at the end
-            dKj += dP.T @ Qs[i0:i1]  # dK += dSᵀ (scale · log2(e) · Q)
-        dKj *= dt.type(E.back)
+            dKj += dP.T @ Qs[i0:i1]  # dK += dSᵀ (2**shift · Q)
+        dKj *= u.R  # dK = dSᵀ Q · scale / temperature
         dk[idx][j0:j1] = dKj
         dv[idx][j0:j1] = dVj
     return idx, dq
@@ -1129,12 +1375,14 @@ def flash_attention_backward(
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,
+    d_lse: Any = None,
 ) -> FlashGrads:
     """FlashAttention-2's backward: gradients of the tiled forward from its output and ``lse`` in O(n) memory.
 
-    ``P`` is recomputed block by block from ``lse``; ``delta = rowsum(dO ∘ O)``, ``dV = Pᵀ dO``,
+    ``P`` is recomputed block by block from ``lse``; ``delta = rowsum(dO ∘ O) - dlse``, ``dV = Pᵀ dO``,
     ``dP = dO Vᵀ``, ``dS = P ∘ (dP - delta)``, ``dQ = dS K · scale / T``, ``dK = dSᵀ Q · scale / T``,
-    ``dbias = dS / T`` (T the temperature).
+    ``dbias = dS / T`` (T the temperature; ``∂lse_i/∂logit_ij = P_ij`` is why a gradient of ``lse`` only shifts
+    ``delta``).
 
     Args:
         q, k, v: the forward's inputs (shapes as in :func:`flash_attention`, GQA included).
@@ -1146,11 +1394,20 @@ def flash_attention_backward(
         masked_rows: rows with ``lse = -inf`` (fully masked) get zero gradient under ``"zero"``; ``"raise"``
             (default) and ``"nan"`` raise :class:`~attnlab.errors.MaskedRowError` (a NaN output has no gradient).
         block_q, block_k, num_threads: as in :func:`flash_attention`.
+        d_lse: ``∂L/∂lse`` ``[..., h, n_q]`` when the loss uses the forward's ``lse`` too (None: it does not).
 
     Returns:
         :class:`FlashGrads` ``(dq, dk, dv, dbias)``, each shaped like its input (summed over broadcast and
         GQA-shared heads) in the inputs' library and dtype; ``dbias`` is None without a bias, and is accumulated
         in the bias's own shape (its memory, not ``[..., n_q, n_k]``, unless the bias is that large).
+
+    The gradients carry no autograd history (no double backward): with PyTorch tensors that require grad and
+    grad mode on, this raises :class:`~attnlab.errors.DTypeError` rather than return tensors that would silently
+    drop second-order terms; :func:`flash_attention` itself is differentiable (its ``torch.autograd.Function``
+    calls this). Gradients that overflow the compute dtype from finite inputs raise
+    :class:`~attnlab.errors.RangeError`. As in FlashAttention, ``P`` is only as exact as ``lse``: a float32
+    ``lse`` of magnitude L carries ~L · 6e-8 absolute rounding, a relative error of the recomputed weights (at
+    |logits| ~ 1e4, ~1e-3: far beyond real activations, but a float64 lse would not have it).
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)
@@ -1160,6 +1417,7 @@ def flash_attention_backward(
     >>> g.dq.shape, g.dk.shape, g.dv.shape
     ((3, 50, 8), (3, 50, 8), (3, 50, 8))
     """
+    autograd.refuse_grad("flash_attention_backward", q=q, k=k, v=v, output=output, lse=lse, d_out=d_out, bias=bias)
     plan = _plan(
         q,
         k,
@@ -1182,16 +1440,15 @@ def flash_attention_backward(
     full_out = (*plan.batch, plan.n_q, plan.d_v)
     caller_out = (*plan.out_batch, plan.n_q, plan.d_v)
     arrays = {}
-    for name, x, want in (
-        ("output", output, caller_out),
-        ("lse", lse, caller_out[:-1]),
-        ("d_out", d_out, caller_out),
-    ):
+    named = [("output", output, caller_out), ("lse", lse, caller_out[:-1]), ("d_out", d_out, caller_out)]
+    if d_lse is not None:
+        named.append(("d_lse", d_lse, caller_out[:-1]))
+    for name, x, want in named:
         x = np.asarray(x) if isinstance(x, (list, tuple)) else x
         if not hasattr(x, "shape"):
             raise DTypeError(f"{name}: expected an array, got {type(x).__name__}")
         if shape_of(x) != want:
-            legend = "[..., n_q]" if name == "lse" else "[..., n_q, d_v]"
+            legend = "[..., n_q]" if "lse" in name else "[..., n_q, d_v]"
             raise ShapeError(f"{name}: shape {shape_of(x)}, expected {want} {legend} (the forward's output shape)")
         xn = to_numpy(x)
         if name != "lse":
@@ -1207,13 +1464,16 @@ def flash_attention_backward(
             f"(zero output, zero gradient)",
             err.rows,
         )
-    # in E's units; +inf on fully masked rows: exp(s - inf) = 0, those rows pass no gradient
-    E = _exp(dt)
-    lse_safe = np.where(np.isneginf(lse_n), np.inf, lse_n * dt.type(E.unit))
+    # +inf on fully masked rows: exp(s - inf) = 0, those rows pass no gradient
+    u = _units(plan)
+    lse_safe = np.where(np.isneginf(lse_n), np.inf, lse_n)
     d_o = arrays["d_out"].reshape(full_out)
     o = arrays["output"].reshape(full_out)
-    delta = np.einsum("...ij,...ij->...i", d_o, o)  # [*batch, n_q] rowsum(dO ∘ O)
-    qs_all = plan.q * dt.type(plan.factor * E.unit)  # [*batch, n_q, d_k]: logits in E's units
+    with np.errstate(over="ignore", invalid="ignore"):
+        delta = np.einsum("...ij,...ij->...i", d_o, o)  # [*batch, n_q] rowsum(dO ∘ O)
+    if d_lse is not None:
+        delta = delta - arrays["d_lse"].reshape(full_out[:-1])  # dS = P ∘ (dP - delta + dlse)
+    qs_all = u.fold(plan.q)  # [*batch, n_q, d_k]: R · qs Kᵀ (+ bias / T) are the logits
     dk = np.zeros((*plan.batch, plan.n_k, plan.d_k), dtype=dt)
     dv = np.zeros((*plan.batch, plan.n_k, plan.d_v), dtype=dt)
     dq = np.zeros((*plan.batch, plan.n_q, plan.d_k), dtype=dt)
@@ -1231,12 +1491,19 @@ def flash_attention_backward(
             tasks.append((idx, ja, min(ja + per, nk)))
     dbias = None if plan.bias_raw is None else _BiasGrad(plan)
     results = run_tasks(
-        lambda t: _backward_task(plan, qs_all, d_o, lse_safe, delta, dk, dv, dbias, t), tasks, plan.threads
+        lambda t: _backward_task(plan, u, qs_all, d_o, lse_safe, delta, dk, dv, dbias, t), tasks, plan.threads
     )
-    for idx, dq_part in results:
-        if dq_part is not None:
-            dq[idx] += dq_part
-    dq *= dt.type(plan.factor)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for idx, dq_part in results:
+            if dq_part is not None:
+                dq[idx] += dq_part
+        dq *= dt.type(plan.factor)
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv), ("dbias", None if dbias is None else dbias.acc)):
+        if g is not None and not np.isfinite(g).all():
+            where = tuple(int(i) for i in np.argwhere(~np.isfinite(g))[0])
+            raise gradient_overflow_error(
+                name, where, float(g[where]), str(dt), d_out_max=float(np.abs(arrays["d_out"]).max())
+            )
 
     def back(x: np.ndarray, shape: tuple[int, ...], caller_shape: tuple[int, ...]) -> Any:
         return _to_caller(plan, np.ascontiguousarray(_sum_to(x, shape)).reshape(caller_shape))
