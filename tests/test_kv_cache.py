@@ -261,7 +261,7 @@ def test_overflowing_logits_are_a_named_error(dense, monkeypatch):
     with pytest.raises(RangeError, match=r"logits: \(scale · Q Kᵀ \+ bias\) / temperature overflow float32"):
         cached_attention(big, c)
     small = np.ones((1, 1, 1, 4), np.float32)
-    with pytest.raises(RangeError, match=r"scale 1e\+39"):
+    with pytest.raises(RangeError, match=r"1e\+39 .*overflows? float32"):
         cached_attention(small, c, scale=1e39)
     c64 = KVCache(1, 1, 4, dtype=np.float64)
     c64.append(np.ones((1, 1, 2, 4)), np.ones((1, 1, 2, 4)))

@@ -30,7 +30,7 @@ from ..core.softmax import masked_softmax
 from ..errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
 from ..validate import check_int
 from . import autograd
-from .overflow import logits_overflow_error
+from .overflow import factor_overflow_error, logits_overflow_error
 
 __all__ = ["KVCache", "cached_attention", "decode_step"]
 
@@ -358,6 +358,8 @@ def _cached(
     start = lengths - n_new  # [B] position of query 0
     qpos = start[:, None] + np.arange(t)[None, :]  # [B, t]
     real = np.arange(t)[None, :] < n_new[:, None]  # [B, t] padding queries of short appends are not real
+    if abs(sc) > float(np.finfo(cdt).max):  # both paths compute in cdt: its logit factor must be finite there
+        raise factor_overflow_error("scale / temperature", sc, np.dtype(cdt).name, scale=sc, temperature=1.0)
     qc = qn.astype(cdt, copy=False)
     out = np.zeros((B, h_kv, g, t, cache.head_dim_v), dtype=cdt)
     lse = np.full((B, h_kv, g, t), -np.inf, dtype=cdt)
