@@ -97,8 +97,8 @@ def _labels(labels: Sequence[str] | None, n: int, name: str, prefix: str) -> lis
 def cell_text(x: float) -> str:
     """A weight as it is written in a heatmap cell: at most about 6 characters, tiny weights keep a digit.
 
-    >>> [cell_text(x) for x in (0.0, 1.0, 0.5, 0.123456, 0.001, 0.0000453979, 0.9999546, float("nan"))]
-    ['0', '1', '0.5', '0.12', '0.001', '4.5e-5', '1-5e-5', 'nan']
+    >>> [cell_text(x) for x in (0.0, 1.0, 0.5, 0.123456, 0.001, 0.0000453979, 0.99926, 0.9999546, float("nan"))]
+    ['0', '1', '0.5', '0.12', '0.001', '4.5e-5', '0.9993', '>0.9999', 'nan']
     """
     s = num(x, 2)
     if len(s) <= 6 or not np.isfinite(x):
@@ -106,8 +106,8 @@ def cell_text(x: float) -> str:
     if abs(x) < 0.5:
         m, e = f"{x:.1e}".split("e")
         return f"{m.removesuffix('.0')}e{int(e)}"
-    m, e = f"{1.0 - x:.0e}".split("e")  # near 1: say how far from 1, so it never reads as exactly 1
-    return f"1-{m}e{int(e)}"
+    s = f"{x:.4f}"  # near 1: four decimals, and never a rounded "1" for a weight that is not 1
+    return s if s != "1.0000" else ">0.9999"
 
 
 def row_sum_text(s: float) -> str:
