@@ -302,9 +302,12 @@ def test_head_grid_last_row_mask_and_growth(tmp_path):
     assert "sum = 1" in fig.get_suptitle()
     check_reads_well(fig, tmp_path / "bar.png")
 
-    pic = plot.mask_picture(ALLOWED).axes[0]
+    fig = plot.mask_picture(ALLOWED, key_labels=["I", "like", "green"])
+    pic = fig.axes[0]
     np.testing.assert_array_equal(pic.images[0].get_array(), ALLOWED.astype(float))
     assert texts(pic).count("■") == 6 and texts(pic).count("⬚") == 3
+    check_reads_well(fig, tmp_path / "mask.png")
+    check_reads_well(plot.last_row_bar([[1.0]]), tmp_path / "bar-1.png")  # one key: the title is not cut off
 
     g = plot.growth_plot().axes[0]
     x, y = g.lines[0].get_data()

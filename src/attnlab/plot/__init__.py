@@ -539,20 +539,32 @@ def mask_picture(
     n_q, n_k = m.shape
     ql = _labels(query_labels, n_q, "query_labels", "q")
     kl = _labels(key_labels, n_k, "key_labels", "k")
-    fig = _new_figure((min(1.8 + 0.5 * n_k, 14), min(1.4 + 0.45 * n_q, 12)))
+    from matplotlib import colormaps
+
+    fig = _new_figure(None)
+    renderer = fig.canvas.get_renderer()
+    cell = float(np.clip(7.0 / max(n_q, n_k), 0.22, 0.5))
+    kw, kh = layout.widest(renderer, kl, layout.TICK_PT)
+    rotate = kw + 0.06 > cell
+    cell = max(cell, kh + 0.08)
     ax = fig.add_subplot()
-    ax.imshow(m.astype(float), cmap="Greys", vmin=-0.25, vmax=1.25, aspect="equal", interpolation="nearest")
+    cm, norm = colormaps["Greys"], lambda x: (x + 0.25) / 1.5
+    ax.imshow(m.astype(float), cmap=cm, vmin=-0.25, vmax=1.25, aspect="auto", interpolation="nearest")
     if n_q * n_k <= 400:
+        fs = layout.VALUE_PT if max(n_q, n_k) <= 12 else layout.VALUE_PT_DENSE
+        ink = {v: layout.ink(cm(norm(float(v)))) for v in (False, True)}
         for i in range(n_q):
             for j in range(n_k):
-                ax.text(
-                    j, i, "■" if m[i, j] else "⬚", ha="center", va="center", color="white" if m[i, j] else "#737373"
-                )
-    ax.set_xticks(range(n_k), kl)
+                ax.text(j, i, "■" if m[i, j] else "⬚", ha="center", va="center", fontsize=fs, color=ink[bool(m[i, j])])
+    ax.set_xticks(range(n_k), kl, rotation=90 if rotate else 0)
     ax.set_yticks(range(n_q), ql)
-    ax.set_xlabel("key")
-    ax.set_ylabel("query")
-    ax.set_title(title or "mask: ■ may attend, ⬚ blocked", fontsize=10)
+    ax.tick_params(labelsize=layout.TICK_PT)
+    ax.set_xlabel("key", fontsize=layout.LABEL_PT)
+    ax.set_ylabel("query", fontsize=layout.LABEL_PT)
+    panel = (n_k * cell, n_q * cell)
+    fig.suptitle(_title(title or "mask: ■ may attend, ⬚ blocked", panel[0] + 1.0), fontsize=layout.TITLE_PT)
+    fig.set_size_inches(panel[0] + 1.5, panel[1] + 1.5)
+    layout.fit(fig, [ax], panel)
     return fig
 
 
