@@ -1,16 +1,21 @@
 """Pictures of attention (extra ``plot``: matplotlib, imported only when a function here is called).
 
 * :func:`heatmap`: weights ``[n_q, n_k]``, rows = queries, columns = keys, masked cells hatched grey (distinct from
-  weights that are merely small), NaN cells red, row sums at the right, a colour bar;
-* :func:`head_grid`: one heatmap per head ``[h, n_q, n_k]``;
-* :func:`last_row_bar`: the last query's real weights as bars;
+  weights that are merely small), a NaN row of ``masked_rows='nan'`` orange cross-hatched "nan", any other NaN red,
+  row sums at the right (``Σ=nan`` for a NaN row, ``Σ=0.00`` for a ``masked_rows='zero'`` row), a legend for the
+  kinds of cell present, a colour bar;
+* :func:`head_grid`: one heatmap per head ``[h, n_q, n_k]``, each with its row sums;
+* :func:`last_row_bar`: the last query's real weights as bars (a masked key has no bar, it says "masked");
 * :func:`mask_picture`: a boolean mask (■ may attend, ⬚ blocked);
 * :func:`growth_plot`: the T² growth of the score matrix (1,024 -> 4,096 tokens = 16x elements);
-* :func:`save` / :func:`to_bytes`: PNG, SVG or PDF.
+* :func:`save` / :func:`to_bytes`: PNG, SVG (real ``<text>``) or PDF.
 
-Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no global state, no GUI backend),
-so it works in scripts, servers and notebooks alike. How to read a heatmap (article 000): check the axes, the mask
-and the row sums first; a large weight says where a query reads from, not what caused the answer.
+Figures are sized to their cells (:mod:`attnlab.plot.layout`): text is never smaller than 7 pt and the figure grows
+instead, so numbers fit their cells and nothing is cut off at any size; text colours contrast at least 4.5:1 (WCAG)
+with what they sit on. Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no global
+state, no GUI backend), so it works in scripts, servers and notebooks alike. How to read a heatmap (article 000):
+check the axes, the mask and the row sums first; a large weight says where a query reads from, not what caused the
+answer.
 """
 
 from __future__ import annotations
