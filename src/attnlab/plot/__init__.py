@@ -47,7 +47,7 @@ NAN_STYLE = {"facecolor": "#e34a33", "hatch": "", "hatchcolor": "#e34a33"}
 LEGEND = {
     "masked": "masked (blocked by the mask, weight 0)",
     "policy-nan": "nan (fully masked row, masked_rows='nan')",
-    "nan": "nan (not a number where the mask allows)",
+    "nan": "nan or inf (not finite where the mask allows)",
     "leak": "leak (blocked by the mask, yet weight ≠ 0)",
 }
 _LEAK_EDGE = "#cb181d"
