@@ -141,7 +141,7 @@ def softmax_rows(n_q: int, n_k: int, allowed, seed: int = 0, spread: float = 3.0
 
 @pytest.mark.parametrize(
     ("n_q", "n_k", "values"),
-    [(1, 1, None), (2, 2, None), (8, 8, None), (24, 24, True), (32, 32, None), (1, 20, True)],
+    [(1, 1, None), (2, 2, None), (24, 24, True), (32, 32, None), (1, 20, True)],  # 3-12: grid and nan tests
 )
 def test_heatmap_reads_well_at_every_size(tmp_path, n_q, n_k, values):
     allowed = masks.causal(n_q, n_k, align="bottom_right")
@@ -193,10 +193,10 @@ def test_heatmap_draws_weights_masked_cells_distinctly_and_row_sums():
 
 
 def test_the_reading_checks_can_fail(tmp_path):
-    w = softmax_rows(8, 8, masks.causal(8))
+    w = softmax_rows(5, 5, masks.causal(5))
     with pytest.raises(AssertionError, match=r"clipped|overlapping texts|the cell"):  # a cramped fixed size
-        check_reads_well(plot.heatmap(w, masks.causal(8), figsize=(2.5, 2.5)), tmp_path / "cramped.png")
-    fig = plot.heatmap(w, masks.causal(8))
+        check_reads_well(plot.heatmap(w, masks.causal(5), figsize=(2.0, 2.0)), tmp_path / "cramped.png")
+    fig = plot.heatmap(w, masks.causal(5))
     fig.axes[0].texts[0].set_color("#bbbbbb")  # light grey on a dark cell... or on a light one: both fail 4.5:1
     fig.axes[0].texts[-1].set_color("#bbbbbb")
     with pytest.raises(AssertionError, match="contrast"):
