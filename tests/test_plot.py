@@ -8,12 +8,14 @@ import sys
 
 import numpy as np
 import pytest
-from matplotlib.patches import Rectangle
+from matplotlib.text import Text
 from reference import reference_attention
 
+import attnlab
 from attnlab import masks, plot
 from attnlab.cli import main
 from attnlab.errors import DTypeError, ShapeError
+from attnlab.plot.layout import MIN_FONT_PT
 
 W = np.array([[1.0, 0.0, 0.0], [0.3, 0.7, 0.0], [0.001, 0.499, 0.5]])
 ALLOWED = masks.causal(3)
@@ -22,6 +24,140 @@ MAGIC = {"png": b"\x89PNG", "svg": b"<?xml", "pdf": b"%PDF"}
 
 def texts(ax) -> list[str]:
     return [t.get_text() for t in ax.texts]
+
+
+def cells_of(ax, label: str) -> int:
+    """How many cells of the heatmap on ``ax`` are drawn in the style ``label`` (masked, policy-nan, nan)."""
+    return sum(len(c.get_paths()) for c in ax.collections if c.get_label() == label)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Pictures that read well: measured on the Agg renderer, not trusted from the layout code. Everything here is an
+# independent check: text extents from matplotlib itself, colours from the rendered pixels, WCAG 2 formulas below.
+
+
+def luminance(rgb) -> float:
+    c = np.asarray(rgb[:3], dtype=np.float64)
+    c = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    return float(c @ [0.2126, 0.7152, 0.0722])
+
+
+def wcag(a, b) -> float:
+    la, lb = sorted((luminance(a), luminance(b)))
+    return (lb + 0.05) / (la + 0.05)
+
+
+def drawn_texts(fig) -> list[Text]:
+    """Every non-empty visible text of ``fig``: titles, axis labels, tick labels (colour bar and row sums too), cell
+    texts and legends."""
+    out = [c for c in fig.get_children() if isinstance(c, Text)]  # suptitle, figure texts
+    for leg in fig.legends:
+        out += leg.get_texts()
+    todo = list(fig.axes)
+    while todo:
+        ax = todo.pop()
+        todo += ax.child_axes
+        out += [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        for axis in (ax.xaxis, ax.yaxis):  # tick labels drawn: those whose tick lies in the view
+            lo, hi = sorted(axis.get_view_interval())
+            out += [t for x, t in zip(axis.get_ticklocs(), axis.get_ticklabels(), strict=True) if lo <= x <= hi]
+    return [t for t in out if t.get_visible() and t.get_text().strip()]
+
+
+def check_reads_well(fig, path) -> dict:
+    """Draw ``fig`` and save it to ``path`` (as it is: attnlab sizes the figure, nothing is cropped); check, at its
+    dpi: every text inside the figure, at least MIN_FONT_PT, no two texts overlapping, each cell text (and its
+    background box) inside its cell, every text >= 4.5:1 against the pixels under it."""
+    from matplotlib.image import imsave
+
+    fig.canvas.draw()
+    imsave(path, np.asarray(fig.canvas.buffer_rgba()))  # what was measured is what is saved
+    r = fig.canvas.get_renderer()
+    ts = drawn_texts(fig)
+    assert ts
+    boxes = np.array([t.get_window_extent(r).extents for t in ts])  # x0, y0, x1, y1 in pixels
+    W, H = fig.bbox.width, fig.bbox.height
+    tol = 0.5
+    outside = [
+        (t.get_text(), b.round(1))
+        for t, b in zip(ts, boxes, strict=True)
+        if b[0] < -tol or b[1] < -tol or b[2] > W + tol or b[3] > H + tol
+    ]
+    assert not outside, f"clipped: {outside[:5]} (figure {W}x{H})"
+    small = [(t.get_text(), t.get_fontsize()) for t in ts if t.get_fontsize() < MIN_FONT_PT]
+    assert not small, small
+    # pairwise overlap, more than 1 pixel in both directions
+    ox = np.minimum(boxes[:, None, 2], boxes[None, :, 2]) - np.maximum(boxes[:, None, 0], boxes[None, :, 0])
+    oy = np.minimum(boxes[:, None, 3], boxes[None, :, 3]) - np.maximum(boxes[:, None, 1], boxes[None, :, 1])
+    hit = np.triu((ox > 1) & (oy > 1), 1)
+    pairs = [(ts[i].get_text(), ts[j].get_text()) for i, j in zip(*np.nonzero(hit), strict=True)]
+    assert not pairs, f"overlapping texts: {pairs[:5]}"
+    # cell texts inside their cells
+    n_cell_texts = 0
+    for ax in fig.axes:
+        if not ax.images:
+            continue
+        for t in ax.texts:
+            j, i = t.get_position()
+            (x0, y0), (x1, y1) = ax.transData.transform([(j - 0.5, i + 0.5), (j + 0.5, i - 0.5)])
+            for e in (
+                t.get_window_extent(r),
+                *([t.get_bbox_patch().get_window_extent(r)] if t.get_bbox_patch() else []),
+            ):
+                assert x0 - tol <= e.x0 and e.x1 <= x1 + tol and y0 - tol <= e.y0 and e.y1 <= y1 + tol, (
+                    f"{t.get_text()!r} at cell ({i}, {j}) is {e.extents.round(1)}, the cell {[x0, y0, x1, y1]}"
+                )
+            n_cell_texts += 1
+    # contrast against what is under each text: the picture drawn with transparent text (boxes stay)
+    colours = [t.get_color() for t in ts]
+    for t in ts:
+        t.set_color("none")
+    fig.canvas.draw()
+    under = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255.0
+    for t, c in zip(ts, colours, strict=True):
+        t.set_color(c)
+    from matplotlib.colors import to_rgb
+
+    worst = 21.0
+    for t, b in zip(ts, boxes, strict=True):
+        x0, y0, x1, y1 = b
+        xs = slice(int(np.ceil(x0)) + 1, max(int(np.floor(x1)) - 1, int(np.ceil(x0)) + 2))
+        ys = slice(int(np.ceil(H - y1)) + 1, max(int(np.floor(H - y0)) - 1, int(np.ceil(H - y1)) + 2))
+        region = under[ys, xs].reshape(-1, 3)
+        cx, cy = int((x0 + x1) / 2), int(H - (y0 + y1) / 2)
+        fg = to_rgb(t.get_color())
+        ratio = min(wcag(fg, under[cy, cx]), min(wcag(fg, px) for px in np.unique(region, axis=0)))
+        assert ratio >= 4.5, f"{t.get_text()!r}: contrast {ratio:.2f} of {t.get_color()} on {under[cy, cx]}"
+        worst = min(worst, ratio)
+    return {"texts": len(ts), "cell_texts": n_cell_texts, "worst_contrast": worst, "size": (W, H)}
+
+
+def softmax_rows(n_q: int, n_k: int, allowed, seed: int = 0, spread: float = 3.0) -> np.ndarray:
+    s = np.random.default_rng(seed).normal(size=(n_q, n_k)) * spread
+    s = np.where(allowed, s, -np.inf)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    ("n_q", "n_k", "values"),
+    [(1, 1, None), (2, 2, None), (24, 24, True), (32, 32, None), (1, 20, True)],  # 3-12: grid and nan tests
+)
+def test_heatmap_reads_well_at_every_size(tmp_path, n_q, n_k, values):
+    allowed = masks.causal(n_q, n_k, align="bottom_right")
+    w = softmax_rows(n_q, n_k, allowed)
+    fig = plot.heatmap(w, allowed, values=values, title=f"{n_q}x{n_k} causal, a title long enough to need wrapping")
+    check_reads_well(fig, tmp_path / f"heatmap-{n_q}x{n_k}.png")
+    ax = fig.axes[0]
+    if values or max(n_q, n_k) <= 12:
+        numbers = [t for t in ax.texts if t.get_text() != "masked"]
+        assert len(numbers) == int(allowed.sum())
+        assert min(t.get_fontsize() for t in ax.texts) >= MIN_FONT_PT
+    else:
+        assert not ax.texts
+    sums = [t.get_text() for t in ax.child_axes[0].get_yticklabels()]
+    assert sums == ["Σ=1.00"] * n_q
+    assert cells_of(ax, "masked") == int((~allowed).sum())
 
 
 def test_import_attnlab_and_its_presentation_modules_stays_light():
@@ -41,9 +177,10 @@ def test_heatmap_draws_weights_masked_cells_distinctly_and_row_sums():
     np.testing.assert_array_equal(np.ma.getmaskarray(data), ~ALLOWED)
     np.testing.assert_array_equal(data.data[ALLOWED], W[ALLOWED])
     assert img.get_clim() == (0.0, 1.0)
-    # masked cells: a hatched grey patch and the word "masked"; the tiny weight 0.001 is an ordinary cell
-    hatched = [p for p in ax.patches if isinstance(p, Rectangle) and p.get_hatch() == "///"]
-    assert len(hatched) == int((~ALLOWED).sum()) == 3
+    # masked cells: hatched grey and the word "masked"; the tiny weight 0.001 is an ordinary cell
+    assert cells_of(ax, "masked") == int((~ALLOWED).sum()) == 3
+    (coll,) = [c for c in ax.collections if c.get_label() == "masked"]
+    assert coll.get_hatch() == "///"
     assert texts(ax).count("masked") == 3
     assert "0.001" in texts(ax) and "0.5" in texts(ax)  # a tiny weight keeps its digit; never "masked"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["I", "like", "cats"]
@@ -52,23 +189,102 @@ def test_heatmap_draws_weights_masked_cells_distinctly_and_row_sums():
     right = ax.child_axes[0]
     assert [t.get_text() for t in right.get_yticklabels()] == ["Σ=1.00", "Σ=1.00", "Σ=1.00"]
     assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "weight"  # the colour bar
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["masked (blocked by the mask, weight 0)"]
 
 
-def test_heatmap_of_a_real_trace_and_nan_rows():
+def test_the_reading_checks_can_fail(tmp_path):
+    w = softmax_rows(5, 5, masks.causal(5))
+    with pytest.raises(AssertionError, match=r"clipped|overlapping texts|the cell"):  # a cramped fixed size
+        check_reads_well(plot.heatmap(w, masks.causal(5), figsize=(2.0, 2.0)), tmp_path / "cramped.png")
+    fig = plot.heatmap(w, masks.causal(5))
+    fig.axes[0].texts[0].set_color("#bbbbbb")  # light grey on a dark cell... or on a light one: both fail 4.5:1
+    fig.axes[0].texts[-1].set_color("#bbbbbb")
+    with pytest.raises(AssertionError, match="contrast"):
+        check_reads_well(fig, tmp_path / "grey.png")
+
+
+def test_cell_text_colour_is_the_better_contrast_of_black_and_white():
+    w = np.array([[0.0, 0.2, 0.4, 0.6, 0.8, 1.0]])
+    ax = plot.heatmap(w, values=True).axes[0]
+    from matplotlib import colormaps
+
+    for t, x in zip(ax.texts, w[0], strict=True):
+        bg = colormaps["Blues"](x)
+        best = max(wcag((0, 0, 0), bg), wcag((1, 1, 1), bg))
+        assert wcag(plt_rgb(t.get_color()), bg) == best >= 4.5
+
+
+def plt_rgb(c):
+    from matplotlib.colors import to_rgb
+
+    return to_rgb(c)
+
+
+def test_nan_policy_rows_are_drawn_as_nan_and_zero_policy_rows_as_masked_with_sum_0(tmp_path):
+    allowed = masks.causal(4).copy()
+    allowed[2] = False  # query 2 may attend to nothing
+    q = np.array([[1.0, 0, 0], [0, 1, 0], [0, 0, 1], [1, 1, 1]])
+    nan = attnlab.attention_trace(q, q, q, allowed, masked_rows="nan")
+    zero = attnlab.attention_trace(q, q, q, allowed, masked_rows="zero")
+    fig = plot.heatmap(nan.weights, nan.allowed, key_labels=list("abcd"))
+    ax = fig.axes[0]
+    assert cells_of(ax, "policy-nan") == 4 and cells_of(ax, "masked") == 3 + 2 and cells_of(ax, "nan") == 0
+    assert texts(ax).count("nan") == 4 and texts(ax).count("masked") == 5
+    sums = [t.get_text() for t in ax.child_axes[0].get_yticklabels()]
+    assert sums == ["Σ=1.00", "Σ=1.00", "Σ=nan", "Σ=1.00"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "masked (blocked by the mask, weight 0)",
+        "nan (fully masked row, masked_rows='nan')",
+    ]
+    (pn,) = [c for c in ax.collections if c.get_label() == "policy-nan"]
+    (mk,) = [c for c in ax.collections if c.get_label() == "masked"]
+    assert pn.get_hatch() != mk.get_hatch() and tuple(pn.get_facecolor()[0]) != tuple(mk.get_facecolor()[0])
+    check_reads_well(fig, tmp_path / "nan-policy.png")
+
+    ax = plot.heatmap(zero.weights, zero.allowed).axes[0]
+    assert cells_of(ax, "masked") == 3 + 2 + 4 and cells_of(ax, "policy-nan") == 0
+    assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()][2] == "Σ=0.00"  # honest: the row is 0
+
+    # NaN where the mask allows (a broken computation) is red, and its row sums to nan
+    broken = W.copy()
+    broken[1, 0] = np.nan
+    ax = plot.heatmap(broken, ALLOWED).axes[0]
+    assert cells_of(ax, "nan") == 1 and cells_of(ax, "policy-nan") == 0 and cells_of(ax, "masked") == 3
+    assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()] == ["Σ=1.00", "Σ=nan", "Σ=1.00"]
+    # a blocked key with a weight that is not 0 (a leak) keeps its colour, is not called masked, counts in Σ
+    leak = W.copy()
+    leak[0, 2] = 0.5
+    fig = plot.heatmap(leak, ALLOWED)
+    ax = fig.axes[0]
+    assert cells_of(ax, "masked") == 2 and ax.images[0].get_array()[0, 2] == 0.5
+    assert ax.child_axes[0].get_yticklabels()[0].get_text() == "Σ=1.50"
+    assert "leak (blocked by the mask, yet weight ≠ 0)" in [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_heatmap_of_a_real_trace():
     q = np.array([[1.0, 0], [0, 1], [1, 1], [1, -1]])
     _, ref = reference_attention(q, q, q, allowed=masks.causal(4))
     fig = plot.heatmap(ref, masks.causal(4), values=False)
     assert len(fig.axes[0].texts) == 0
-    nan = W.copy()
-    nan[1] = np.nan
-    ax = plot.heatmap(nan, ALLOWED).axes[0]
-    red = [
-        p for p in ax.patches if isinstance(p, Rectangle) and p.get_hatch() in (None, "") and p.get_facecolor()[0] > 0.8
-    ]
-    assert len(red) == 2 and texts(ax).count("nan") == 2
+    np.testing.assert_array_equal(fig.axes[0].images[0].get_array().data[masks.causal(4)], ref[masks.causal(4)])
 
 
-def test_head_grid_last_row_mask_and_growth():
+@pytest.mark.parametrize(("h", "n"), [(1, 5), (5, 4), (8, 3)])
+def test_head_grid_reads_well_with_row_sums(tmp_path, h, n):
+    allowed = masks.causal(n)
+    w = np.stack([softmax_rows(n, n, allowed, seed=i) for i in range(h)])
+    labels = ["The", "·quick", "·brown", "·fox", "·jumps"][:n]
+    fig = plot.head_grid(w, allowed, key_labels=labels, query_labels=labels, values=True)
+    check_reads_well(fig, tmp_path / f"grid-{h}.png")
+    heads = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title() for ax in heads] == [f"head {i}" for i in range(h)]
+    for i, ax in enumerate(heads):
+        np.testing.assert_array_equal(ax.images[0].get_array().data[allowed], w[i][allowed])
+        assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()] == ["Σ=1.00"] * n
+        assert cells_of(ax, "masked") == texts(ax).count("masked") == n * (n - 1) // 2
+
+
+def test_head_grid_last_row_mask_and_growth(tmp_path):
     rng = np.random.default_rng(0)
     w = rng.random((5, 3, 3)) * ALLOWED
     w /= w.sum(-1, keepdims=True)
@@ -79,21 +295,46 @@ def test_head_grid_last_row_mask_and_growth():
     for i, ax in enumerate(heads):
         np.testing.assert_array_equal(ax.images[0].get_array().data[ALLOWED], w[i][ALLOWED])
 
-    bar = plot.last_row_bar(W, ALLOWED, key_labels=["a", "b", "c"]).axes[0]
+    fig = plot.last_row_bar(W, ALLOWED, key_labels=["a", "b", "c"])
+    bar = fig.axes[0]
     heights = [p.get_height() for p in bar.patches[:3]]
     np.testing.assert_allclose(heights, W[-1])
-    assert "sum = 1.000" in bar.get_title()
-    masked_bar = plot.last_row_bar(W[:2], ALLOWED[:2]).axes[0]
-    assert "masked" in texts(masked_bar)
+    assert "sum = 1" in fig.get_suptitle()
+    check_reads_well(fig, tmp_path / "bar.png")
 
-    pic = plot.mask_picture(ALLOWED).axes[0]
+    fig = plot.mask_picture(ALLOWED, key_labels=["I", "like", "green"])
+    pic = fig.axes[0]
     np.testing.assert_array_equal(pic.images[0].get_array(), ALLOWED.astype(float))
     assert texts(pic).count("■") == 6 and texts(pic).count("⬚") == 3
+    check_reads_well(fig, tmp_path / "mask.png")
+    check_reads_well(plot.last_row_bar([[1.0]]), tmp_path / "bar-1.png")  # one key: the title is not cut off
 
     g = plot.growth_plot().axes[0]
     x, y = g.lines[0].get_data()
     np.testing.assert_array_equal(y, x**2)
     assert any("1,024 → 4,096: 4× length, 16× elements" in t.get_text() for t in g.texts)
+
+
+def test_last_row_bar_masked_keys_have_no_bar(tmp_path):
+    # the second query of the causal mask: key 2 is masked; it must have no bar, and say so
+    fig = plot.last_row_bar(W[:2], ALLOWED[:2], key_labels=["a", "b", "c"])
+    ax = fig.axes[0]
+    np.testing.assert_allclose([p.get_height() for p in ax.patches], [0.3, 0.7, 0.0])
+    assert max(p.get_height() for p in ax.patches) <= 0.7  # nothing drawn full height
+    masked = [t for t in ax.texts if t.get_text() == "masked"]
+    assert len(masked) == 1 and masked[0].get_position()[0] == 2
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["masked (blocked by the mask, weight 0)"]
+    check_reads_well(fig, tmp_path / "bar-masked.png")
+    # a fully masked last row under masked_rows='nan': no bar at all, "nan" on each key, the sum is nan
+    allowed = masks.causal(3).copy()
+    allowed[2] = False
+    q = np.eye(3)
+    t = attnlab.attention_trace(q, q, q, allowed, masked_rows="nan")
+    fig = plot.last_row_bar(t.weights, t.allowed)
+    ax = fig.axes[0]
+    assert all(p.get_height() == 0 for p in ax.patches) and texts(ax) == ["nan"] * 3
+    assert "sum = nan" in fig.get_suptitle()
+    assert "nan (fully masked row, masked_rows='nan')" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
 @pytest.mark.parametrize("fmt", ["png", "svg", "pdf"])
@@ -194,3 +435,19 @@ def test_a_missing_extra_is_a_one_line_install_hint(blocked, call, hint):
 def test_svg_keeps_real_text():
     svg = plot.to_bytes(plot.heatmap(W, ALLOWED, key_labels=["I", "like", "cats"]), "svg").decode()
     assert "<text" in svg and ">like<" in svg and ">masked<" in svg
+
+
+def test_a_real_smollm2_heatmap_reads_well(tmp_path, smollm2):
+    from attnlab.models.interventions import attention_maps
+
+    text = "The quick brown fox jumps over the lazy dog because it wanted to see what the cat was doing"
+    m = attention_maps("smollm2", text, layer=3, head=0, model_obj=smollm2)
+    n = m.weights.shape[-1]
+    assert 18 <= n <= 24
+    fig = plot.heatmap(m.weights, m.allowed, query_labels=m.labels, key_labels=m.labels, title=m.title)
+    got = check_reads_well(fig, tmp_path / "smollm2.png")
+    assert got["texts"] >= 3 * n  # every token on both axes and every row sum
+    ax = fig.axes[0]
+    sums = np.array([float(t.get_text().removeprefix("Σ=")) for t in ax.child_axes[0].get_yticklabels()])
+    np.testing.assert_allclose(sums, m.weights.sum(-1), atol=0.005)
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(m.labels)

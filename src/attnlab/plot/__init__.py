@@ -1,16 +1,21 @@
 """Pictures of attention (extra ``plot``: matplotlib, imported only when a function here is called).
 
 * :func:`heatmap`: weights ``[n_q, n_k]``, rows = queries, columns = keys, masked cells hatched grey (distinct from
-  weights that are merely small), NaN cells red, row sums at the right, a colour bar;
-* :func:`head_grid`: one heatmap per head ``[h, n_q, n_k]``;
-* :func:`last_row_bar`: the last query's real weights as bars;
+  weights that are merely small), a NaN row of ``masked_rows='nan'`` orange cross-hatched "nan", any other NaN red,
+  row sums at the right (``Σ=nan`` for a NaN row, ``Σ=0.00`` for a ``masked_rows='zero'`` row), a legend for the
+  kinds of cell present, a colour bar;
+* :func:`head_grid`: one heatmap per head ``[h, n_q, n_k]``, each with its row sums;
+* :func:`last_row_bar`: the last query's real weights as bars (a masked key has no bar, it says "masked");
 * :func:`mask_picture`: a boolean mask (■ may attend, ⬚ blocked);
 * :func:`growth_plot`: the T² growth of the score matrix (1,024 -> 4,096 tokens = 16x elements);
-* :func:`save` / :func:`to_bytes`: PNG, SVG or PDF.
+* :func:`save` / :func:`to_bytes`: PNG, SVG (real ``<text>``) or PDF.
 
-Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no global state, no GUI backend),
-so it works in scripts, servers and notebooks alike. How to read a heatmap (article 000): check the axes, the mask
-and the row sums first; a large weight says where a query reads from, not what caused the answer.
+Figures are sized to their cells (:mod:`attnlab.plot.layout`): text is never smaller than 7 pt and the figure grows
+instead, so numbers fit their cells and nothing is cut off at any size; text colours contrast at least 4.5:1 (WCAG)
+with what they sit on. Every function returns a :class:`matplotlib.figure.Figure` built without pyplot (no global
+state, no GUI backend), so it works in scripts, servers and notebooks alike. How to read a heatmap (article 000):
+check the axes, the mask and the row sums first; a large weight says where a query reads from, not what caused the
+answer.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import io
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,22 +32,34 @@ import numpy as np
 from .._arrays import to_numpy
 from ..errors import DTypeError, ShapeError, missing_extra
 from ..explain.fmt import num
+from . import layout
 
 __all__ = ["FORMATS", "growth_plot", "head_grid", "heatmap", "last_row_bar", "mask_picture", "save", "to_bytes"]
 
 #: File formats :func:`save` writes, by extension.
 FORMATS = ("png", "svg", "pdf")
 
-_MASKED = "#d9d9d9"
-_NAN = "#e34a33"
+#: Cell styles (face colour, hatch) that are not a weight. Their text colours are picked by WCAG contrast.
+MASKED_STYLE = {"facecolor": "#d9d9d9", "hatch": "///", "hatchcolor": "#969696"}
+POLICY_NAN_STYLE = {"facecolor": "#fdae6b", "hatch": "xx", "hatchcolor": "#e6550d"}
+NAN_STYLE = {"facecolor": "#e34a33", "hatch": "", "hatchcolor": "#e34a33"}
+#: Legend entries, one per kind of cell that is not an ordinary weight (shown when the picture has such cells).
+LEGEND = {
+    "masked": "masked (blocked by the mask, weight 0)",
+    "policy-nan": "nan (fully masked row, masked_rows='nan')",
+    "nan": "nan or inf (not finite where the mask allows)",
+    "leak": "leak (blocked by the mask, yet weight ≠ 0)",
+}
+_LEAK_EDGE = "#cb181d"
+_MASKED_TEXT = "#525252"  # 5.5:1 on the masked grey
 
 
-def _figure_cls() -> Any:
+def _new_figure(figsize: tuple[float, float] | None) -> Any:
     try:
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError:
         raise missing_extra("matplotlib", "plot") from None
-    return Figure
+    return layout.agg_figure(figsize or (6.0, 4.0))
 
 
 def _matrix(x: Any, name: str, ndim: int = 2) -> np.ndarray:
@@ -81,72 +99,227 @@ def _labels(labels: Sequence[str] | None, n: int, name: str, prefix: str) -> lis
     return labels
 
 
+def cell_text(x: float) -> str:
+    """A weight as it is written in a heatmap cell: at most about 6 characters, tiny weights keep a digit.
+
+    >>> [cell_text(x) for x in (0.0, 1.0, 0.5, 0.123456, 0.001, 0.0000453979, 0.99926, 0.9999546, float("nan"))]
+    ['0', '1', '0.5', '0.12', '0.001', '4.5e-5', '0.9993', '>0.9999', 'nan']
+    """
+    s = num(x, 2)
+    if len(s) <= 6 or not np.isfinite(x):
+        return s
+    if abs(x) < 0.5:
+        m, e = f"{x:.1e}".split("e")
+        return f"{m.removesuffix('.0')}e{int(e)}"
+    s = f"{x:.4f}"  # near 1: four decimals, and never a rounded "1" for a weight that is not 1
+    return s if s != "1.0000" else ">0.9999"
+
+
+def row_sum_text(s: float) -> str:
+    """A row sum as written at the right of a heatmap: ``Σ=1.00``, ``Σ=0.00`` (a zero-policy row), ``Σ=nan``."""
+    return f"Σ={s:.2f}" if np.isfinite(s) else f"Σ={num(s)}"
+
+
+@dataclass(frozen=True)
+class Cells:
+    """What each cell of ``[n_q, n_k]`` weights is, for drawing (bool arrays of the weights' shape).
+
+    * ``weight``: allowed and finite (drawn in the colour map);
+    * ``masked``: blocked by the mask with weight exactly 0;
+    * ``policy_nan``: NaN in a row the mask blocks entirely (``masked_rows='nan'``);
+    * ``nan``: NaN or inf anywhere else (a broken computation);
+    * ``leak``: blocked, finite and not 0 (drawn in the colour map with a red border).
+    """
+
+    weight: np.ndarray
+    masked: np.ndarray
+    policy_nan: np.ndarray
+    nan: np.ndarray
+    leak: np.ndarray
+
+    @classmethod
+    def of(cls, w: np.ndarray, ok: np.ndarray) -> Cells:
+        finite = np.isfinite(w)
+        blocked = ~ok
+        policy_nan = blocked & np.isnan(w) & blocked.all(axis=-1, keepdims=True)
+        return cls(
+            weight=ok & finite,
+            masked=blocked & (w == 0),
+            policy_nan=policy_nan,
+            nan=~finite & ~policy_nan,
+            leak=blocked & finite & (w != 0),
+        )
+
+    def kinds(self) -> list[str]:
+        """The :data:`LEGEND` keys of the kinds present."""
+        present = {"masked": self.masked, "policy-nan": self.policy_nan, "nan": self.nan, "leak": self.leak}
+        return [k for k, m in present.items() if m.any()]
+
+
+def _legend_handles(kinds: Sequence[str]) -> list[Any]:
+    from matplotlib.patches import Patch
+
+    styles = {"masked": MASKED_STYLE, "policy-nan": POLICY_NAN_STYLE, "nan": NAN_STYLE}
+    out = []
+    for k in kinds:
+        if k == "leak":
+            out.append(Patch(facecolor="#6baed6", edgecolor=_LEAK_EDGE, linewidth=1.5, label=LEGEND[k]))
+        else:
+            st = styles[k]
+            out.append(Patch(**st, edgecolor=st["hatchcolor"], linewidth=0.5, label=LEGEND[k]))
+    return out
+
+
+def _cell_patches(ax: Any, where: np.ndarray, style: dict[str, str], label: str) -> None:
+    from matplotlib.collections import PatchCollection
+    from matplotlib.patches import Rectangle
+
+    ii, jj = np.nonzero(where)
+    if ii.size == 0:
+        return
+    rects = [Rectangle((j - 0.5, i - 0.5), 1, 1) for i, j in zip(ii, jj, strict=True)]
+    coll = PatchCollection(rects, linewidth=0.0, edgecolor=style["hatchcolor"], **style, label=label)
+    ax.add_collection(coll)
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Cell size (inches) and fonts (points) of one heatmap panel."""
+
+    cell_w: float
+    cell_h: float
+    value_pt: float
+    show: bool  # numbers in cells
+    masked_label: bool  # the word "masked" in masked cells
+    rotate_x: bool  # key labels vertical
+
+
+def _sizes(w: np.ndarray, cells: Cells, kl: list[str], values: bool | None, renderer: Any) -> _Sizes:
+    """Cells wide and tall enough for the texts in them; ``w`` is ``[n_q, n_k]`` or ``[h, n_q, n_k]``."""
+    n_q, n_k = w.shape[-2:]
+    n = max(n_q, n_k)
+    base = float(np.clip(7.0 / n, 0.22, 0.55))
+    show = values if values is not None else n <= 12
+    value_pt = layout.VALUE_PT if n <= 12 else layout.VALUE_PT_DENSE
+    cell_w = cell_h = base
+    masked_label = False
+    if show:
+        strings = [cell_text(x) for x in w[cells.weight | cells.leak | cells.nan]]
+        strings += ["nan"] if cells.policy_nan.any() else []
+        tw, th = layout.widest(renderer, strings, value_pt)
+        cell_w = max(base, tw + 0.1)
+        mw, mh = layout.widest(renderer, ["masked"], value_pt)
+        masked_label = bool(cells.masked.any()) and mw + 0.1 <= cell_w
+        cell_h = max(base, max(th, mh) + 0.12)
+    kw, kh = layout.widest(renderer, kl, layout.TICK_PT)
+    rotate_x = kw + 0.06 > cell_w
+    cell_w = max(cell_w, kh + 0.08)  # vertical key labels side by side
+    _, qh = layout.widest(renderer, ["Σ=1.00"], layout.TICK_PT)
+    cell_h = max(cell_h, qh + 0.08)  # query labels and row sums one above the other
+    return _Sizes(cell_w, cell_h, value_pt, bool(show), masked_label, rotate_x)
+
+
 def _draw(
     ax: Any,
     w: np.ndarray,
     ok: np.ndarray,
     ql: list[str],
     kl: list[str],
+    sizes: _Sizes,
     *,
-    values: bool | None,
     row_sums: bool,
     cmap: str,
+    y_labels: bool = True,
+    x_labels: bool = True,
 ) -> Any:
     """One heatmap on ``ax``; returns the image (for a colour bar)."""
     from matplotlib import colormaps
+    from matplotlib.colors import to_rgb
     from matplotlib.patches import Rectangle
 
     n_q, n_k = w.shape
-    cm = colormaps[cmap].with_extremes(bad=_MASKED)
-    bad = ~ok | ~np.isfinite(w)
+    cells = Cells.of(w, ok)
+    cm = colormaps[cmap]
+    shown = cells.weight | cells.leak
     img = ax.imshow(
-        np.ma.masked_array(w, mask=bad), cmap=cm, vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"
+        np.ma.masked_array(np.where(shown, w, 0.0), mask=~shown),
+        cmap=cm.with_extremes(bad="white"),
+        vmin=0.0,
+        vmax=1.0,
+        aspect="auto",
+        interpolation="nearest",
     )
-    for i, j in zip(*np.nonzero(bad), strict=True):
-        nan = ok[i, j]  # allowed but not finite: a NaN weight
-        ax.add_patch(
-            Rectangle(
-                (j - 0.5, i - 0.5),
-                1,
-                1,
-                facecolor=_NAN if nan else _MASKED,
-                edgecolor="#8c8c8c",
-                hatch="" if nan else "///",
-                linewidth=0.0,
-            )
-        )
-    show = values if values is not None else (n_q <= 12 and n_k <= 12)
-    if show:
+    _cell_patches(ax, cells.masked, MASKED_STYLE, "masked")
+    _cell_patches(ax, cells.policy_nan, POLICY_NAN_STYLE, "policy-nan")
+    _cell_patches(ax, cells.nan, NAN_STYLE, "nan")
+    for i, j in zip(*np.nonzero(cells.leak), strict=True):
+        ax.add_patch(Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, facecolor="none", edgecolor=_LEAK_EDGE, linewidth=1.5))
+    if sizes.show:
+        fs = sizes.value_pt
+        pad = {"boxstyle": "square,pad=0.15", "linewidth": 0}
         for i in range(n_q):
             for j in range(n_k):
-                if not ok[i, j]:
-                    ax.text(j, i, "masked", ha="center", va="center", fontsize=7, color="#525252")
-                elif not np.isfinite(w[i, j]):
-                    ax.text(j, i, "nan", ha="center", va="center", fontsize=8, color="white")
+                x = w[i, j]
+                if cells.masked[i, j]:
+                    if sizes.masked_label:
+                        bg = MASKED_STYLE["facecolor"]
+                        ax.text(
+                            j,
+                            i,
+                            "masked",
+                            ha="center",
+                            va="center",
+                            fontsize=fs,
+                            color=_MASKED_TEXT,
+                            bbox={**pad, "facecolor": bg},
+                        )
+                elif cells.policy_nan[i, j] or cells.nan[i, j]:
+                    bg = (POLICY_NAN_STYLE if cells.policy_nan[i, j] else NAN_STYLE)["facecolor"]
+                    ax.text(
+                        j,
+                        i,
+                        cell_text(x),
+                        ha="center",
+                        va="center",
+                        fontsize=fs,
+                        color=layout.ink(to_rgb(bg)),
+                        bbox={**pad, "facecolor": bg},
+                    )
                 else:
                     ax.text(
                         j,
                         i,
-                        num(w[i, j], 2),  # tiny weights keep a digit: 0.000045, not 0.00
+                        cell_text(x),
                         ha="center",
                         va="center",
-                        fontsize=8,
-                        color="white" if w[i, j] > 0.6 else "black",
+                        fontsize=fs,
+                        color=layout.ink(cm(float(np.clip(x, 0.0, 1.0)))),
                     )
-    ax.set_xticks(
-        range(n_k), kl, rotation=45 if max(map(len, kl)) > 3 else 0, ha="right" if max(map(len, kl)) > 3 else "center"
-    )
-    ax.set_yticks(range(n_q), ql)
-    ax.set_xlabel("key (column): read from")
-    ax.set_ylabel("query (row): reader")
+    ax.set_xticks(range(n_k), kl if x_labels else [], rotation=90 if sizes.rotate_x else 0, ha="center")
+    ax.set_yticks(range(n_q), ql if y_labels else [])
+    ax.tick_params(labelsize=layout.TICK_PT)
     ax.set_xlim(-0.5, n_k - 0.5)
     ax.set_ylim(n_q - 0.5, -0.5)
     if row_sums:
-        sums = np.where(ok, w, 0.0).sum(axis=-1)
+        sums = w.sum(axis=-1)  # masked weights are 0; a NaN row (masked_rows='nan') sums to nan, not 0
         ax2 = ax.secondary_yaxis("right")
-        ax2.set_yticks(range(n_q), [f"Σ={s:.2f}" if np.isfinite(s) else "Σ=nan" for s in sums])
-        ax2.tick_params(length=0, labelsize=8)
+        ax2.set_yticks(range(n_q), [row_sum_text(s) for s in sums])
+        ax2.tick_params(length=0, labelsize=layout.TICK_PT)
     return img
+
+
+def _colorbar(fig: Any, img: Any, ax: Any, height_in: float) -> Any:
+    cb = fig.colorbar(img, ax=ax, aspect=25, pad=0.02)
+    cb.set_label("weight", fontsize=layout.LABEL_PT)
+    cb.set_ticks([0.0, 0.25, 0.5, 0.75, 1.0] if height_in >= 1.6 else [0.0, 0.5, 1.0])
+    cb.ax.tick_params(labelsize=layout.TICK_PT)
+    return cb
+
+
+def _title(text: str, width_in: float) -> str:
+    """``text`` wrapped to about the figure's width at the title's font size (never narrower than 28 characters)."""
+    chars = max(28, int(width_in * 72 / (0.6 * layout.TITLE_PT)))
+    return textwrap.fill(text, width=chars)
 
 
 def heatmap(
@@ -164,13 +337,20 @@ def heatmap(
 ) -> Any:
     """A heatmap of attention weights: rows = queries, columns = keys.
 
+    The figure is sized to its cells (text keeps its size, at least :data:`attnlab.plot.layout.MIN_FONT_PT`
+    points, and the figure grows): every number fits its cell and nothing is cut off, from 1×1 to 32×32 and beyond.
+
     Args:
         weights: ``[n_q, n_k]`` (leading axes of size 1 are dropped).
-        allowed: bool ``[n_q, n_k]`` (broadcastable), True = may attend; blocked cells are drawn hatched grey and
-            labelled "masked", so they never look like a weight that is merely small.
+        allowed: bool ``[n_q, n_k]`` (broadcastable), True = may attend. Blocked cells with weight 0 are hatched
+            grey ("masked"), so they never look like a weight that is merely small; a fully blocked row of NaN
+            (``masked_rows='nan'``) is orange cross-hatched "nan"; any other NaN is red; a blocked cell with a
+            weight that is not 0 (a leak) keeps its colour with a red border. A legend names the kinds present.
         query_labels, key_labels: tokens for the rows and columns.
         values: write each weight in its cell (default: when both sides are <= 12).
-        row_sums: show each row's sum at the right (1 for every legal row of a correct softmax).
+        row_sums: show each row's sum at the right: 1 for every legal row of a correct softmax, 0 for a row
+            zeroed by ``masked_rows='zero'``, nan for a NaN row.
+        figsize: a fixed size in inches instead of the fitted one (then text may not fit its cells).
 
     Returns:
         a matplotlib ``Figure``; save it with :func:`save`.
@@ -186,15 +366,25 @@ def heatmap(
     n_q, n_k = w.shape
     ql = _labels(query_labels, n_q, "query_labels", "q")
     kl = _labels(key_labels, n_k, "key_labels", "k")
-    Figure = _figure_cls()
-    width = max(4.8, min(2.6 + 0.7 * n_k, 16))
-    fig = Figure(figsize=figsize or (width, max(2.8, min(1.8 + 0.5 * n_q, 14))), layout="constrained")
+    cells = Cells.of(w, ok)
+    fig = _new_figure(figsize)
+    sz = _sizes(w, cells, kl, values, fig.canvas.get_renderer())
     ax = fig.add_subplot()
-    img = _draw(ax, w, ok, ql, kl, values=values, row_sums=row_sums, cmap=cmap)
+    img = _draw(ax, w, ok, ql, kl, sz, row_sums=row_sums, cmap=cmap)
+    ax.set_xlabel("key (column): read from", fontsize=layout.LABEL_PT)
+    ax.set_ylabel("query (row): reader", fontsize=layout.LABEL_PT)
+    panel = (n_k * sz.cell_w, max(n_q * sz.cell_h, 1.0 if colorbar else 0.0))
     if colorbar:
-        fig.colorbar(img, ax=ax, label="weight", pad=0.12 if row_sums else 0.05)
-    text = title or "attention weights (grey hatched = masked)"
-    ax.set_title(textwrap.fill(text, width=int(width * 9)), fontsize=10)
+        _colorbar(fig, img, ax, panel[1])
+    if cells.kinds():
+        fig.legend(
+            handles=_legend_handles(cells.kinds()), loc="outside lower center", fontsize=layout.TICK_PT, frameon=False
+        )
+    # a figure title (not the axes'): constrained layout keeps it above the axis labels too, at any width
+    fig.suptitle(_title(title or "attention weights", panel[0] + 1.5), fontsize=layout.TITLE_PT)
+    if figsize is None:
+        fig.set_size_inches(panel[0] + 2.5, panel[1] + 2.0)
+        layout.fit(fig, [ax], panel)
     return fig
 
 
@@ -208,8 +398,11 @@ def head_grid(
     columns: int = 4,
     title: str | None = None,
     values: bool | None = False,
+    row_sums: bool = True,
 ) -> Any:
-    """One heatmap per head, in a grid, sharing one colour scale.
+    """One heatmap per head, in a grid, sharing one colour scale, each with its row sums; masked and NaN cells are
+    drawn as in :func:`heatmap`, with one legend. Query labels are written left of the first column, key labels
+    under each panel that has none below it.
 
     Shapes:
         weights ``[h, n_q, n_k]``; allowed broadcastable to it (e.g. ``[n_q, n_k]``).
@@ -223,23 +416,42 @@ def head_grid(
         raise ShapeError(f"columns: expected an int >= 1, got {columns!r}")
     cols = min(columns, h)
     rows = -(-h // cols)
-    Figure = _figure_cls()
-    fig = Figure(figsize=(cols * (1.4 + 0.35 * n_k) + 1, rows * (1.2 + 0.3 * n_q)), layout="constrained")
+    cells = Cells.of(w, ok)
+    fig = _new_figure(None)
+    sz = _sizes(w, cells, kl, values, fig.canvas.get_renderer())
     axes = fig.subplots(rows, cols, squeeze=False)
     img = None
+    panels = []
     for idx in range(rows * cols):
-        ax = axes[idx // cols][idx % cols]
+        r, c = divmod(idx, cols)
+        ax = axes[r][c]
         if idx >= h:
-            ax.set_axis_off()
+            ax.remove()
             continue
-        img = _draw(ax, w[idx], ok[idx], ql, kl, values=values, row_sums=False, cmap="Blues")
-        ax.set_title(names[idx], fontsize=9)
-        if idx % cols:
-            ax.set_ylabel("")
-        if idx // cols != rows - 1:
-            ax.set_xlabel("")
-    fig.colorbar(img, ax=axes, label="weight", shrink=0.8)
-    fig.suptitle(title or f"{h} heads: rows = queries, columns = keys", fontsize=10)
+        below = idx + cols < h  # another panel under this one
+        img = _draw(
+            ax, w[idx], ok[idx], ql, kl, sz, row_sums=row_sums, cmap="Blues", y_labels=c == 0, x_labels=not below
+        )
+        ax.set_title(names[idx], fontsize=layout.LABEL_PT)
+        if c == 0:
+            ax.set_ylabel("query", fontsize=layout.LABEL_PT)
+        if not below:
+            ax.set_xlabel("key", fontsize=layout.LABEL_PT)
+        panels.append(ax)
+    panel = (n_k * sz.cell_w, n_q * sz.cell_h)
+    cb = fig.colorbar(img, ax=panels, aspect=30, pad=0.02)
+    cb.set_label("weight", fontsize=layout.LABEL_PT)
+    cb.set_ticks([0.0, 0.25, 0.5, 0.75, 1.0] if rows * panel[1] >= 1.6 else [0.0, 0.5, 1.0])
+    cb.ax.tick_params(labelsize=layout.TICK_PT)
+    if cells.kinds():
+        fig.legend(
+            handles=_legend_handles(cells.kinds()), loc="outside lower center", fontsize=layout.TICK_PT, frameon=False
+        )
+    fig.suptitle(
+        _title(title or f"{h} heads: rows = queries, columns = keys", cols * (panel[0] + 1.2)), fontsize=layout.TITLE_PT
+    )
+    fig.set_size_inches(cols * (panel[0] + 1.5) + 1.5, rows * (panel[1] + 1.2) + 1.0)
+    layout.fit(fig, panels, panel, (rows, cols))
     return fig
 
 
@@ -251,7 +463,10 @@ def last_row_bar(
     query_label: str | None = None,
     title: str | None = None,
 ) -> Any:
-    """The last query's weights as a bar chart (the article's "last row's real weights"); masked keys hatched.
+    """The last query's weights as a bar chart (the article's "last row's real weights").
+
+    A masked key has no bar (a grey × on the baseline and the word "masked"); a NaN weight has no bar either and
+    says "nan". Each bar carries its value; the title gives the row's sum (nan for a NaN row).
 
     Shapes:
         weights ``[n_q, n_k]`` (the last row is drawn) or ``[n_k]``.
@@ -260,24 +475,58 @@ def last_row_bar(
     if w.ndim == 1:
         w = w[None, :]
     w, ok = _weights(w, allowed)
-    row, okr = w[-1], ok[-1]
-    kl = _labels(key_labels, w.shape[1], "key_labels", "k")
-    Figure = _figure_cls()
-    fig = Figure(figsize=(min(2 + 0.6 * len(row), 14), 3), layout="constrained")
+    cells = Cells.of(w[-1:], ok[-1:])
+    row = w[-1]
+    n_k = len(row)
+    kl = _labels(key_labels, n_k, "key_labels", "k")
+    fig = _new_figure(None)
+    renderer = fig.canvas.get_renderer()
+    strings = [cell_text(x) for x in row] + ["masked"]
+    tw, _ = layout.widest(renderer, strings, layout.VALUE_PT)
+    kw, kh = layout.widest(renderer, kl, layout.TICK_PT)
+    slot = max(0.35, tw + 0.1, kh + 0.08)
+    rotate = kw + 0.06 > slot
     ax = fig.add_subplot()
-    heights = np.where(okr & np.isfinite(row), row, 0.0)
-    bars = ax.bar(range(len(row)), heights, color="#3182bd")
+    heights = np.where(cells.weight[0] | cells.leak[0], row, 0.0)
+    bars = ax.bar(range(n_k), heights, color="#3182bd", width=0.8)
     for j, b in enumerate(bars):
-        if not okr[j]:
-            ax.bar(j, 1.0, color="none", edgecolor="#8c8c8c", hatch="///", linewidth=0.5)
-            ax.text(j, 0.5, "masked", ha="center", va="center", rotation=90, fontsize=8, color="#525252")
+        if cells.masked[0, j]:
+            ax.plot([j], [0.0], marker="x", color="#737373", markersize=6, clip_on=False)
+            ax.text(j, 0.04, "masked", ha="center", va="bottom", fontsize=layout.VALUE_PT, color=_MASKED_TEXT)
+        elif cells.policy_nan[0, j] or cells.nan[0, j]:
+            ax.plot([j], [0.0], marker="x", color=NAN_STYLE["facecolor"], markersize=6, clip_on=False)
+            ax.text(j, 0.04, "nan", ha="center", va="bottom", fontsize=layout.VALUE_PT, color="#a50f15")
         else:
-            ax.text(j, b.get_height() + 0.02, f"{row[j]:.3f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(row)), kl)
-    ax.set_ylim(0, 1.1)
-    ax.set_ylabel("weight")
+            if cells.leak[0, j]:
+                b.set(edgecolor=_LEAK_EDGE, linewidth=1.5)
+            ax.text(j, b.get_height() + 0.02, cell_text(row[j]), ha="center", va="bottom", fontsize=layout.VALUE_PT)
+    kinds = cells.kinds()
+    if kinds:
+        from matplotlib.lines import Line2D
+
+        colour = {"masked": "#737373", "policy-nan": NAN_STYLE["facecolor"], "nan": NAN_STYLE["facecolor"]}
+        handles = [
+            Line2D([], [], linestyle="", marker="x", color=colour[k], label=LEGEND[k])
+            if k in colour
+            else _legend_handles([k])[0]
+            for k in kinds
+        ]
+        fig.legend(handles=handles, loc="outside lower center", fontsize=layout.TICK_PT, frameon=False)
+    ax.set_xticks(range(n_k), kl, rotation=90 if rotate else 0)
+    ax.tick_params(labelsize=layout.TICK_PT)
+    ax.set_xlim(-0.5, n_k - 0.5)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("weight", fontsize=layout.LABEL_PT)
+    ax.set_xlabel("key", fontsize=layout.LABEL_PT)
     q = query_label or f"q{w.shape[0] - 1}"
-    ax.set_title(title or f"last query {q}: where it reads from (sum = {np.nansum(heights):.3f})", fontsize=10)
+    total = row.sum()
+    panel = (n_k * slot, 2.0)
+    fig.suptitle(
+        _title(title or f"last query {q}: where it reads from (sum = {num(total, 3)})", panel[0] + 1.0),
+        fontsize=layout.TITLE_PT,
+    )
+    fig.set_size_inches(panel[0] + 1.2, panel[1] + 1.5)
+    layout.fit(fig, [ax], panel)
     return fig
 
 
@@ -295,21 +544,32 @@ def mask_picture(
     n_q, n_k = m.shape
     ql = _labels(query_labels, n_q, "query_labels", "q")
     kl = _labels(key_labels, n_k, "key_labels", "k")
-    Figure = _figure_cls()
-    fig = Figure(figsize=(min(1.8 + 0.5 * n_k, 14), min(1.4 + 0.45 * n_q, 12)), layout="constrained")
+    from matplotlib import colormaps
+
+    fig = _new_figure(None)
+    renderer = fig.canvas.get_renderer()
+    cell = float(np.clip(7.0 / max(n_q, n_k), 0.22, 0.5))
+    kw, kh = layout.widest(renderer, kl, layout.TICK_PT)
+    rotate = kw + 0.06 > cell
+    cell = max(cell, kh + 0.08)
     ax = fig.add_subplot()
-    ax.imshow(m.astype(float), cmap="Greys", vmin=-0.25, vmax=1.25, aspect="equal", interpolation="nearest")
+    cm, norm = colormaps["Greys"], lambda x: (x + 0.25) / 1.5
+    ax.imshow(m.astype(float), cmap=cm, vmin=-0.25, vmax=1.25, aspect="auto", interpolation="nearest")
     if n_q * n_k <= 400:
+        fs = layout.VALUE_PT if max(n_q, n_k) <= 12 else layout.VALUE_PT_DENSE
+        ink = {v: layout.ink(cm(norm(float(v)))) for v in (False, True)}
         for i in range(n_q):
             for j in range(n_k):
-                ax.text(
-                    j, i, "■" if m[i, j] else "⬚", ha="center", va="center", color="white" if m[i, j] else "#737373"
-                )
-    ax.set_xticks(range(n_k), kl)
+                ax.text(j, i, "■" if m[i, j] else "⬚", ha="center", va="center", fontsize=fs, color=ink[bool(m[i, j])])
+    ax.set_xticks(range(n_k), kl, rotation=90 if rotate else 0)
     ax.set_yticks(range(n_q), ql)
-    ax.set_xlabel("key")
-    ax.set_ylabel("query")
-    ax.set_title(title or "mask: ■ may attend, ⬚ blocked", fontsize=10)
+    ax.tick_params(labelsize=layout.TICK_PT)
+    ax.set_xlabel("key", fontsize=layout.LABEL_PT)
+    ax.set_ylabel("query", fontsize=layout.LABEL_PT)
+    panel = (n_k * cell, n_q * cell)
+    fig.suptitle(_title(title or "mask: ■ may attend, ⬚ blocked", panel[0] + 1.0), fontsize=layout.TITLE_PT)
+    fig.set_size_inches(panel[0] + 1.5, panel[1] + 1.5)
+    layout.fit(fig, [ax], panel)
     return fig
 
 
@@ -327,8 +587,7 @@ def growth_plot(
     ts = np.asarray(sorted(set(int(t) for t in (*lengths, *compare))), dtype=np.float64)
     if ts.size == 0 or (ts < 1).any():
         raise ShapeError(f"lengths: expected positive ints, got {list(lengths)}")
-    Figure = _figure_cls()
-    fig = Figure(figsize=(6, 3.6), layout="constrained")
+    fig = _new_figure((6, 3.6))
     ax = fig.add_subplot()
     ax.loglog(ts, ts**2, "o-", color="#3182bd", label="T² score elements")
     ax.loglog(ts, ts * (ts[0]), "--", color="#969696", label="linear, for comparison")
