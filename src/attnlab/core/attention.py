@@ -177,7 +177,9 @@ def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) ->
         s = s / p.temperature
     allowed = p.allowed()  # [..., n_q, n_k]
     bad = None
-    if not math.isfinite(float(xp.sum(s))):  # one cheap pass; the exact check only when something is off
+    total = xp.sum(s)
+    total = total.detach() if hasattr(total, "detach") else total  # a check, not part of the autograd graph
+    if not math.isfinite(float(total)):  # one cheap pass; the exact check only when something is off
         bad = xp.logical_and(allowed, xp.logical_not(xp.isfinite(s)))  # overflow at an entry that counts
     if bad is not None and bool(xp.any(bad)):
         if float32:
