@@ -146,6 +146,22 @@ def unstable(q, k, v, mask=None):
     return np.divide(e, d, out=np.zeros_like(e), where=d > 0) @ v
 
 
+def finfo_min_fill(q, k, v, mask=None):
+    """Right, except for its fully masked rows: finfo.min fill gives them the uniform average of V, not zeros."""
+    s = _scores(q, k)
+    if mask is not None:
+        s = np.where(mask, s, np.finfo(s.dtype).min)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
+def gqa_tile_declared(q, k, v, mask=None):
+    """Correct for the 'tile' head mapping (query head i uses K/V head i % h_kv), declared gqa='tile'."""
+    g = q.shape[-3] // k.shape[-3]
+    k, v = (np.tile(x, (1,) * (x.ndim - 3) + (g, 1, 1)) for x in (k, v))
+    return _softmax(_scores(q, k), mask) @ v
+
+
 def global_normalizer(q, k, v, mask=None):
     """Divides by the largest row sum of the whole tensor instead of each row's own sum."""
     s = _scores(q, k)
@@ -237,6 +253,8 @@ ENTRIES = [
     Entry("np-correct-bnhd", correct_bnhd, options={"layout": "bnhd", "causal_align": "top_left"}),
     Entry("np-refuses-float16", refuses_half),
     Entry("np-correct-gqa", gqa_correct, options={"gqa": True}),
+    Entry("np-correct-gqa-tile", gqa_tile_declared, options={"gqa": "tile"}),
+    Entry("np-finfo-min-uniform-rows", finfo_min_fill),
     Entry("np-causal-only", causal_only, options={"causal_only": True, "causal_align": "bottom_right"}),
     Entry("np-scale-missing", scale_missing, ("scale-missing",)),
     Entry("np-scale-d-model", scale_d_model, ("scale-wrong",), subtle=True),
@@ -259,4 +277,6 @@ ENTRIES = [
     Entry("np-scales-in-place", scales_in_place, ("mutates-input",), subtle=True),
     Entry("np-hangs", hangs_on_cross, ("timeout",), options={"timeout": 0.5}),
     Entry("np-gqa-tile", gqa_tile, ("reference-mismatch",), options={"gqa": True}, subtle=True),
+    Entry("np-gqa-interleave-declared-tile", gqa_correct, ("reference-mismatch",), options={"gqa": "tile"}),
+    Entry("np-masked-rows-not-zeros", finfo_min_fill, ("masked-row-policy",), options={"masked_rows": "zeros"}),
 ]

@@ -47,11 +47,14 @@ from ..invariants import check_arrays
 from .adapters import CAPABILITIES, round_to
 from .report import CORE_PROBES, Finding, ProbeResult, Unsupported
 from .runner import CallError, Case, Outcome, Runner
-from .tolerance import FLOORS, Comparison, _expand_kv, bound, compare, golden_output, naive_output
+from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
 __all__ = ["FIXES", "PROBES", "Battery"]
 
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+
+#: Bits of precision of each dtype (to tell a lower-precision computation from a higher one).
+_PRECISION = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 
 #: How many mismatching cases no hypothesis explains get perturbation experiments of their own.
 EXPERIMENT_CASES = 40
@@ -95,6 +98,8 @@ FIXES: dict[str, str] = {
     "inference); PyTorch: torch.use_deterministic_algorithms(True)",
     "crash": "make the function accept every input of the supported capabilities, or refuse a capability with "
     "a clear exception on every call (then it is reported as unsupported, not as a bug)",
+    "masked-row-policy": "make fully masked rows follow the declared policy (masked_rows=...), or declare the "
+    "policy the function has",
     "dtype": "return the output in the input dtype (cast back after computing in higher precision)",
     "mutates-input": "never write into the caller's arrays: use out-of-place operations (q = q * scale, not "
     "q *= scale / q.mul_())",
@@ -231,6 +236,10 @@ class Battery:
         self.returns_weights = False
         self.base_ok: dict[str, bool] = {}
         self.experiments_left = EXPERIMENT_CASES
+        self.gqa_map = getattr(spec, "gqa_mapping", "interleave")
+        self.compute = getattr(spec, "compute_dtype", "auto")
+        self.lower_seen: str | None = None
+        self.float32_oracle = False
         r = backend.resolved
         if self.spec.causal_only:
             self.causal_mode = "only"
@@ -281,7 +290,7 @@ class Battery:
             m[..., 0] = True
             if g.n_k > 1:
                 m[..., g.n_k - 1] = False
-        causal = causal or self.spec.causal_only
+        causal = causal or self.spec.causal_only or (getattr(self.spec, "causal_when_no_mask", False) and m is None)
         align = None
         if causal:
             align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
@@ -376,7 +385,25 @@ class Battery:
                 f"your function returns the wrong kind of array: {out.returned.wrong_type}",
                 f"case {case.label}: {out.call}",
             )
-        if out.ok and out.returned.out_dtype is not None and out.returned.out_dtype != case.dtype:
+        if (
+            out.ok
+            and out.returned.out_dtype == "float32"
+            and case.dtype != "float32"
+            and self.compute in ("auto", "float32")
+            and (case.dtype == "float64" or self.float32_oracle)
+        ):
+            # a reference oracle that computes and returns float32 whatever it is given (xformers' ref_attention)
+            self.float32_oracle = True
+            if self.compute == "auto":
+                self.lower_seen = "float32"
+            self.note(
+                "lower-precision",
+                "the function computes and returns float32 for every input dtype (an upcasting reference oracle): "
+                "float64 inputs are compared under float32's rule, and a float32 output is not a dtype bug",
+                f"case {case.label}: {case.shapes()}; output dtype float32",
+                "declare compute_dtype='input' to hold it to each input dtype",
+            )
+        elif out.ok and out.returned.out_dtype is not None and out.returned.out_dtype != case.dtype:
             self.bug(
                 "dtype",
                 f"your function returns {out.returned.out_dtype} for {case.dtype} inputs",
@@ -419,14 +446,29 @@ class Battery:
     def expected(self, case: Case, *, causal: str | None = "same") -> tuple[np.ndarray, float, np.ndarray]:
         """The golden output, its bound under the tolerance rule, and which rows to compare ``[..., n_q]``."""
         c = case.causal if causal == "same" else causal
-        golden = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=c)
+        golden = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=c, gqa=self.gqa_map)
         allowed = self.allowed(case, causal=c)
-        naive = naive_output(case.q, case.k, case.v, allowed, dtype=case.dtype, scale=case.scale)
-        return golden, bound(case.dtype, golden, naive), allowed.any(axis=-1)
+        work = self.work_dtype(case.dtype)
+        naive = naive_output(case.q, case.k, case.v, allowed, dtype=work, scale=case.scale, gqa=self.gqa_map)
+        return golden, bound(work, golden, naive), allowed.any(axis=-1)
+
+    def expand(self, q: np.ndarray, x: np.ndarray, mapping: str | None = None) -> np.ndarray:
+        """K/V expanded to q's heads with the declared GQA mapping (or ``mapping``)."""
+        return expand_kv(q, x, mapping or self.gqa_map)
+
+    def work_dtype(self, dtype: str) -> str:
+        """The precision whose tolerance rule applies to a case in ``dtype``: the input dtype, or the declared
+        (or seen) lower compute precision."""
+        c = self.compute
+        if c == "auto":
+            c = self.lower_seen or "input"
+        if c == "input" or _PRECISION[c] >= _PRECISION[dtype]:
+            return dtype
+        return c
 
     def _hypotheses(self, case: Case) -> list[tuple[str, str, np.ndarray]]:
         """Outputs of plausible wrong implementations of ``case``: (code, what it does, its output)."""
-        q, k, v = case.q, _expand_kv(case.q, case.k), _expand_kv(case.q, case.v)
+        q, k, v = case.q, self.expand(case.q, case.k), self.expand(case.q, case.v)
         d_k, d_v = q.shape[-1], v.shape[-1]
         h = q.shape[-3] if q.ndim >= 3 else 1
         allowed = self.allowed(case)
@@ -563,15 +605,18 @@ class Battery:
             )
         )
         if case.gqa:
-            g = q.shape[-3] // case.k.shape[-3]
-            kt = np.tile(case.k, (1,) * (case.k.ndim - 3) + (g, 1, 1))
-            vt = np.tile(case.v, (1,) * (case.v.ndim - 3) + (g, 1, 1))
+            other = "interleave" if self.gqa_map == "tile" else "tile"
+            kt, vt = self.expand(q, case.k, other), self.expand(q, case.v, other)
             st = q @ np.swapaxes(kt, -1, -2) * s0
+            said = {
+                "tile": "i mod h_kv (tile / repeat)",
+                "interleave": "i // (h_q / h_kv) (repeat_interleave)",
+            }
             out.append(
                 (
                     "reference-mismatch",
-                    "query head i uses K/V head i mod h_kv (tile / repeat) instead of "
-                    "i // (h_q / h_kv) (repeat_interleave)",
+                    f"query head i uses K/V head {said[other]} instead of {said[self.gqa_map]}, as declared "
+                    f"(gqa='{self.gqa_map}')",
                     _softmax(np.where(allowed, st, -np.inf), -1) @ vt,
                 )
             )
@@ -727,7 +772,31 @@ class Battery:
         golden, tol, rows = self.expected(case)
         cmp = compare(out.out, golden, tol, rows)
         if cmp.ok:
+            if self.work_dtype(case.dtype) != case.dtype and self.compute != "auto":
+                self.note(
+                    "lower-precision",
+                    f"compared under {self.compute}'s tolerance rule for {case.dtype} inputs, as declared "
+                    f"(compute_dtype='{self.compute}')",
+                    f"case {case.label}: {case.shapes()}",
+                )
             return True
+        if self.compute == "auto" and self.lower_seen is None and case.dtype == "float64":
+            naive32 = naive_output(
+                case.q, case.k, case.v, self.allowed(case), dtype="float32", scale=case.scale, gqa=self.gqa_map
+            )
+            cmp32 = compare(out.out, golden, bound("float32", golden, naive32), rows)
+            if cmp32.ok:
+                self.lower_seen = "float32"
+                self.note(
+                    "lower-precision",
+                    "float64 inputs are computed in float32 (e.g. a softmax upcast to float32 and cast back): the "
+                    "float64 cases are compared under float32's tolerance rule",
+                    f"case {case.label}: {case.shapes()}; max |out - float64 reference| = {cmp.max_error:.3g}, "
+                    f"beyond float64's bound {cmp.bound:.2g} and within float32's {cmp32.bound:.2g}",
+                    "declare compute_dtype='input' to hold float64 inputs to float64's rule, or "
+                    "compute_dtype='float32' to document it",
+                )
+                return True
         n_q, n_k = case.q.shape[-2], case.k.shape[-2]
         if case.causal is not None and n_q != n_k and self.causal_mode in ("flag", "only"):
             other = "top_left" if case.causal == "bottom_right" else "bottom_right"
@@ -873,7 +942,7 @@ class Battery:
         case = pick.case
         self.case_key = self.key(case)
         allowed = self.allowed(case)
-        q, k, v = case.q, _expand_kv(case.q, case.k), _expand_kv(case.q, case.v)
+        q, k, v = case.q, self.expand(case.q, case.k), self.expand(case.q, case.v)
         w = pick.weights
         if w.shape != allowed.shape:
             self.bug(
@@ -882,7 +951,11 @@ class Battery:
                 f"case {case.label}: {case.shapes()}",
             )
             return
-        for viol in check_arrays(q, k, v, w, pick.out, allowed):
+        o = pick.out
+        work = self.work_dtype(case.dtype)
+        if work != case.dtype and work in ("float32", "float16"):  # judged under the compute precision's tolerance
+            w, o = w.astype(work), o.astype(work)
+        for viol in check_arrays(q, k, v, w, o, allowed):
             ev = f"case {case.label}: {case.shapes()}; {viol.message}; at {list(viol.positions[:4])}"
             if viol.name == "masked-weight":
                 future = case.causal is not None and any(
@@ -920,7 +993,7 @@ class Battery:
             return
         self.compare_case(out)
         rows = self.allowed(case).any(axis=-1)
-        coarse = max(FLOORS[case.dtype], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
+        coarse = max(FLOORS[self.work_dtype(case.dtype)], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
         cmp = compare(out.out, np.ones(out.out.shape), coarse * 4, rows)
         if not cmp.ok and out.out.shape == (*case.q.shape[:-1], case.v.shape[-1]):
             sums = out.out[..., 0]
@@ -1027,6 +1100,13 @@ class Battery:
         out = self.call(case)
         ev = f"case {case.label}: {case.shapes()}; query 2 may attend to no key"
         if out.error is not None:
+            if getattr(self.spec, "masked_rows", "any") not in ("any", "raise"):
+                self.bug(
+                    "masked-row-policy",
+                    f"a fully masked row raises an error; the declared policy is masked_rows='{self.spec.masked_rows}'",
+                    ev + f"; {out.error_text.splitlines()[0][:200]}",
+                )
+                return
             self.note(
                 "masked-row",
                 "a fully masked row raises an error (a documented policy)",
@@ -1038,15 +1118,18 @@ class Battery:
             return
         row = out.out[..., 2, :]
         rows = self.allowed(case).any(axis=-1)
-        if not np.all(np.isfinite(row)):
+        policy = getattr(self.spec, "masked_rows", "any")
+        if not np.all(np.isfinite(row)) and policy == "nan":
+            self.note("masked-row", "a fully masked row comes back as NaN, as declared (masked_rows='nan')", ev)
+        elif not np.all(np.isfinite(row)):
             self.bug(
                 "masked-row-nan",
                 "a query row whose keys are all masked comes back as NaN/inf",
                 ev + f"; output row 2 holds {row.ravel()[~np.isfinite(row.ravel())][0]}",
             )
         else:
-            tol = FLOORS[case.dtype] * 8
-            vexp = _expand_kv(case.q, case.v)
+            tol = FLOORS[self.work_dtype(case.dtype)] * 8
+            vexp = self.expand(case.q, case.v)
             uniform = np.mean(vexp, axis=-2)
             if np.all(np.abs(row) <= tol):
                 kind = "zeros (as FlashAttention and PyTorch SDPA)"
@@ -1054,7 +1137,17 @@ class Battery:
                 kind = "the uniform average of V (as a finfo.min additive mask gives)"
             else:
                 kind = "values that are neither zeros nor a uniform average (it attends as if that row were unmasked)"
-            self.note("masked-row", f"a fully masked row comes back as {kind}; a documented behaviour, not a bug", ev)
+            seen = "zeros" if kind.startswith("zeros") else "uniform" if kind.startswith("the uniform") else "other"
+            if policy not in ("any", seen):
+                self.bug(
+                    "masked-row-policy",
+                    f"a fully masked row comes back as {kind}; the declared policy is masked_rows='{policy}'",
+                    ev,
+                )
+            else:
+                self.note(
+                    "masked-row", f"a fully masked row comes back as {kind}; a documented behaviour, not a bug", ev
+                )
         golden, tol_g, _ = self.expected(case)
         cmp = compare(out.out, golden, tol_g, rows)
         if not cmp.ok and cmp.nonfinite:
@@ -1329,8 +1422,8 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def golden_logit_range(case: Case) -> tuple[float, float]:
-    k = _expand_kv(case.q, case.k)
+def golden_logit_range(case: Case, mapping: str = "interleave") -> tuple[float, float]:
+    k = expand_kv(case.q, case.k, mapping)
     s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
     lg = case.q @ np.swapaxes(k, -1, -2) * s0
     return float(lg.min()), float(lg.max())

@@ -41,6 +41,7 @@ __all__ = [
     "Outcome",
     "Runner",
     "execute_call",
+    "loaded_frameworks",
 ]
 
 #: Bytes of each captured stream kept at its start and at its end (the middle is counted, not kept).
@@ -314,6 +315,8 @@ class InProcessBackend:
         self.framework = adapter.framework
         self.resolved: Resolved = adapter.resolved
         self.structural = adapter.structural_unsupported()
+        self.spec = adapter.spec
+        self.loaded = loaded_frameworks()
         self._capture = _FdCapture()
 
     def call(self, req: CallRequest, timeout: float) -> CallResult:
@@ -400,6 +403,11 @@ class Runner:
             )
         self.outcomes.append(out)
         return out
+
+
+def loaded_frameworks() -> tuple[str, ...]:
+    """The array libraries (``torch``, ``jax``) this process has imported."""
+    return tuple(f for f in ("torch", "jax") if f in sys.modules)
 
 
 def finite_rows(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,178 @@
+"""Real libraries and faithful transcriptions come out clean with their defaults, each in at most 3 lines of
+user code (module mode for layers taking hidden states); contracts a user can declare."""
+
+from __future__ import annotations
+
+import pytest
+from zoo import numpy_zoo as npz
+
+from attnlab.check import check
+
+torch = pytest.importorskip("torch")
+
+
+def _clean(r):
+    assert r.ok, r.to_text()
+    assert r.framework == "torch"
+    return r
+
+
+def _untested(r):
+    return {u.capability for u in r.unsupported}
+
+
+def test_multihead_attention_instance_in_module_mode():
+    layer = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+    r = _clean(check(layer))
+    assert "MultiheadAttention" in r.mode and r.kind == "a torch.nn.Module (MultiheadAttention)"
+    assert {"mask", "causal", "cross"}.isdisjoint(_untested(r))  # masks, causal (via the mask), n_q != n_k tested
+    r = _clean(check(torch.nn.MultiheadAttention(12, 3), dtypes=("float32",)))  # batch_first=False
+    assert "cross" not in _untested(r)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_hugging_face_llama_attention_with_rotary_and_gqa(impl):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, attn_implementation=impl
+    )
+    r = _clean(check(LlamaAttention(cfg, layer_idx=0)))
+    assert "gqa" not in _untested(r) and "mask" not in _untested(r)  # GQA (repeat_kv: interleave) tested
+    assert f"({impl})" in r.mode and "rotary cos = 1" in r.mode
+    if impl == "eager":  # the softmax is upcast to float32: float64 inputs are judged under float32's rule
+        assert "lower-precision" in {n.code for n in r.notes}
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_hugging_face_bert_self_attention(impl):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    cfg = transformers.BertConfig(hidden_size=32, num_attention_heads=4, attn_implementation=impl)
+    _clean(check(BertSelfAttention(cfg).eval()))  # eval(): attention dropout 0.1 is on in training mode
+
+
+def test_bert_in_training_mode_is_nondeterministic():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.bert.modeling_bert import BertSelfAttention
+
+    cfg = transformers.BertConfig(hidden_size=32, num_attention_heads=4, attn_implementation="eager")
+    r = check(BertSelfAttention(cfg), probes=("reference", "determinism"))
+    assert "nondeterministic" in r.codes
+
+
+def test_hugging_face_eager_attention_forward_function():
+    pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    r = _clean(check(eager_attention_forward))
+    assert "stand-in module" in r.mode and "gqa" not in _untested(r) and "scale" not in _untested(r)
+
+
+def test_x_transformers_attend():
+    attend = pytest.importorskip("x_transformers.attend")
+    r = _clean(check(attend.Attend()))  # (out, Intermediates): the pair's second item is not weights
+    assert r.kind == "a torch.nn.Module (Attend)" and r.mode == ""
+    _clean(check(attend.Attend, probes=("reference", "masked-rows", "causal", "padding")))  # the class itself
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_timm_attention_transcription(fused):
+    from zoo.layers import TimmAttention
+
+    r = check(TimmAttention(32, 4, fused_attn=fused))
+    if fused:
+        _clean(r)
+    else:  # the manual path fills -inf: a fully masked row is NaN, unless that policy is declared
+        assert r.codes == ("masked-row-nan",), r.to_text()
+        _clean(check(TimmAttention(32, 4, fused_attn=False), masked_rows="nan"))
+
+
+@pytest.mark.parametrize("flash", [True, False])
+def test_nanogpt_causal_self_attention_transcription(flash):
+    from zoo.layers import CausalSelfAttention, GPTConfig
+
+    layer = CausalSelfAttention(GPTConfig(n_embd=32, n_head=4, block_size=64))
+    if not flash:
+        layer.flash = False
+        layer.register_buffer("bias", torch.tril(torch.ones(64, 64)).view(1, 1, 64, 64))
+    r = _clean(check(layer))
+    assert "causal" not in _untested(r) and "mask" in _untested(r)  # always causal, no mask argument
+
+
+def test_nanogpt_without_its_causal_mask_leaks():
+    from zoo.layers import CausalSelfAttention, GPTConfig
+
+    layer = CausalSelfAttention(GPTConfig(n_embd=32, n_head=4, block_size=64))
+    layer.flash = False
+    layer.register_buffer("bias", torch.ones(1, 1, 64, 64))  # the tril forgotten
+    assert "causal-leak" in check(layer, probes=("reference", "causal")).codes
+
+
+def test_flash_attn_attention_ref_and_xformers_ref_attention_transcriptions():
+    pytest.importorskip("einops")
+    from zoo.references import attention_ref, ref_attention
+
+    r = _clean(check(attention_ref, layout="bnhd", mask_arg="attn_bias", mask_convention="additive", gqa=True))
+    assert "lower-precision" in {n.code for n in r.notes}  # upcast=True computes float64 inputs in float32
+    r = _clean(check(ref_attention, layout="bnhd", mask_arg="attn_bias", mask_convention="additive"))
+    assert "lower-precision" in {n.code for n in r.notes}  # returns float32 for every dtype: not a dtype bug
+    r = check(ref_attention, layout="bnhd", mask_arg="attn_bias", mask_convention="additive", compute_dtype="input")
+    assert "dtype" in r.codes  # held to each input dtype, it is one
+
+
+def test_attnlab_module_mode_via_target_string(tmp_path):
+    f = tmp_path / "layer.py"
+    f.write_text("import torch\nlayer = torch.nn.MultiheadAttention(8, 2, batch_first=True)\n")
+    r = check(f"{f}:layer", dtypes=("float32",))
+    assert r.ok and r.isolation == "worker process" and "MultiheadAttention" in r.mode, r.to_text()
+
+
+# ------------------------------------------------------------------------------------------------ contracts
+def test_gqa_mapping_contract():
+    assert check(npz.gqa_correct, gqa="interleave").ok
+    r = check(npz.gqa_correct, gqa="tile", probes=("reference",))
+    assert r.codes == ("reference-mismatch",) and "declared (gqa='tile')" in r.findings[0].message
+
+
+def test_masked_row_policy_contract():
+    r = check(npz.finfo_min_fill, masked_rows="zeros")
+    assert r.codes == ("masked-row-policy",) and "uniform average" in r.findings[0].message
+    assert check(npz.finfo_min_fill, masked_rows="uniform").ok
+    assert check(npz.masked_row_nan, masked_rows="nan").ok
+    assert "masked-row-nan" in check(npz.masked_row_nan).codes
+
+
+def test_ranks_contract_never_calls_with_3d():
+    def four_d_only(q, k, v, mask=None):
+        assert q.ndim == 4  # an AssertionError is a crash, not a refusal
+        return npz.correct(q, k, v, mask)
+
+    assert "crash" in check(four_d_only).codes
+    r = check(four_d_only, ranks=(4,))
+    assert r.ok and next(u.reason for u in r.unsupported if u.capability == "rank") == "declared ranks=(4,)"
+
+
+def test_causal_when_no_mask_contract():
+    def causal_by_default(q, k, v, mask=None):
+        import attnlab.masks as m
+
+        if mask is None:
+            mask = m.causal(q.shape[-2], k.shape[-2])
+        return npz.correct(q, k, v, mask)
+
+    assert "causal-leak" in check(causal_by_default).codes or not check(causal_by_default).ok
+    assert check(causal_by_default, causal_when_no_mask=True).ok
+
+
+def test_compute_dtype_contract():
+    def computes_in_float32(q, k, v, mask=None):
+        return npz.correct(q.astype("float32"), k.astype("float32"), v.astype("float32"), mask).astype(q.dtype)
+
+    r = check(computes_in_float32)
+    assert r.ok and "lower-precision" in {n.code for n in r.notes}
+    r = check(computes_in_float32, compute_dtype="float32")
+    assert r.ok and any("as declared" in n.message for n in r.notes if n.code == "lower-precision")
+    assert not check(computes_in_float32, compute_dtype="input").ok
