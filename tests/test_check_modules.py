@@ -176,3 +176,55 @@ def test_compute_dtype_contract():
     r = check(computes_in_float32, compute_dtype="float32")
     assert r.ok and any("as declared" in n.message for n in r.notes if n.code == "lower-precision")
     assert not check(computes_in_float32, compute_dtype="input").ok
+
+
+# ------------------------------------------------------------------------------------------------ mask interfaces
+def _ran(r, *names):
+    status = {p.name: p.status for p in r.probes}
+    return all(status[n] == "passed" for n in names)
+
+
+def test_key_padding_masks_in_both_conventions():
+    r = check(npz.key_padding_attention)  # the parameter name key_padding_mask selects the [B, n_k] form
+    assert r.ok and r.spec["mask_form"] == "full", r.to_text()
+    assert _ran(r, "padding", "masked-rows", "causal")  # causal through its flag, padding separately
+    r = check(
+        lambda q, k, v, key_padding_mask=None, is_causal=False: npz.key_padding_attention(
+            q, k, v, None if key_padding_mask is None else ~key_padding_mask, is_causal
+        ),
+        mask_convention="block",  # nn.MultiheadAttention's key_padding_mask: True = padding
+    )
+    assert r.ok and _ran(r, "padding", "masked-rows"), r.to_text()
+    r = check(npz.key_padding_on_queries, probes=("reference", "padding"))
+    assert "padding-leak" in r.codes
+    assert "key_padding_mask=bool [2, " in next(f for f in r.findings if f.code == "crash").evidence
+
+
+def test_valid_lengths():
+    r = check(npz.masked_softmax_valid_lens)
+    assert r.ok and _ran(r, "padding", "masked-rows"), r.to_text()
+    note = next(n for n in r.notes if n.code == "masked-row")  # length 0: d2l's -1e6 fill gives the uniform average
+    assert "uniform average" in note.message and "length 0" in note.evidence
+
+
+def test_per_batch_masks_broadcast_over_heads():
+    def per_batch(q, k, v, mask=None):  # reads [B, 1, n_q, n_k]: head 0's mask for every head
+        return npz.correct(q, k, v, None if mask is None else mask[:, :1])
+
+    assert not check(per_batch, probes=("reference",)).ok  # given per-head masks, it is wrong
+    r = check(per_batch, mask_form="batch")
+    assert r.ok and _ran(r, "padding", "masked-rows"), r.to_text()
+
+
+def test_hugging_face_4d_additive_mask_function():
+    torch_ = pytest.importorskip("torch")
+
+    def hf_style(q, k, v, attention_mask=None):  # [B, 1, n_q, n_k] additive, as Hugging Face's eager path
+        s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if attention_mask is not None:
+            assert attention_mask.shape[1] == 1
+            s = s + attention_mask
+        return torch_.softmax(s, dim=-1) @ v
+
+    r = check(hf_style, mask_form="batch", mask_convention="additive", probes=("reference", "padding", "masked-rows"))
+    assert r.ok, r.to_text()

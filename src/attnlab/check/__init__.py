@@ -114,6 +114,7 @@ def check(
     masked_rows: str = "any",
     causal_when_no_mask: bool = False,
     ranks: Iterable[int] = (3, 4),
+    mask_form: str = "full",
     timeout: float = 10.0,
     import_timeout: float = IMPORT_TIMEOUT,
     isolate: bool | None = None,
@@ -131,7 +132,7 @@ def check(
             ``"package.module:NAME"``, imported in a worker process.
         framework, signature, mask_convention, layout, returns, causal_only, causal_align, causal_value,
             dtypes, unsupported, mask_arg, causal_arg, scale_arg, compute_dtype, masked_rows,
-            causal_when_no_mask, ranks: what ``fn`` is and supports; see :class:`Spec`.
+            causal_when_no_mask, ranks, mask_form: what ``fn`` is and supports; see :class:`Spec`.
         gqa: False, True (= ``"interleave"``: query head i uses K/V head ``i // (h / h_kv)``) or ``"tile"``
             (K/V head ``i % h_kv``).
         timeout: seconds one call may take; after a timeout nothing more is called (in-process, the hung thread
@@ -184,6 +185,7 @@ def check(
         masked_rows=masked_rows,
         causal_when_no_mask=bool(causal_when_no_mask),
         ranks=tuple(ranks),
+        mask_form=mask_form,
         dtypes=tuple(dtypes),
         unsupported=frozenset(unsupported),
         mask_arg=mask_arg,

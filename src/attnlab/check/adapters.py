@@ -41,6 +41,11 @@ RETURNS = ("auto", "output", "output+weights")
 ALIGNS = (None, "top_left", "bottom_right")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 GQA_MAPPINGS = ("interleave", "tile")
+#: The mask interfaces: ``full`` ``[B, h, n_q, n_k]``; ``batch`` ``[B, 1, n_q, n_k]`` (broadcast over heads, as
+#: Hugging Face's 4-D masks); ``key_padding`` ``[B, n_k]`` (in ``mask_convention``: ``allow`` True = real key,
+#: ``block`` True = padding, as ``nn.MultiheadAttention``'s ``key_padding_mask``); ``valid_lens`` ``[B]`` int
+#: valid key lengths (d2l's ``masked_softmax``).
+MASK_FORMS = ("full", "batch", "key_padding", "valid_lens")
 _ADDITIVE_FILL = {"float64": "float32", "float32": "float32", "float16": "float16"}
 #: Fully-masked-row policies a function may promise: ``any`` documented one (an error, zeros, the uniform average;
 #: NaN is a bug), or exactly one of them (``nan`` makes NaN the promise, as ``nn.MultiheadAttention``'s).
@@ -62,7 +67,9 @@ CAPABILITIES = (
     "causal-cross",
 )
 
-_MASK_NAMES = ("mask", "attn_mask", "attention_mask")
+_MASK_NAMES = ("mask", "attn_mask", "attention_mask", "key_padding_mask", "valid_lens", "valid_lengths")
+#: A mask parameter with one of these names takes that mask form (when ``mask_form`` is left "full").
+_FORM_NAMES = {"key_padding_mask": "key_padding", "valid_lens": "valid_lens", "valid_lengths": "valid_lens"}
 _CAUSAL_NAMES = ("is_causal", "causal")
 _SCALE_NAMES = ("scale", "softmax_scale", "sm_scale")
 
@@ -103,6 +110,7 @@ class Spec:
             its own rule), or a dtype the function documents computing in (its rule applies to more precise inputs).
         causal_when_no_mask: the function applies a causal mask (top-left) whenever it is given no mask (as
             Hugging Face's sdpa path does); cases without a mask are then checked as causal.
+        mask_form: the mask interface (see :data:`MASK_FORMS`); the probes draw masks the form can express.
         ranks: the input ranks the function takes: ``(3, 4)`` (default: 3-D ``[h, n, d]`` is tried, and a clean
             refusal is "not tested") or ``(4,)`` (never called with 3-D inputs).
         masked_rows: the fully-masked-row policy the function promises (see :data:`MASKED_ROWS`); another
@@ -131,6 +139,7 @@ class Spec:
     masked_rows: str = "any"
     causal_when_no_mask: bool = False
     ranks: tuple[int, ...] = (3, 4)
+    mask_form: str = "full"
 
     def __post_init__(self) -> None:
         _choice("framework", self.framework, FRAMEWORKS)
@@ -143,6 +152,9 @@ class Spec:
         _choice("gqa_mapping", self.gqa_mapping, GQA_MAPPINGS)
         _choice("compute_dtype", self.compute_dtype, ("auto", "input", *DTYPES))
         _choice("masked_rows", self.masked_rows, MASKED_ROWS)
+        _choice("mask_form", self.mask_form, MASK_FORMS)
+        if self.mask_form == "valid_lens" and self.mask_convention not in ("allow",):
+            raise UsageError("mask_convention: valid lengths have no convention; leave it 'allow'")
         object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
         for r in self.ranks:
             _choice("ranks", r, (3, 4))
@@ -176,6 +188,7 @@ class Spec:
             "masked_rows": self.masked_rows,
             "causal_when_no_mask": self.causal_when_no_mask,
             "ranks": list(self.ranks),
+            "mask_form": self.mask_form,
         }
 
 
@@ -358,8 +371,10 @@ class Adapter:
                 causal_arg=None,
                 scale_arg=None,
             )
-        self.spec = spec
         r = resolve(self.fn, spec)
+        if spec.mask_form == "full" and r.mask_arg in _FORM_NAMES and mode is None:
+            spec = replace(spec, mask_form=_FORM_NAMES[r.mask_arg])
+        self.spec = spec
         if mode is not None:
             r = replace(r, detected=_detect(fn).reason)
         self.resolved = replace(r, kind=prepared.kind, mode="" if mode is None else mode.family, spec=spec)
@@ -386,6 +401,10 @@ class Adapter:
             out["gqa"] = "not declared (gqa=True / --gqa)"
         if spec.layout == "bnhd":
             out["rank"] = "layout [B, n, h, d] is 4-D only"
+        if spec.mask_form != "full":
+            out["rank"] = f"mask_form={spec.mask_form!r} has a batch axis: inputs are 4-D"
+            if self.resolved.causal_arg is None and not spec.causal_only:
+                out["causal"] = f"no causal flag, and a {spec.mask_form} mask cannot express causal"
         if 3 not in spec.ranks:
             out["rank"] = f"declared ranks={spec.ranks!r}"
         if self.framework == "numpy":
@@ -419,6 +438,19 @@ class Adapter:
     def mask_to_framework(self, allowed: np.ndarray, dtype: str) -> Any:
         """attnlab's mask (True = may attend) in the declared convention, as an array of ``fn``'s library."""
         conv = self.spec.mask_convention
+        form = self.spec.mask_form
+        allowed = np.asarray(allowed)
+        if form != "full" and allowed.ndim >= 4:
+            allowed = allowed[:, :1]  # [B, 1, n_q, n_k]
+            if form in ("key_padding", "valid_lens"):
+                allowed = allowed[:, 0, 0, :]  # [B, n_k]
+            if form == "valid_lens":
+                lengths = allowed.sum(axis=-1).astype(np.int64)
+                if self.framework == "numpy":
+                    return lengths
+                if self.framework == "torch":
+                    return self._lib.from_numpy(lengths)
+                return self._lib[1].asarray(lengths)
         if conv == "allow":
             m = np.array(allowed, dtype=bool)
         elif conv == "block":

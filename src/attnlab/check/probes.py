@@ -192,6 +192,7 @@ _GRID = [
 _COMBOS = [
     ("causal+mask", _Geom(1, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
     ("mask+cross", _Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
+    ("mask+cross-2", _Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
     ("long", _Geom(1, 2, 113, 203, 64, 64), ("cross",), {"mask": False}),
     ("long-causal", _Geom(1, 1, 97, 97, 32, 32), ("causal",), {"causal": True}),
     ("single", _Geom(2, 1, 1, 1, 3, 3), (), {}),
@@ -237,6 +238,7 @@ class Battery:
         self.base_ok: dict[str, bool] = {}
         self.experiments_left = EXPERIMENT_CASES
         self.gqa_map = getattr(spec, "gqa_mapping", "interleave")
+        self.mask_form = getattr(spec, "mask_form", "full")
         self.compute = getattr(spec, "compute_dtype", "auto")
         self.lower_seen: str | None = None
         self.float32_oracle = False
@@ -286,15 +288,34 @@ class Battery:
         if isinstance(mask, np.ndarray):
             m = np.broadcast_to(mask, (*g.lead(g.h), g.n_q, g.n_k)).copy()
         elif mask:
-            m = rng.random((*g.lead(g.h), g.n_q, g.n_k)) < 0.6
-            m[..., 0] = True
-            if g.n_k > 1:
-                m[..., g.n_k - 1] = False
+            m = self.random_mask(g)
         causal = causal or self.spec.causal_only or (getattr(self.spec, "causal_when_no_mask", False) and m is None)
         align = None
         if causal:
             align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
         return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
+
+    def random_mask(self, g: _Geom) -> np.ndarray:
+        """A random mask ``[..., h, n_q, n_k]`` the function's mask form can express: different per batch element
+        and per head (full form), per batch element (``batch``), per batch element's keys (``key_padding``), or a
+        valid length per batch element (``valid_lens``). Key 0 is always allowed; the last key blocked somewhere."""
+        rng, full = self.rng, (*g.lead(g.h), g.n_q, g.n_k)
+        form = self.mask_form if g.b is not None else "full"
+        if form == "full":
+            m = rng.random(full) < 0.6
+        elif form == "batch":
+            m = rng.random((g.b, 1, g.n_q, g.n_k)) < 0.6
+        elif form == "key_padding":
+            m = rng.random((g.b, 1, 1, g.n_k)) < 0.6
+        else:
+            lengths = rng.integers(1, g.n_k + 1, g.b)
+            lengths[-1] = max(1, g.n_k - 1) if g.n_k > 1 else 1
+            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
+        m = np.broadcast_to(m, full).copy()
+        m[..., 0] = True
+        if g.n_k > 1 and form != "valid_lens":
+            m[..., g.n_k - 1] = False
+        return m
 
     @staticmethod
     def key(case: Case) -> str:
@@ -338,6 +359,8 @@ class Battery:
 
     def causal_in_mask(self, case: Case) -> bool:
         """Whether the causal part of ``case`` reaches the function inside its mask argument."""
+        if self.mask_form != "full" and self.causal_mode == "flag":
+            return False  # a [B, n_k] / per-batch mask cannot hold the causal part: flag and mask go separately
         return case.causal is not None and (
             self.causal_mode == "mask" or (self.causal_mode == "flag" and case.mask is not None)
         )
@@ -1091,14 +1114,26 @@ class Battery:
     def p_masked_rows(self) -> None:
         if "mask" not in self.caps:
             raise _Skip("needs mask")
-        g = _Geom(1, 2, 4, 6, 4, 4) if "cross" in self.caps else _Geom(1, 2, 6, 6, 4, 4)
+        g = _Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else _Geom(2, 2, 6, 6, 4, 4)
         case = self.make(g, self.primary, label="fully masked row", mask=True)
         m = case.mask.copy()
-        m[..., 2, :] = False
+        form = self.mask_form
+        if form in ("key_padding", "valid_lens"):  # a sequence with no valid key: every row of batch element 1
+            m[1] = False
+            sel: Any = (1, slice(None), 2)
+            where = "batch element 1 has no valid key (length 0); its query 2"
+        elif form == "batch":
+            m[1, :, 2, :] = False
+            sel = (1, slice(None), 2)
+            where = "query 2 of batch element 1 (every head)"
+        else:
+            m[1, 0, 2, :] = False
+            sel = (1, 0, 2)
+            where = "query 2 of batch element 1, head 0"
         case = Case(case.q, case.k, case.v, case.dtype, m, case.causal, None, case.label)
         self.case_key = "masked-rows: fully masked row"
         out = self.call(case)
-        ev = f"case {case.label}: {case.shapes()}; query 2 may attend to no key"
+        ev = f"case {case.label}: {case.shapes()}; {where} may attend to no key"
         if out.error is not None:
             if getattr(self.spec, "masked_rows", "any") not in ("any", "raise"):
                 self.bug(
@@ -1116,7 +1151,7 @@ class Battery:
         if not out.ok:
             self.crash(out)
             return
-        row = out.out[..., 2, :]
+        row = out.out[sel]
         rows = self.allowed(case).any(axis=-1)
         policy = getattr(self.spec, "masked_rows", "any")
         if not np.all(np.isfinite(row)) and policy == "nan":
@@ -1125,12 +1160,12 @@ class Battery:
             self.bug(
                 "masked-row-nan",
                 "a query row whose keys are all masked comes back as NaN/inf",
-                ev + f"; output row 2 holds {row.ravel()[~np.isfinite(row.ravel())][0]}",
+                ev + f"; that output row holds {row.ravel()[~np.isfinite(row.ravel())][0]}",
             )
         else:
             tol = FLOORS[self.work_dtype(case.dtype)] * 8
             vexp = self.expand(case.q, case.v)
-            uniform = np.mean(vexp, axis=-2)
+            uniform = np.mean(vexp, axis=-2)[sel[:-1]]
             if np.all(np.abs(row) <= tol):
                 kind = "zeros (as FlashAttention and PyTorch SDPA)"
             elif np.all(np.abs(row - uniform) <= tol * max(1.0, np.max(np.abs(uniform))) * 10):

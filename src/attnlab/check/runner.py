@@ -367,7 +367,13 @@ class Runner:
         if case.mask is not None and r.mask_arg is not None:
             conv = getattr(getattr(self.backend, "spec", None), "mask_convention", "allow")
             kind = {"allow": "bool", "block": "bool", "keep": "int64"}.get(conv, case.dtype)
-            m = f"{kind} {arr(case.mask)}"
+            form = getattr(getattr(self.backend, "spec", None), "mask_form", "full")
+            shape = arr(case.mask)
+            if form != "full" and case.mask.ndim >= 4:
+                b, n_q, n_k = case.mask.shape[0], case.mask.shape[-2], case.mask.shape[-1]
+                shape = {"batch": f"[{b}, 1, {n_q}, {n_k}]", "key_padding": f"[{b}, {n_k}]"}.get(form, f"[{b}]")
+                kind = "int64" if form == "valid_lens" else kind
+            m = f"{kind} {shape}"
             parts.append(m if r.mask_positional else f"{r.mask_arg}={m}")
         if causal_flag and r.causal_arg is not None:
             parts.append(f"{r.causal_arg}={causal_flag!r}")

@@ -97,6 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--causal-when-no-mask", action="store_true", help="the function is causal whenever it is given no mask"
     )
     parser.add_argument(
+        "--mask-form",
+        choices=("full", "batch", "key_padding", "valid_lens"),
+        default="full",
+        help="mask interface: [B, h, n_q, n_k] (full), [B, 1, n_q, n_k] (batch), [B, n_k] (key_padding), [B] "
+        "lengths (valid_lens)",
+    )
+    parser.add_argument(
         "--ranks", choices=("3,4", "4"), default="3,4", help="input ranks the function takes (4: never 3-D inputs)"
     )
     parser.add_argument("--dtypes", type=_csv, default=None, help="comma-separated dtypes to try")
@@ -139,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
             masked_rows=args.masked_rows,
             causal_when_no_mask=args.causal_when_no_mask,
             ranks=tuple(int(r) for r in args.ranks.split(",")),
+            mask_form=args.mask_form,
             dtypes=args.dtypes or DTYPES,
             unsupported=args.unsupported,
             mask_arg=args.mask_arg,
