@@ -228,3 +228,21 @@ def test_hugging_face_4d_additive_mask_function():
 
     r = check(hf_style, mask_form="batch", mask_convention="additive", probes=("reference", "padding", "masked-rows"))
     assert r.ok, r.to_text()
+
+
+def test_kv_cache_decode_kernel_with_per_sequence_lengths():
+    pytest.importorskip("einops")
+    from zoo.references import kvcache_attention
+
+    r = check(kvcache_attention, layout="bnhd", gqa=True, causal_align="bottom_right")
+    assert r.ok and _ran(r, "padding", "masked-rows", "causal"), r.to_text()
+
+    def top_left_per_sequence(q, k_cache, v_cache, cache_seqlens=None, causal=False, softmax_scale=None):
+        if cache_seqlens is not None and causal:  # aligns each sequence's queries to its first keys: wrong
+            n_q = q.shape[1]
+            cache_seqlens = torch.minimum(cache_seqlens, torch.full_like(cache_seqlens, n_q))
+        return kvcache_attention(q, k_cache, v_cache, cache_seqlens, causal, softmax_scale)
+
+    r = check(top_left_per_sequence, layout="bnhd", causal_align="bottom_right", probes=("reference",))
+    assert r.codes == ("reference-mismatch",), r.to_text()
+    assert "causal+mask+cross" in r.findings[0].evidence  # per-sequence bottom-right, n_k > n_q, B = 2

@@ -142,3 +142,25 @@ def ref_attention(q, k, v, attn_bias=None, drop_mask=None, p=0.0, scale=None):
         assert p == 0.0
         return ref_attention_bmhk(q, k, v, attn_bias=attn_bias, scale=scale)
     return _ref_attention_3d(q, k, v, attn_bias, drop_mask, p, scale)
+
+
+def kvcache_attention(q, k_cache, v_cache, cache_seqlens=None, causal=False, softmax_scale=None):
+    """The semantics of flash-attn's ``flash_attn_with_kvcache`` (flash_attn/flash_attn_interface.py, its
+    docstring) without new k/v: ``q [B, n_q, h, d]``, ``k_cache/v_cache [B, n_cache, h_kv, d]``,
+    ``cache_seqlens [B]`` int32 valid cache entries; with ``causal`` the n_q queries are each sequence's last
+    positions (bottom-right per sequence). Written from that docstring, computed like ``attention_ref``."""
+    b, n_q, h, d = q.shape
+    n_k = k_cache.shape[1]
+    lengths = torch.full((b,), n_k, dtype=torch.int64) if cache_seqlens is None else cache_seqlens.long()
+    col = torch.arange(n_k)[None, None, :]  # [1, 1, n_k]
+    keep = col < lengths[:, None, None]  # [B, 1, n_k]
+    if causal:
+        row = torch.arange(n_q)[None, :, None]
+        keep = keep & (col <= lengths[:, None, None] - n_q + row)  # [B, n_q, n_k]
+    scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(d)
+    k = repeat(k_cache, "b s h d -> b s (h g) d", g=h // k_cache.shape[2])
+    v = repeat(v_cache, "b s h d -> b s (h g) d", g=h // v_cache.shape[2])
+    scores = torch.einsum("bthd,bshd->bhts", q.float() * scale, k.float())
+    scores = scores.masked_fill(~keep[:, None], float("-inf"))
+    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no key: zeros, as FlashAttention
+    return torch.einsum("bhts,bshd->bthd", p, v.float()).to(q.dtype)

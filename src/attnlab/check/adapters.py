@@ -44,8 +44,10 @@ GQA_MAPPINGS = ("interleave", "tile")
 #: The mask interfaces: ``full`` ``[B, h, n_q, n_k]``; ``batch`` ``[B, 1, n_q, n_k]`` (broadcast over heads, as
 #: Hugging Face's 4-D masks); ``key_padding`` ``[B, n_k]`` (in ``mask_convention``: ``allow`` True = real key,
 #: ``block`` True = padding, as ``nn.MultiheadAttention``'s ``key_padding_mask``); ``valid_lens`` ``[B]`` int
-#: valid key lengths (d2l's ``masked_softmax``).
-MASK_FORMS = ("full", "batch", "key_padding", "valid_lens")
+#: valid key lengths (d2l's ``masked_softmax``); ``kv_cache`` ``[B]`` int cache lengths of a decode kernel (the
+#: n_q new queries are the last positions of each sequence; causal is bottom-right per sequence, as
+#: ``flash_attn_with_kvcache``'s ``cache_seqlens``).
+MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache")
 _ADDITIVE_FILL = {"float64": "float32", "float32": "float32", "float16": "float16"}
 #: Fully-masked-row policies a function may promise: ``any`` documented one (an error, zeros, the uniform average;
 #: NaN is a bug), or exactly one of them (``nan`` makes NaN the promise, as ``nn.MultiheadAttention``'s).
@@ -67,9 +69,22 @@ CAPABILITIES = (
     "causal-cross",
 )
 
-_MASK_NAMES = ("mask", "attn_mask", "attention_mask", "key_padding_mask", "valid_lens", "valid_lengths")
+_MASK_NAMES = (
+    "mask",
+    "attn_mask",
+    "attention_mask",
+    "key_padding_mask",
+    "valid_lens",
+    "valid_lengths",
+    "cache_seqlens",
+)
 #: A mask parameter with one of these names takes that mask form (when ``mask_form`` is left "full").
-_FORM_NAMES = {"key_padding_mask": "key_padding", "valid_lens": "valid_lens", "valid_lengths": "valid_lens"}
+_FORM_NAMES = {
+    "key_padding_mask": "key_padding",
+    "valid_lens": "valid_lens",
+    "valid_lengths": "valid_lens",
+    "cache_seqlens": "kv_cache",
+}
 _CAUSAL_NAMES = ("is_causal", "causal")
 _SCALE_NAMES = ("scale", "softmax_scale", "sm_scale")
 
@@ -153,7 +168,7 @@ class Spec:
         _choice("compute_dtype", self.compute_dtype, ("auto", "input", *DTYPES))
         _choice("masked_rows", self.masked_rows, MASKED_ROWS)
         _choice("mask_form", self.mask_form, MASK_FORMS)
-        if self.mask_form == "valid_lens" and self.mask_convention not in ("allow",):
+        if self.mask_form in ("valid_lens", "kv_cache") and self.mask_convention not in ("allow",):
             raise UsageError("mask_convention: valid lengths have no convention; leave it 'allow'")
         object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
         for r in self.ranks:
@@ -442,9 +457,9 @@ class Adapter:
         allowed = np.asarray(allowed)
         if form != "full" and allowed.ndim >= 4:
             allowed = allowed[:, :1]  # [B, 1, n_q, n_k]
-            if form in ("key_padding", "valid_lens"):
-                allowed = allowed[:, 0, 0, :]  # [B, n_k]
-            if form == "valid_lens":
+            if form in ("key_padding", "valid_lens", "kv_cache"):
+                allowed = allowed[:, 0, -1, :]  # [B, n_k] (the last query sees every valid key of a cache)
+            if form in ("valid_lens", "kv_cache"):
                 lengths = allowed.sum(axis=-1).astype(np.int64)
                 if self.framework == "numpy":
                     return lengths

@@ -193,6 +193,12 @@ _COMBOS = [
     ("causal+mask", _Geom(1, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
     ("mask+cross", _Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
     ("mask+cross-2", _Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
+    (
+        "causal+mask+cross",
+        _Geom(2, 2, 3, 9, 4, 4),
+        ("causal", "mask", "cross", "causal-cross"),
+        {"causal": True, "mask": True},
+    ),
     ("long", _Geom(1, 2, 113, 203, 64, 64), ("cross",), {"mask": False}),
     ("long-causal", _Geom(1, 1, 97, 97, 32, 32), ("causal",), {"causal": True}),
     ("single", _Geom(2, 1, 1, 1, 3, 3), (), {}),
@@ -291,6 +297,13 @@ class Battery:
             m = self.random_mask(g)
         causal = causal or self.spec.causal_only or (getattr(self.spec, "causal_when_no_mask", False) and m is None)
         align = None
+        if causal and m is not None and self.mask_form == "kv_cache" and g.b is not None:
+            # a decode kernel: each sequence's queries are its last n_q positions (bottom-right per sequence)
+            lengths = m[:, 0, -1, :].sum(axis=-1)
+            i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
+            per_seq = j <= (lengths[:, None, None] - g.n_q + i)[:, None]  # [B, 1, n_q, n_k]
+            m = m & per_seq
+            return Case(q, k, v, dtype=dtype, mask=m, causal=None, scale=scale, label=label, flag=True)
         if causal:
             align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
         return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
@@ -307,13 +320,17 @@ class Battery:
             m = rng.random((g.b, 1, g.n_q, g.n_k)) < 0.6
         elif form == "key_padding":
             m = rng.random((g.b, 1, 1, g.n_k)) < 0.6
+        elif form == "kv_cache":  # cache lengths: at least n_q (the new queries are in the cache), below n_k
+            lengths = rng.integers(min(g.n_q, g.n_k), g.n_k + 1, g.b)
+            lengths[-1] = max(min(g.n_q, g.n_k), g.n_k - 1)
+            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
         else:
             lengths = rng.integers(1, g.n_k + 1, g.b)
             lengths[-1] = max(1, g.n_k - 1) if g.n_k > 1 else 1
             m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
         m = np.broadcast_to(m, full).copy()
         m[..., 0] = True
-        if g.n_k > 1 and form != "valid_lens":
+        if g.n_k > 1 and form not in ("valid_lens", "kv_cache"):
             m[..., g.n_k - 1] = False
         return m
 
@@ -371,9 +388,9 @@ class Battery:
         if self.causal_in_mask(case):
             # no causal flag, or a flag and a mask (PyTorch SDPA refuses both): the causal part goes in the mask
             passed = Case(case.q, case.k, case.v, case.dtype, self.allowed(case), None, case.scale, case.label)
-        flag: bool | str = passed.causal is not None
+        flag: bool | str = passed.causal is not None or case.flag
         if flag and self.spec.causal_value == "align":
-            flag = passed.causal
+            flag = passed.causal or "bottom_right"
         out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
         out.case = case
         if out.skipped:
@@ -698,7 +715,7 @@ class Battery:
             return
         self.experiments_left -= 1
         finite = np.abs(out[np.isfinite(out)])
-        tol = FLOORS[case.dtype] * max(1.0, float(finite.max()) if finite.size else 1.0) * 4
+        tol = FLOORS[self.work_dtype(case.dtype)] * max(1.0, float(finite.max()) if finite.size else 1.0) * 4
         ev = f"case {case.label}: {case.shapes()}"
 
         def moved(new: Outcome, idx: Any, rows: np.ndarray | None = None) -> float | None:
@@ -749,7 +766,7 @@ class Battery:
                     arr[(*b, slice(None), blocked, slice(None))] = round_to(
                         self.rng.normal(0, 3, part.shape), case.dtype
                     ).astype(np.float64)
-                pert = Case(case.q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label)
+                pert = Case(case.q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label, flag=case.flag)
                 m = moved(self.call(pert), (*b, ...), rows)
                 if m is not None:
                     self.bug(
@@ -775,10 +792,20 @@ class Battery:
                     "the output of head 0 changes when only head 1 changes",
                     ev + f" (layout {self.spec.layout}); max change {m:.3g} (tolerance {tol:.2g})",
                 )
-        ones = Case(case.q, case.k, np.ones_like(case.v), case.dtype, case.mask, case.causal, case.scale, case.label)
+        ones = Case(
+            case.q,
+            case.k,
+            np.ones_like(case.v),
+            case.dtype,
+            case.mask,
+            case.causal,
+            case.scale,
+            case.label,
+            flag=case.flag,
+        )
         res = self.call(ones)
         if res.ok and res.out.shape == out.shape:
-            coarse = max(FLOORS[case.dtype], FLOORS.get(res.returned.out_dtype or case.dtype, 0.0))
+            coarse = max(FLOORS[self.work_dtype(case.dtype)], FLOORS.get(res.returned.out_dtype or case.dtype, 0.0))
             cmp = compare(res.out, np.ones(res.out.shape), coarse * 4, rows)
             if not cmp.ok and not cmp.nonfinite:  # NaN says nothing about the normalization
                 self.bug(
@@ -1036,7 +1063,7 @@ class Battery:
             shape = arr[idx].shape
             new = self.rng.normal(0, 3, shape) if value is None else np.full(shape, value)
             arr[idx] = round_to(new, case.dtype).astype(np.float64)
-        return Case(q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label)
+        return Case(q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label, flag=case.flag)
 
     def p_causal(self) -> None:
         if "causal" not in self.caps:
@@ -1118,7 +1145,11 @@ class Battery:
         case = self.make(g, self.primary, label="fully masked row", mask=True)
         m = case.mask.copy()
         form = self.mask_form
-        if form in ("key_padding", "valid_lens"):  # a sequence with no valid key: every row of batch element 1
+        if form in (
+            "key_padding",
+            "valid_lens",
+            "kv_cache",
+        ):  # a sequence with no valid key: every row of batch element 1
             m[1] = False
             sel: Any = (1, slice(None), 2)
             where = "batch element 1 has no valid key (length 0); its query 2"
@@ -1130,7 +1161,7 @@ class Battery:
             m[1, 0, 2, :] = False
             sel = (1, 0, 2)
             where = "query 2 of batch element 1, head 0"
-        case = Case(case.q, case.k, case.v, case.dtype, m, case.causal, None, case.label)
+        case = Case(case.q, case.k, case.v, case.dtype, m, case.causal, None, case.label, flag=case.flag)
         self.case_key = "masked-rows: fully masked row"
         out = self.call(case)
         ev = f"case {case.label}: {case.shapes()}; {where} may attend to no key"

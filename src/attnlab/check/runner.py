@@ -65,6 +65,7 @@ class Case:
     causal: str | None = None
     scale: float | None = None
     label: str = ""
+    flag: bool = False  #: pass the causal flag although ``causal`` is None (its causal part is in ``mask``)
 
     @property
     def gqa(self) -> bool:
@@ -372,7 +373,7 @@ class Runner:
             if form != "full" and case.mask.ndim >= 4:
                 b, n_q, n_k = case.mask.shape[0], case.mask.shape[-2], case.mask.shape[-1]
                 shape = {"batch": f"[{b}, 1, {n_q}, {n_k}]", "key_padding": f"[{b}, {n_k}]"}.get(form, f"[{b}]")
-                kind = "int64" if form == "valid_lens" else kind
+                kind = "int64" if form in ("valid_lens", "kv_cache") else kind
             m = f"{kind} {shape}"
             parts.append(m if r.mask_positional else f"{r.mask_arg}={m}")
         if causal_flag and r.causal_arg is not None:

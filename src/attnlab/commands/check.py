@@ -98,10 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mask-form",
-        choices=("full", "batch", "key_padding", "valid_lens"),
+        choices=("full", "batch", "key_padding", "valid_lens", "kv_cache"),
         default="full",
         help="mask interface: [B, h, n_q, n_k] (full), [B, 1, n_q, n_k] (batch), [B, n_k] (key_padding), [B] "
-        "lengths (valid_lens)",
+        "lengths (valid_lens), [B] cache lengths of a decode kernel (kv_cache)",
     )
     parser.add_argument(
         "--ranks", choices=("3,4", "4"), default="3,4", help="input ranks the function takes (4: never 3-D inputs)"
