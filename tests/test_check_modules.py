@@ -246,3 +246,18 @@ def test_kv_cache_decode_kernel_with_per_sequence_lengths():
     r = check(top_left_per_sequence, layout="bnhd", causal_align="bottom_right", probes=("reference",))
     assert r.codes == ("reference-mismatch",), r.to_text()
     assert "causal+mask+cross" in r.findings[0].evidence  # per-sequence bottom-right, n_k > n_q, B = 2
+
+
+def test_packed_variable_length_batches():
+    pytest.importorskip("einops")
+    from zoo.references import varlen_attention
+
+    r = check(varlen_attention, gqa=True, causal_align="bottom_right", dtypes=("float64", "float32"))
+    assert r.ok and _ran(r, "padding", "masked-rows", "causal"), r.to_text()
+
+    def ignores_cu_seqlens_k(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, softmax_scale=None
+    ):
+        return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_q, max_seqlen_q, max_seqlen_q, causal, softmax_scale)
+
+    assert not check(ignores_cu_seqlens_k, gqa=True, dtypes=("float32",), probes=("reference",)).ok

@@ -164,3 +164,25 @@ def kvcache_attention(q, k_cache, v_cache, cache_seqlens=None, causal=False, sof
     scores = scores.masked_fill(~keep[:, None], float("-inf"))
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no key: zeros, as FlashAttention
     return torch.einsum("bhts,bshd->bthd", p, v.float()).to(q.dtype)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, softmax_scale=None):
+    """The semantics of flash-attn's ``flash_attn_varlen_func`` (flash_attn/flash_attn_interface.py, its
+    docstring): packed ``q [total_q, h, d]``, ``k, v [total_k, h_kv, d]``, ``cu_seqlens_q/k`` int32 ``[B + 1]``;
+    ``causal`` is bottom-right per sequence; rows with no key are 0. One sequence at a time through
+    :func:`attention_ref`."""
+    outs = []
+    for b in range(len(cu_seqlens_q) - 1):
+        sq, eq = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        sk, ek = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
+        if eq == sq:
+            continue
+        if ek == sk:
+            outs.append(torch.zeros(eq - sq, q.shape[1], v.shape[-1], dtype=q.dtype))
+            continue
+        qb, kb, vb = q[None, sq:eq], k[None, sk:ek], v[None, sk:ek]
+        if softmax_scale is not None:
+            qb = qb * (softmax_scale * math.sqrt(q.shape[-1]))
+        out, _ = attention_ref(qb, kb, vb, causal=causal)
+        outs.append(out[0].nan_to_num(0.0))
+    return torch.cat(outs) if outs else q.new_zeros(0, q.shape[1], v.shape[-1])

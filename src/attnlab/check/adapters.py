@@ -46,8 +46,9 @@ GQA_MAPPINGS = ("interleave", "tile")
 #: ``block`` True = padding, as ``nn.MultiheadAttention``'s ``key_padding_mask``); ``valid_lens`` ``[B]`` int
 #: valid key lengths (d2l's ``masked_softmax``); ``kv_cache`` ``[B]`` int cache lengths of a decode kernel (the
 #: n_q new queries are the last positions of each sequence; causal is bottom-right per sequence, as
-#: ``flash_attn_with_kvcache``'s ``cache_seqlens``).
-MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache")
+#: ``flash_attn_with_kvcache``'s ``cache_seqlens``); ``varlen``: packed variable-length batches, ``q [total_q, h, d]``
+#: with ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (flash-attn's varlen functions; causal bottom-right per sequence).
+MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen")
 _ADDITIVE_FILL = {"float64": "float32", "float32": "float32", "float16": "float16"}
 #: Fully-masked-row policies a function may promise: ``any`` documented one (an error, zeros, the uniform average;
 #: NaN is a bug), or exactly one of them (``nan`` makes NaN the promise, as ``nn.MultiheadAttention``'s).
@@ -77,6 +78,7 @@ _MASK_NAMES = (
     "valid_lens",
     "valid_lengths",
     "cache_seqlens",
+    "cu_seqlens_q",
 )
 #: A mask parameter with one of these names takes that mask form (when ``mask_form`` is left "full").
 _FORM_NAMES = {
@@ -84,6 +86,7 @@ _FORM_NAMES = {
     "valid_lens": "valid_lens",
     "valid_lengths": "valid_lens",
     "cache_seqlens": "kv_cache",
+    "cu_seqlens_q": "varlen",
 }
 _CAUSAL_NAMES = ("is_causal", "causal")
 _SCALE_NAMES = ("scale", "softmax_scale", "sm_scale")
@@ -168,7 +171,7 @@ class Spec:
         _choice("compute_dtype", self.compute_dtype, ("auto", "input", *DTYPES))
         _choice("masked_rows", self.masked_rows, MASKED_ROWS)
         _choice("mask_form", self.mask_form, MASK_FORMS)
-        if self.mask_form in ("valid_lens", "kv_cache") and self.mask_convention not in ("allow",):
+        if self.mask_form in ("valid_lens", "kv_cache", "varlen") and self.mask_convention not in ("allow",):
             raise UsageError("mask_convention: valid lengths have no convention; leave it 'allow'")
         object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
         for r in self.ranks:
@@ -525,6 +528,8 @@ class Adapter:
         gqa: bool,
     ) -> tuple[tuple, dict]:
         """The positional and keyword arguments of one call."""
+        if self.spec.mask_form == "varlen":
+            return self._varlen_call(q, k, v, dtype=dtype, mask=mask, causal=causal, scale=scale)
         args = tuple(self.to_framework(self.to_layout(x), dtype) for x in (q, k, v))
         kwargs: dict[str, Any] = {}
         r = self.resolved
@@ -541,6 +546,59 @@ class Adapter:
         if gqa and r.gqa_arg is not None:
             kwargs[r.gqa_arg] = True
         return args, kwargs
+
+    def _varlen_call(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, dtype: str, mask: Any, causal: Any, scale: Any
+    ) -> tuple[tuple, dict]:
+        """A packed variable-length call (flash-attn's varlen functions): ``q [total_q, h, d]``, ``k, v [total_k,
+        h_kv, d]``, ``cu_seqlens_q/k`` int32 ``[B + 1]``, ``max_seqlen_q/k``. Sequence b's lengths are the rows
+        and the keys its (prefix) mask allows; the output is unpacked in :meth:`interpret` (missing rows 0)."""
+        b, n_q, n_k = q.shape[0], q.shape[-2], k.shape[-2]
+        if mask is None:
+            lq, lk = np.full(b, n_q), np.full(b, n_k)
+        else:
+            a = np.broadcast_to(mask, (b, q.shape[1], n_q, n_k))[:, 0]
+            lq, lk = a.any(axis=-1).sum(axis=-1), a.any(axis=-2).sum(axis=-1)
+        self.varlen_rows = (lq, n_q, q.shape[1])
+
+        def pack(x: np.ndarray, lengths: np.ndarray) -> Any:
+            parts = [np.swapaxes(x[i, :, : lengths[i]], 0, 1) for i in range(b)]  # [L_b, h, d]
+            return self.to_framework(np.concatenate(parts, axis=0), dtype)
+
+        def cu(lengths: np.ndarray) -> Any:
+            c = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            return self.to_int(c)
+
+        kwargs: dict[str, Any] = {
+            "cu_seqlens_q": cu(lq),
+            "cu_seqlens_k": cu(lk),
+            "max_seqlen_q": int(lq.max(initial=0)),
+            "max_seqlen_k": int(lk.max(initial=0)),
+        }
+        r = self.resolved
+        if causal and r.causal_arg is not None:
+            kwargs[r.causal_arg] = causal
+        if scale is not None:
+            kwargs[r.scale_arg] = scale
+        return (pack(q, lq), pack(k, lk), pack(v, lk)), kwargs
+
+    def to_int(self, x: np.ndarray) -> Any:
+        """An integer array of ``fn``'s library."""
+        if self.framework == "torch":
+            return self._lib.from_numpy(np.array(x))
+        if self.framework == "jax":
+            return self._lib[1].asarray(x)
+        return np.array(x)
+
+    def _unpack(self, out: np.ndarray) -> np.ndarray:
+        """``[total_q, h, d_v]`` back to ``[B, h, n_q, d_v]`` (rows of no sequence are 0)."""
+        lq, n_q, h = self.varlen_rows
+        full = np.zeros((len(lq), h, n_q, out.shape[-1]), dtype=out.dtype)
+        start = 0
+        for i, length in enumerate(lq):
+            full[i, :, :length] = np.swapaxes(out[start : start + length], 0, 1)
+            start += length
+        return full
 
     def interpret(self, value: Any) -> Returned:
         """Translate a return value: an array, or a pair ``(out, weights)``; anything else is a problem."""
@@ -571,7 +629,13 @@ class Adapter:
         if weights is not None and not self.is_array(weights):
             return Returned(problem=f"returned weights that are {_describe(weights)}, not an array")
         try:
-            out = self.from_layout(np.array(self.host(value)))
+            out = np.array(self.host(value))
+            if self.spec.mask_form == "varlen":
+                if out.ndim != 3 or out.shape[0] != int(sum(self.varlen_rows[0])):
+                    return Returned(problem=f"returned shape {out.shape}; expected [total_q, h, d_v] (packed)")
+                out = self._unpack(out)
+            else:
+                out = self.from_layout(out)
             w = None if weights is None else np.array(self.host(weights))  # [B, h, n_q, n_k] in every layout
         except Exception as err:  # garbage that looks like an array
             return Returned(problem=f"returned something that could not be read as an array ({err})")

@@ -53,6 +53,9 @@ __all__ = ["FIXES", "PROBES", "Battery"]
 
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 
+#: Mask forms that describe sequences (a fully masked row is a sequence with no valid key).
+_LENGTH_FORMS = ("key_padding", "valid_lens", "kv_cache", "varlen")
+
 #: Bits of precision of each dtype (to tell a lower-precision computation from a higher one).
 _PRECISION = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 
@@ -297,11 +300,16 @@ class Battery:
             m = self.random_mask(g)
         causal = causal or self.spec.causal_only or (getattr(self.spec, "causal_when_no_mask", False) and m is None)
         align = None
-        if causal and m is not None and self.mask_form == "kv_cache" and g.b is not None:
-            # a decode kernel: each sequence's queries are its last n_q positions (bottom-right per sequence)
-            lengths = m[:, 0, -1, :].sum(axis=-1)
+        if causal and m is not None and self.mask_form in ("kv_cache", "varlen") and g.b is not None:
+            # a decode kernel / packed sequences: each sequence's queries are its last positions (bottom-right per
+            # sequence)
             i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
-            per_seq = j <= (lengths[:, None, None] - g.n_q + i)[:, None]  # [B, 1, n_q, n_k]
+            if self.mask_form == "varlen":
+                lq, lk = m[:, 0].any(axis=-1).sum(axis=-1), m[:, 0].any(axis=-2).sum(axis=-1)
+                per_seq = (j <= (lk - lq)[:, None, None] + i)[:, None]
+            else:
+                lengths = m[:, 0, -1, :].sum(axis=-1)
+                per_seq = j <= (lengths[:, None, None] - g.n_q + i)[:, None]  # [B, 1, n_q, n_k]
             m = m & per_seq
             return Case(q, k, v, dtype=dtype, mask=m, causal=None, scale=scale, label=label, flag=True)
         if causal:
@@ -320,6 +328,15 @@ class Battery:
             m = rng.random((g.b, 1, g.n_q, g.n_k)) < 0.6
         elif form == "key_padding":
             m = rng.random((g.b, 1, 1, g.n_k)) < 0.6
+        elif form == "varlen":  # per sequence: L_q queries and L_k >= L_q keys (prefixes)
+            lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, g.b)
+            lq = np.minimum(rng.integers(1, g.n_q + 1, g.b), lk)
+            lq[0] = min(g.n_q, lk[0])
+            i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
+            m = ((i < lq[:, None, None]) & (j < lk[:, None, None]))[:, None]
+            if g.b > 1:
+                m[-1, ..., : lq[-1], : lk[-1]] = True
+            return np.broadcast_to(m, full).copy()
         elif form == "kv_cache":  # cache lengths: at least n_q (the new queries are in the cache), below n_k
             lengths = rng.integers(min(g.n_q, g.n_k), g.n_k + 1, g.b)
             lengths[-1] = max(min(g.n_q, g.n_k), g.n_k - 1)
@@ -1145,11 +1162,7 @@ class Battery:
         case = self.make(g, self.primary, label="fully masked row", mask=True)
         m = case.mask.copy()
         form = self.mask_form
-        if form in (
-            "key_padding",
-            "valid_lens",
-            "kv_cache",
-        ):  # a sequence with no valid key: every row of batch element 1
+        if form in _LENGTH_FORMS:  # a sequence with no valid key: every row of batch element 1
             m[1] = False
             sel: Any = (1, slice(None), 2)
             where = "batch element 1 has no valid key (length 0); its query 2"

@@ -372,8 +372,12 @@ class Runner:
             shape = arr(case.mask)
             if form != "full" and case.mask.ndim >= 4:
                 b, n_q, n_k = case.mask.shape[0], case.mask.shape[-2], case.mask.shape[-1]
-                shape = {"batch": f"[{b}, 1, {n_q}, {n_k}]", "key_padding": f"[{b}, {n_k}]"}.get(form, f"[{b}]")
-                kind = "int64" if form in ("valid_lens", "kv_cache") else kind
+                shape = {
+                    "batch": f"[{b}, 1, {n_q}, {n_k}]",
+                    "key_padding": f"[{b}, {n_k}]",
+                    "varlen": f"[{b + 1}]",
+                }.get(form, f"[{b}]")
+                kind = {"valid_lens": "int64", "kv_cache": "int64", "varlen": "int32"}.get(form, kind)
             m = f"{kind} {shape}"
             parts.append(m if r.mask_positional else f"{r.mask_arg}={m}")
         if causal_flag and r.causal_arg is not None:

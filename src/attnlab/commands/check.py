@@ -98,10 +98,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mask-form",
-        choices=("full", "batch", "key_padding", "valid_lens", "kv_cache"),
+        choices=("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen"),
         default="full",
         help="mask interface: [B, h, n_q, n_k] (full), [B, 1, n_q, n_k] (batch), [B, n_k] (key_padding), [B] "
-        "lengths (valid_lens), [B] cache lengths of a decode kernel (kv_cache)",
+        "lengths (valid_lens), [B] cache lengths of a decode kernel (kv_cache), packed cu_seqlens (varlen)",
     )
     parser.add_argument(
         "--ranks", choices=("3,4", "4"), default="3,4", help="input ranks the function takes (4: never 3-D inputs)"
