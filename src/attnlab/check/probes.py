@@ -1086,7 +1086,7 @@ class Battery:
         if "causal" not in self.caps:
             raise _Skip("needs causal")
         n = 8
-        case = self.make(_Geom(1, 2, n, n, 4, 4), self.primary, label="future", causal=True)
+        case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="future", causal=True)
         base = self.base_call(case, "causal: future tokens")
         if base is None:
             return
@@ -1116,9 +1116,10 @@ class Battery:
         if "mask" not in self.caps:
             raise _Skip("needs mask")
         n = 6
+        n_q = 5 if "cross" in self.caps else n  # rectangular where the function takes n_q != n_k
         lengths = np.array([n, 3])
         kp = _masks.key_padding(lengths, n)  # [B, 1, 1, n_k]
-        case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="key padding", mask=kp)
+        case = self.make(_Geom(2, 2, n_q, n, 4, 4), self.primary, label="key padding", mask=kp)
         base = self.base_call(case, "padding: key padding")
         if base is None:
             return
@@ -1244,7 +1245,7 @@ class Battery:
         if not dts:
             raise _Skip("the ordinary base cases already differ from the reference")
         for dtype in dts:
-            g = _Geom(1, 2, 6, 6, 8, 8)
+            g = _Geom(2, 2, 6, 6, 8, 8)
             pos = self.make(g, dtype, label="logits ~ +1000", std=20.0)
             neg = self.make(g, dtype, label="logits ~ -1000")
             qn = round_to(np.abs(self.rng.normal(0, 1, neg.q.shape)) * 20 + 5, dtype).astype(np.float64)

@@ -366,9 +366,9 @@ class Runner:
 
         parts = [f"{n} {arr(x)} {case.dtype}" for n, x in (("q", case.q), ("k", case.k), ("v", case.v))]
         if case.mask is not None and r.mask_arg is not None:
-            conv = getattr(getattr(self.backend, "spec", None), "mask_convention", "allow")
+            conv = getattr(r.spec or getattr(self.backend, "spec", None), "mask_convention", "allow")
             kind = {"allow": "bool", "block": "bool", "keep": "int64"}.get(conv, case.dtype)
-            form = getattr(getattr(self.backend, "spec", None), "mask_form", "full")
+            form = getattr(r.spec or getattr(self.backend, "spec", None), "mask_form", "full")
             shape = arr(case.mask)
             if form != "full" and case.mask.ndim >= 4:
                 b, n_q, n_k = case.mask.shape[0], case.mask.shape[-2], case.mask.shape[-1]
