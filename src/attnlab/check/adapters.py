@@ -21,6 +21,7 @@ from .. import masks as _masks
 from ..errors import AttnlabError, MissingExtraError, missing_extra
 from .callables import detect_framework as _detect
 from .callables import prepare, signature_of
+from .interfaces import Varlen, interface
 
 __all__ = [
     "CAPABILITIES",
@@ -397,6 +398,7 @@ class Adapter:
             r = replace(r, detected=_detect(fn).reason)
         self.resolved = replace(r, kind=prepared.kind, mode="" if mode is None else mode.family, spec=spec)
         self.framework = self.resolved.framework
+        self.interface = interface(spec.mask_form)
         if self.framework not in ("numpy", "torch", "jax"):
             raise UsageError(f"framework: could not use {self.framework!r}")
         try:
@@ -456,19 +458,9 @@ class Adapter:
     def mask_to_framework(self, allowed: np.ndarray, dtype: str) -> Any:
         """attnlab's mask (True = may attend) in the declared convention, as an array of ``fn``'s library."""
         conv = self.spec.mask_convention
-        form = self.spec.mask_form
-        allowed = np.asarray(allowed)
-        if form != "full" and allowed.ndim >= 4:
-            allowed = allowed[:, :1]  # [B, 1, n_q, n_k]
-            if form in ("key_padding", "valid_lens", "kv_cache"):
-                allowed = allowed[:, 0, -1, :]  # [B, n_k] (the last query sees every valid key of a cache)
-            if form in ("valid_lens", "kv_cache"):
-                lengths = allowed.sum(axis=-1).astype(np.int64)
-                if self.framework == "numpy":
-                    return lengths
-                if self.framework == "torch":
-                    return self._lib.from_numpy(lengths)
-                return self._lib[1].asarray(lengths)
+        allowed = self.interface.reduce(np.asarray(allowed))
+        if self.interface.lengths:
+            return self.to_int(allowed)
         if conv == "allow":
             m = np.array(allowed, dtype=bool)
         elif conv == "block":
@@ -528,7 +520,7 @@ class Adapter:
         gqa: bool,
     ) -> tuple[tuple, dict]:
         """The positional and keyword arguments of one call."""
-        if self.spec.mask_form == "varlen":
+        if self.interface.packed:
             return self._varlen_call(q, k, v, dtype=dtype, mask=mask, causal=causal, scale=scale)
         args = tuple(self.to_framework(self.to_layout(x), dtype) for x in (q, k, v))
         kwargs: dict[str, Any] = {}
@@ -553,21 +545,14 @@ class Adapter:
         """A packed variable-length call (flash-attn's varlen functions): ``q [total_q, h, d]``, ``k, v [total_k,
         h_kv, d]``, ``cu_seqlens_q/k`` int32 ``[B + 1]``, ``max_seqlen_q/k``. Sequence b's lengths are the rows
         and the keys its (prefix) mask allows; the output is unpacked in :meth:`interpret` (missing rows 0)."""
-        b, n_q, n_k = q.shape[0], q.shape[-2], k.shape[-2]
-        if mask is None:
-            lq, lk = np.full(b, n_q), np.full(b, n_k)
-        else:
-            a = np.broadcast_to(mask, (b, q.shape[1], n_q, n_k))[:, 0]
-            lq, lk = a.any(axis=-1).sum(axis=-1), a.any(axis=-2).sum(axis=-1)
-        self.varlen_rows = (lq, n_q, q.shape[1])
+        lq, lk = Varlen.lengths_of(q, k, mask)
+        self.varlen_rows = (lq, q.shape[-2], q.shape[1])
 
         def pack(x: np.ndarray, lengths: np.ndarray) -> Any:
-            parts = [np.swapaxes(x[i, :, : lengths[i]], 0, 1) for i in range(b)]  # [L_b, h, d]
-            return self.to_framework(np.concatenate(parts, axis=0), dtype)
+            return self.to_framework(Varlen.pack(x, lengths), dtype)
 
         def cu(lengths: np.ndarray) -> Any:
-            c = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-            return self.to_int(c)
+            return self.to_int(Varlen.cu_seqlens(lengths))
 
         kwargs: dict[str, Any] = {
             "cu_seqlens_q": cu(lq),
@@ -592,13 +577,7 @@ class Adapter:
 
     def _unpack(self, out: np.ndarray) -> np.ndarray:
         """``[total_q, h, d_v]`` back to ``[B, h, n_q, d_v]`` (rows of no sequence are 0)."""
-        lq, n_q, h = self.varlen_rows
-        full = np.zeros((len(lq), h, n_q, out.shape[-1]), dtype=out.dtype)
-        start = 0
-        for i, length in enumerate(lq):
-            full[i, :, :length] = np.swapaxes(out[start : start + length], 0, 1)
-            start += length
-        return full
+        return Varlen.unpack(out, *self.varlen_rows)
 
     def interpret(self, value: Any) -> Returned:
         """Translate a return value: an array, or a pair ``(out, weights)``; anything else is a problem."""
@@ -630,7 +609,7 @@ class Adapter:
             return Returned(problem=f"returned weights that are {_describe(weights)}, not an array")
         try:
             out = np.array(self.host(value))
-            if self.spec.mask_form == "varlen":
+            if self.interface.packed:
                 if out.ndim != 3 or out.shape[0] != int(sum(self.varlen_rows[0])):
                     return Returned(problem=f"returned shape {out.shape}; expected [total_q, h, d_v] (packed)")
                 out = self._unpack(out)
