@@ -74,7 +74,9 @@ def _importable(fn: Any) -> str:
 
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     why = None
-    if not mod or not qual or "<" in qual or mod == "__main__":
+    if not qual and not isinstance(fn, type):
+        why = f"it is an object ({type(fn).__name__}) that has no module:qualname name; assign it in a file"
+    elif not mod or not qual or "<" in qual or mod == "__main__":
         why = "it is a lambda, a closure, or defined in __main__"
     else:
         try:
