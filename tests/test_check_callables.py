@@ -75,11 +75,12 @@ def test_code_that_reaches_torch_through_another_library():
     pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import repeat_kv
 
-    def through_transformers(q, k, v):  # no torch name in its own code
-        return repeat_kv(k, 1) if False else sdpa_like(q, k, v)
+    def through_transformers(q, k, v):  # no torch name in its own code: repeat_kv's module imports torch
+        return repeat_kv(k, q.shape[1] // k.shape[1])
 
     d = detect_framework(through_transformers)
     assert d.framework == "torch", d
+    assert d.reason == ("its code uses repeat_kv from transformers.models.llama.modeling_llama, which imports torch"), d
 
 
 def test_falls_back_to_the_other_framework_before_blaming():

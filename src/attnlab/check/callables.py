@@ -131,9 +131,9 @@ def _code_names(code_fn: Any, depth: int = 3, seen: set | None = None) -> dict[s
         names.update(c.co_names)
         codes.extend(x for x in c.co_consts if inspect.iscode(x))
     used = {n: glb[n] for n in names if n in glb}
-    for cell in getattr(code_fn, "__closure__", None) or ():
+    for name, cell in zip(code.co_freevars, getattr(code_fn, "__closure__", None) or (), strict=False):
         try:
-            used.setdefault(f"<closure {type(cell.cell_contents).__name__}>", cell.cell_contents)
+            used.setdefault(name, cell.cell_contents)
         except ValueError:  # an empty cell
             pass
     if depth > 0:
