@@ -198,3 +198,32 @@ def test_help_lists_the_commands(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "check-model" in out and "check " in out
+
+
+def test_contract_options_reach_the_check(tmp_path):
+    import json as _json
+    import subprocess
+    import sys as _sys
+
+    f = tmp_path / "valid.py"
+    f.write_text(
+        "import numpy as np\n"
+        "def attention(q, k, v, lengths=None):\n"
+        "    s = q @ np.swapaxes(k, -1, -2) / q.dtype.type(np.sqrt(q.shape[-1]))\n"
+        "    if lengths is not None:\n"
+        "        keep = np.arange(k.shape[-2])[None, None, None, :] < lengths[:, None, None, None]\n"
+        "        s = np.where(keep, s, np.finfo(s.dtype).min)\n"
+        "    e = np.exp(s - s.max(-1, keepdims=True))\n"
+        "    return (e / e.sum(-1, keepdims=True)) @ v\n"
+    )
+    cmd = [_sys.executable, "-m", "attnlab.cli", "check", f"{f}:attention", "--mask-arg", "lengths"]
+    out = subprocess.run(
+        [*cmd, "--mask-form", "valid_lens", "--ranks", "4", "--masked-rows", "uniform", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    data = _json.loads(out.stdout)
+    assert out.returncode == 0 and data["verdict"] == "clean", out.stdout[-2000:] + out.stderr
+    assert data["spec"]["mask_form"] == "valid_lens" and data["spec"]["ranks"] == [4]
+    assert data["detected"].startswith("numpy")

@@ -146,6 +146,22 @@ def unstable(q, k, v, mask=None):
     return np.divide(e, d, out=np.zeros_like(e), where=d > 0) @ v
 
 
+def finfo_min_fill(q, k, v, mask=None):
+    """Right, except for its fully masked rows: finfo.min fill gives them the uniform average of V, not zeros."""
+    s = _scores(q, k)
+    if mask is not None:
+        s = np.where(mask, s, np.finfo(s.dtype).min)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
+def gqa_tile_declared(q, k, v, mask=None):
+    """Correct for the 'tile' head mapping (query head i uses K/V head i % h_kv), declared gqa='tile'."""
+    g = q.shape[-3] // k.shape[-3]
+    k, v = (np.tile(x, (1,) * (x.ndim - 3) + (g, 1, 1)) for x in (k, v))
+    return _softmax(_scores(q, k), mask) @ v
+
+
 def global_normalizer(q, k, v, mask=None):
     """Divides by the largest row sum of the whole tensor instead of each row's own sum."""
     s = _scores(q, k)
@@ -230,6 +246,39 @@ def causal_only(q, k, v):
     return _softmax(s, allowed) @ v
 
 
+# ---------------------------------------------------------------------------------------------- mask interfaces
+def key_padding_attention(q, k, v, key_padding_mask=None, is_causal=False):
+    """Correct, with a key-padding mask ``[B, n_k]`` (True = a real key) and a top-left causal flag."""
+    allowed = None
+    if key_padding_mask is not None:
+        allowed = key_padding_mask[:, None, None, :]
+    if is_causal:
+        c = np.tril(np.ones((q.shape[-2], k.shape[-2]), bool))
+        allowed = c if allowed is None else allowed & c
+    return _softmax(_scores(q, k), allowed) @ v
+
+
+def key_padding_on_queries(q, k, v, key_padding_mask=None):
+    """A key-padding mask ``[B, n_k]`` applied to the queries' axis (square inputs only): padding leaks."""
+    allowed = None if key_padding_mask is None else key_padding_mask[:, None, :, None] | np.zeros(1, bool)
+    if allowed is not None and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"n_q must equal n_k, got {q.shape[-2]} and {k.shape[-2]}")
+    return (
+        _softmax(_scores(q, k), None if allowed is None else np.broadcast_to(allowed, (*q.shape[:-1], k.shape[-2]))) @ v
+    )
+
+
+def masked_softmax_valid_lens(q, k, v, valid_lens=None):
+    """d2l's ``masked_softmax`` (d2l.ai, "Attention Scoring Functions"): scores past each sequence's valid length
+    replaced by -1e6 before the softmax; ``valid_lens [B]``."""
+    s = _scores(q, k)
+    if valid_lens is not None:
+        keep = np.arange(k.shape[-2])[None, :] < np.asarray(valid_lens)[:, None]  # [B, n_k]
+        s = np.where(keep[:, None, None, :], s, s.dtype.type(-1e6))
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v
+
+
 ENTRIES = [
     Entry("np-correct", correct),
     Entry("np-correct-blocked", correct_blocked, options={"mask_convention": "block"}),
@@ -237,6 +286,17 @@ ENTRIES = [
     Entry("np-correct-bnhd", correct_bnhd, options={"layout": "bnhd", "causal_align": "top_left"}),
     Entry("np-refuses-float16", refuses_half),
     Entry("np-correct-gqa", gqa_correct, options={"gqa": True}),
+    Entry("np-correct-gqa-tile", gqa_tile_declared, options={"gqa": "tile"}),
+    Entry("np-finfo-min-uniform-rows", finfo_min_fill),
+    Entry("np-key-padding", key_padding_attention),
+    Entry(
+        "np-key-padding-blocked",
+        lambda q, k, v, key_padding_mask=None, is_causal=False: key_padding_attention(
+            q, k, v, None if key_padding_mask is None else ~key_padding_mask, is_causal
+        ),
+        options={"mask_convention": "block"},
+    ),
+    Entry("np-valid-lens", masked_softmax_valid_lens),
     Entry("np-causal-only", causal_only, options={"causal_only": True, "causal_align": "bottom_right"}),
     Entry("np-scale-missing", scale_missing, ("scale-missing",)),
     Entry("np-scale-d-model", scale_d_model, ("scale-wrong",), subtle=True),
@@ -259,4 +319,12 @@ ENTRIES = [
     Entry("np-scales-in-place", scales_in_place, ("mutates-input",), subtle=True),
     Entry("np-hangs", hangs_on_cross, ("timeout",), options={"timeout": 0.5}),
     Entry("np-gqa-tile", gqa_tile, ("reference-mismatch",), options={"gqa": True}, subtle=True),
+    Entry("np-gqa-interleave-declared-tile", gqa_correct, ("reference-mismatch",), options={"gqa": "tile"}),
+    Entry(
+        "np-key-padding-on-queries",
+        key_padding_on_queries,
+        ("padding-leak",),
+        also=("reference-mismatch", "not-normalized", "crash"),
+    ),
+    Entry("np-masked-rows-not-zeros", finfo_min_fill, ("masked-row-policy",), options={"masked_rows": "zeros"}),
 ]

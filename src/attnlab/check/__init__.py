@@ -24,6 +24,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from .adapters import CAPABILITIES, DTYPES, Adapter, Spec, UsageError
@@ -73,7 +74,9 @@ def _importable(fn: Any) -> str:
 
     mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     why = None
-    if not mod or not qual or "<" in qual or mod == "__main__":
+    if not qual and not isinstance(fn, type):
+        why = f"it is an object ({type(fn).__name__}) that has no module:qualname name; assign it in a file"
+    elif not mod or not qual or "<" in qual or mod == "__main__":
         why = "it is a lambda, a closure, or defined in __main__"
     else:
         try:
@@ -103,12 +106,17 @@ def check(
     causal_only: bool = False,
     causal_align: str | None = None,
     causal_value: str = "bool",
-    gqa: bool = False,
+    gqa: bool | str = False,
     dtypes: Iterable[str] = DTYPES,
     unsupported: Iterable[str] = (),
     mask_arg: str | None = None,
     causal_arg: str | None = None,
     scale_arg: str | None = None,
+    compute_dtype: str = "auto",
+    masked_rows: str = "any",
+    causal_when_no_mask: bool = False,
+    ranks: Iterable[int] = (3, 4),
+    mask_form: str = "full",
     timeout: float = 10.0,
     import_timeout: float = IMPORT_TIMEOUT,
     isolate: bool | None = None,
@@ -119,10 +127,16 @@ def check(
     """Run ``fn`` through the probes and return a :class:`Report` (``report.ok`` when the verdict is clean).
 
     Args:
-        fn: the attention function, ``fn(q, k, v, ...)`` over NumPy arrays, PyTorch tensors or JAX arrays; or a
-            target string ``"path/to/file.py:func"`` / ``"package.module:func"``, imported in a worker process.
-        framework, signature, mask_convention, layout, returns, causal_only, causal_align, causal_value, gqa,
-            dtypes, unsupported, mask_arg, causal_arg, scale_arg: what ``fn`` is and supports; see :class:`Spec`.
+        fn: the attention function, ``fn(q, k, v, ...)`` over NumPy arrays, PyTorch tensors or JAX arrays (a
+            function, lambda, ``functools.partial``, bound method, ``jax.jit`` function, instance with ``__call__``,
+            class instantiable without arguments, or ``torch.nn.Module``; layers taking hidden states are checked
+            in module mode, see :mod:`attnlab.check.modules`); or a target string ``"path/to/file.py:NAME"`` /
+            ``"package.module:NAME"``, imported in a worker process.
+        framework, signature, mask_convention, layout, returns, causal_only, causal_align, causal_value,
+            dtypes, unsupported, mask_arg, causal_arg, scale_arg, compute_dtype, masked_rows,
+            causal_when_no_mask, ranks, mask_form: what ``fn`` is and supports; see :class:`Spec`.
+        gqa: False, True (= ``"interleave"``: query head i uses K/V head ``i // (h / h_kv)``) or ``"tile"``
+            (K/V head ``i % h_kv``).
         timeout: seconds one call may take; after a timeout nothing more is called (in-process, the hung thread
             cannot be killed and keeps running until the process exits; a worker process is killed).
         import_timeout: seconds the worker may take to import a target string's module.
@@ -168,6 +182,12 @@ def check(
         causal_align=causal_align,
         causal_value=causal_value,
         gqa=bool(gqa),
+        gqa_mapping=gqa if isinstance(gqa, str) else "interleave",
+        compute_dtype=compute_dtype,
+        masked_rows=masked_rows,
+        causal_when_no_mask=bool(causal_when_no_mask),
+        ranks=tuple(ranks),
+        mask_form=mask_form,
         dtypes=tuple(dtypes),
         unsupported=frozenset(unsupported),
         mask_arg=mask_arg,
@@ -185,13 +205,6 @@ def check(
         if target is None:
             target = _importable(fn)
         label = name or target
-        try:
-            backend: Any = WorkerBackend(target, spec, import_timeout=import_timeout)
-        except TargetError as err:  # pragma: no cover - parse_target ran first
-            raise UsageError(str(err)) from None
-        if backend.import_failure is not None:
-            backend.close()
-            return _import_report(label, backend, spec, selected, time.perf_counter() - t0, import_timeout)
     else:
         if target is not None:
             try:
@@ -199,21 +212,55 @@ def check(
             except TargetError as err:
                 raise UsageError(str(err)) from None
         label = name or target or _name(fn)
-        backend = InProcessBackend(Adapter(fn, spec))
-    try:
-        left = [d for d in DTYPES if d not in backend.structural]
-        if not left:
-            why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
-            raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
-        battery = Battery(backend, spec, timeout=timeout, seed=seed, probes=selected)
-        battery.run()
-    finally:
-        backend.close()
+
+    def backend_for(s: Spec) -> Any:
+        if not isolated:
+            return InProcessBackend(Adapter(fn, s))
+        try:
+            return WorkerBackend(target, s, import_timeout=import_timeout)
+        except TargetError as err:  # pragma: no cover - parse_target ran first
+            raise UsageError(str(err)) from None
+
+    def run(s: Spec) -> tuple[Any, Battery]:
+        backend = backend_for(s)
+        if isolated and backend.import_failure is not None:
+            backend.close()
+            return backend, None
+        try:
+            left = [d for d in DTYPES if d not in backend.structural]
+            if not left:
+                why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
+                raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
+            battery = Battery(backend, backend.resolved.spec or s, timeout=timeout, seed=seed, probes=selected)
+            battery.run()
+        finally:
+            backend.close()
+        return backend, battery
+
+    backend, battery = run(spec)
+    if battery is None:
+        return _import_report(label, backend, spec, selected, time.perf_counter() - t0, import_timeout)
+    detected = f"{backend.framework}: {backend.resolved.detected}" if backend.resolved.detected else backend.framework
+    if spec.framework == "auto" and _failed_everything(battery):
+        tried = [backend.framework]
+        for other in _other_frameworks(backend.framework, backend.loaded):
+            b2, bat2 = run(replace(spec, framework=other))
+            tried.append(other)
+            if bat2 is not None and not _failed_everything(bat2):
+                detected = (
+                    f"{other}: detected {detected}, but every call failed in {backend.framework}; in {other} the "
+                    "calls ran"
+                )
+                backend, battery = b2, bat2
+                break
+        else:
+            detected += f" (every call failed in {', '.join(tried)} as well)" if len(tried) > 1 else ""
     findings, explained = battery.findings_list()
+    r = backend.resolved
     return Report(
         target=label,
         framework=backend.framework,
-        signature=backend.resolved.describe(),
+        signature=r.describe(),
         findings=findings,
         notes=tuple(battery.notes),
         unsupported=battery.unsupported_list(),
@@ -226,7 +273,25 @@ def check(
         spec=spec.as_dict(),
         isolation=backend.description,
         import_seconds=getattr(backend, "import_seconds", 0.0),
+        detected=detected,
+        kind=r.kind,
+        mode=r.mode,
     )
+
+
+def _failed_everything(battery: Battery) -> bool:
+    """No dtype worked and the calls raised (not clean refusals): the framework may be the wrong guess."""
+    return (
+        not battery.dtypes
+        and not all(d in battery.unsupported for d in DTYPES)
+        and any(o.error is not None and not o.error.died for o in battery.runner.outcomes)
+    )
+
+
+def _other_frameworks(framework: str, loaded: tuple[str, ...]) -> list[str]:
+    """The other array libraries to try: those loaded where the function was imported (torch before JAX), then
+    NumPy."""
+    return [f for f in ("torch", "jax", "numpy") if f != framework and (f == "numpy" or f in loaded)]
 
 
 def _import_report(

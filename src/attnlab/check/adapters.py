@@ -19,6 +19,9 @@ import numpy as np
 
 from .. import masks as _masks
 from ..errors import AttnlabError, MissingExtraError, missing_extra
+from .callables import detect_framework as _detect
+from .callables import prepare, signature_of
+from .interfaces import Varlen, interface
 
 __all__ = [
     "CAPABILITIES",
@@ -38,6 +41,19 @@ LAYOUTS = ("bhnd", "bnhd")
 RETURNS = ("auto", "output", "output+weights")
 ALIGNS = (None, "top_left", "bottom_right")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
+GQA_MAPPINGS = ("interleave", "tile")
+#: The mask interfaces: ``full`` ``[B, h, n_q, n_k]``; ``batch`` ``[B, 1, n_q, n_k]`` (broadcast over heads, as
+#: Hugging Face's 4-D masks); ``key_padding`` ``[B, n_k]`` (in ``mask_convention``: ``allow`` True = real key,
+#: ``block`` True = padding, as ``nn.MultiheadAttention``'s ``key_padding_mask``); ``valid_lens`` ``[B]`` int
+#: valid key lengths (d2l's ``masked_softmax``); ``kv_cache`` ``[B]`` int cache lengths of a decode kernel (the
+#: n_q new queries are the last positions of each sequence; causal is bottom-right per sequence, as
+#: ``flash_attn_with_kvcache``'s ``cache_seqlens``); ``varlen``: packed variable-length batches, ``q [total_q, h, d]``
+#: with ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (flash-attn's varlen functions; causal bottom-right per sequence).
+MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen")
+_ADDITIVE_FILL = {"float64": "float32", "float32": "float32", "float16": "float16"}
+#: Fully-masked-row policies a function may promise: ``any`` documented one (an error, zeros, the uniform average;
+#: NaN is a bug), or exactly one of them (``nan`` makes NaN the promise, as ``nn.MultiheadAttention``'s).
+MASKED_ROWS = ("any", "raise", "zeros", "uniform", "nan")
 
 #: Capabilities a probe may need; each can be declared unsupported (``unsupported=`` / ``--unsupported``).
 CAPABILITIES = (
@@ -55,7 +71,24 @@ CAPABILITIES = (
     "causal-cross",
 )
 
-_MASK_NAMES = ("mask", "attn_mask", "attention_mask")
+_MASK_NAMES = (
+    "mask",
+    "attn_mask",
+    "attention_mask",
+    "key_padding_mask",
+    "valid_lens",
+    "valid_lengths",
+    "cache_seqlens",
+    "cu_seqlens_q",
+)
+#: A mask parameter with one of these names takes that mask form (when ``mask_form`` is left "full").
+_FORM_NAMES = {
+    "key_padding_mask": "key_padding",
+    "valid_lens": "valid_lens",
+    "valid_lengths": "valid_lens",
+    "cache_seqlens": "kv_cache",
+    "cu_seqlens_q": "varlen",
+}
 _CAUSAL_NAMES = ("is_causal", "causal")
 _SCALE_NAMES = ("scale", "softmax_scale", "sm_scale")
 
@@ -88,8 +121,19 @@ class Spec:
             or None (either is accepted; the report says which one the function uses).
         causal_value: what the causal argument receives: ``"bool"`` (True) or ``"align"`` (the alignment string,
             ``"top_left"`` / ``"bottom_right"``, as attnlab's own functions take).
-        gqa: K and V may have fewer heads than Q (grouped-query attention; query head i uses K/V head
-            ``i // (h_q / h_kv)``).
+        gqa: K and V may have fewer heads than Q (grouped-query attention).
+        gqa_mapping: which K/V head query head i uses: ``"interleave"`` ``i // (h / h_kv)`` (repeat_interleave,
+            Hugging Face's repeat_kv, PyTorch's enable_gqa) or ``"tile"`` ``i % h_kv``.
+        compute_dtype: ``"auto"`` (a float64 function that computes in float32, e.g. a softmax upcast and cast
+            back, is compared under float32's rule with a ``lower-precision`` note), ``"input"`` (every dtype under
+            its own rule), or a dtype the function documents computing in (its rule applies to more precise inputs).
+        causal_when_no_mask: the function applies a causal mask (top-left) whenever it is given no mask (as
+            Hugging Face's sdpa path does); cases without a mask are then checked as causal.
+        mask_form: the mask interface (see :data:`MASK_FORMS`); the probes draw masks the form can express.
+        ranks: the input ranks the function takes: ``(3, 4)`` (default: 3-D ``[h, n, d]`` is tried, and a clean
+            refusal is "not tested") or ``(4,)`` (never called with 3-D inputs).
+        masked_rows: the fully-masked-row policy the function promises (see :data:`MASKED_ROWS`); another
+            behaviour is a ``masked-row-policy`` finding.
         dtypes: the dtypes to try (unsupported ones are reported as such, not as bugs).
         unsupported: capabilities declared unsupported (see :data:`CAPABILITIES`).
         mask_arg, causal_arg, scale_arg: parameter names, when ``signature="auto"`` guesses wrong.
@@ -109,6 +153,12 @@ class Spec:
     mask_arg: str | None = None
     causal_arg: str | None = None
     scale_arg: str | None = None
+    gqa_mapping: str = "interleave"
+    compute_dtype: str = "auto"
+    masked_rows: str = "any"
+    causal_when_no_mask: bool = False
+    ranks: tuple[int, ...] = (3, 4)
+    mask_form: str = "full"
 
     def __post_init__(self) -> None:
         _choice("framework", self.framework, FRAMEWORKS)
@@ -118,6 +168,17 @@ class Spec:
         _choice("returns", self.returns, RETURNS)
         _choice("causal_align", self.causal_align, ALIGNS)
         _choice("causal_value", self.causal_value, ("bool", "align"))
+        _choice("gqa_mapping", self.gqa_mapping, GQA_MAPPINGS)
+        _choice("compute_dtype", self.compute_dtype, ("auto", "input", *DTYPES))
+        _choice("masked_rows", self.masked_rows, MASKED_ROWS)
+        _choice("mask_form", self.mask_form, MASK_FORMS)
+        if self.mask_form in ("valid_lens", "kv_cache", "varlen") and self.mask_convention not in ("allow",):
+            raise UsageError("mask_convention: valid lengths have no convention; leave it 'allow'")
+        object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
+        for r in self.ranks:
+            _choice("ranks", r, (3, 4))
+        if 4 not in self.ranks:
+            raise UsageError(f"ranks: the checker calls with 4-D inputs [B, h, n, d]; got ranks={self.ranks!r}")
         object.__setattr__(self, "dtypes", tuple(self.dtypes))
         for d in self.dtypes:
             _choice("dtypes", d, DTYPES)
@@ -141,6 +202,12 @@ class Spec:
             "mask_arg": self.mask_arg,
             "causal_arg": self.causal_arg,
             "scale_arg": self.scale_arg,
+            "gqa_mapping": self.gqa_mapping,
+            "compute_dtype": self.compute_dtype,
+            "masked_rows": self.masked_rows,
+            "causal_when_no_mask": self.causal_when_no_mask,
+            "ranks": list(self.ranks),
+            "mask_form": self.mask_form,
         }
 
 
@@ -172,46 +239,10 @@ def _module_root(obj: Any) -> str:
     return mod.split(".")[0]
 
 
-def _code_names(target: Any, glb: dict, depth: int = 3, seen: set | None = None) -> set[str]:
-    """Global names a function uses, following the module's own helper functions ``depth`` levels deep."""
-    seen = set() if seen is None else seen
-    code = getattr(target, "__code__", None)
-    if code is None or id(code) in seen:
-        return set()
-    seen.add(id(code))
-    codes, names = [code], set()
-    while codes:
-        c = codes.pop()
-        names.update(c.co_names)
-        codes.extend(x for x in c.co_consts if inspect.iscode(x))
-    if depth > 0:
-        for n in list(names):
-            helper = glb.get(n)
-            if inspect.isfunction(helper) and helper.__globals__ is glb:
-                names |= _code_names(helper, glb, depth - 1, seen)
-    return names
-
-
 def detect_framework(fn: Any) -> str:
-    """Guess the array library ``fn`` works on: its module, then the modules its code (and helpers) refer to."""
-    root = _module_root(fn)
-    if root in ("torch", "jax", "jaxlib", "flax"):
-        return "jax" if root != "torch" else "torch"
-    target = inspect.unwrap(fn) if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(fn, "__call__", fn)  # noqa: B004
-    target = getattr(target, "__func__", target)
-    glb = getattr(target, "__globals__", {}) or {}
-    names = _code_names(target, glb)
-    seen = set()
-    for name in names:
-        if name not in glb:
-            continue
-        value = glb[name]
-        seen.add(value.__name__.split(".")[0] if inspect.ismodule(value) else _module_root(value))
-    if "torch" in seen:
-        return "torch"
-    if "jax" in seen or "jaxlib" in seen:
-        return "jax"
-    return "numpy"
+    """Guess the array library ``fn`` works on (see :func:`attnlab.check.callables.detect_framework`, which also
+    says why)."""
+    return _detect(fn).framework
 
 
 def _is_torch_sdpa(fn: Any) -> bool:
@@ -219,10 +250,7 @@ def _is_torch_sdpa(fn: Any) -> bool:
 
 
 def _params(fn: Any) -> dict[str, inspect.Parameter] | None:
-    try:
-        return dict(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
+    return signature_of(fn)
 
 
 @dataclass(frozen=True)
@@ -235,6 +263,10 @@ class Resolved:
     scale_arg: str | None
     gqa_arg: str | None
     mask_positional: bool
+    detected: str = ""
+    kind: str = ""
+    mode: str = ""
+    spec: Any = None
 
     def describe(self) -> str:
         parts = [a for a in (self.mask_arg, self.causal_arg, self.scale_arg, self.gqa_arg) if a]
@@ -243,7 +275,11 @@ class Resolved:
 
 def resolve(fn: Any, spec: Spec) -> Resolved:
     """Work out the framework and the argument names ``fn`` takes, from ``spec`` and its signature."""
-    framework = spec.framework if spec.framework != "auto" else detect_framework(fn)
+    if spec.framework != "auto":
+        framework, detected = spec.framework, "declared (framework=...)"
+    else:
+        d = _detect(fn)
+        framework, detected = d.framework, d.reason
     params = _params(fn)
     mask_arg = causal_arg = scale_arg = gqa_arg = None
     positional = False
@@ -281,7 +317,7 @@ def resolve(fn: Any, spec: Spec) -> Resolved:
     scale_arg = spec.scale_arg or scale_arg
     if spec.causal_only:
         causal_arg = None
-    return Resolved(framework, mask_arg, causal_arg, scale_arg, gqa_arg, positional)
+    return Resolved(framework, mask_arg, causal_arg, scale_arg, gqa_arg, positional, detected)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -324,10 +360,45 @@ class Adapter:
     """Translate canonical float64 cases into the calls ``fn`` expects, and its results back."""
 
     def __init__(self, fn: Any, spec: Spec):
-        self.fn = fn
+        self.original = fn
+        try:
+            prepared = prepare(fn)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        mode = prepared.module
+        if mode is None and spec.signature == "auto":
+            from .modules import function_mode
+
+            params = signature_of(prepared.fn)
+            if params and "module" in params and _detect(prepared.fn).framework == "torch":
+                mode = function_mode(prepared.fn, params)
+                if mode is not None:
+                    prepared = replace(prepared, fn=mode.fn)
+        self.mode = mode
+        self.fn = prepared.fn
+        if mode is not None:  # the wrapper takes fn(q, k, v, mask=None) in attnlab's conventions
+            spec = replace(
+                spec,
+                framework="torch",
+                signature="auto",
+                mask_convention="allow",
+                layout="bhnd",
+                returns="output",
+                causal_only=spec.causal_only or mode.causal_only,
+                gqa=spec.gqa or mode.gqa,
+                mask_arg=None,
+                causal_arg=None,
+                scale_arg=None,
+            )
+        r = resolve(self.fn, spec)
+        if spec.mask_form == "full" and r.mask_arg in _FORM_NAMES and mode is None:
+            spec = replace(spec, mask_form=_FORM_NAMES[r.mask_arg])
         self.spec = spec
-        self.resolved = resolve(fn, spec)
+        if mode is not None:
+            r = replace(r, detected=_detect(fn).reason)
+        self.resolved = replace(r, kind=prepared.kind, mode="" if mode is None else mode.family, spec=spec)
         self.framework = self.resolved.framework
+        self.interface = interface(spec.mask_form)
         if self.framework not in ("numpy", "torch", "jax"):
             raise UsageError(f"framework: could not use {self.framework!r}")
         try:
@@ -350,6 +421,12 @@ class Adapter:
             out["gqa"] = "not declared (gqa=True / --gqa)"
         if spec.layout == "bnhd":
             out["rank"] = "layout [B, n, h, d] is 4-D only"
+        if spec.mask_form != "full":
+            out["rank"] = f"mask_form={spec.mask_form!r} has a batch axis: inputs are 4-D"
+            if self.resolved.causal_arg is None and not spec.causal_only:
+                out["causal"] = f"no causal flag, and a {spec.mask_form} mask cannot express causal"
+        if 3 not in spec.ranks:
+            out["rank"] = f"declared ranks={spec.ranks!r}"
         if self.framework == "numpy":
             out["bfloat16"] = "NumPy has no bfloat16"
         if self.framework == "jax":
@@ -359,6 +436,9 @@ class Adapter:
         for d in DTYPES:
             if d not in spec.dtypes:
                 out.setdefault(d, "not in the dtypes to try")
+        if self.mode is not None:
+            for c, why in self.mode.unsupported.items():
+                out[c] = f"module mode: {why}"
         for c in spec.unsupported:
             out[c] = "declared unsupported"
         return out
@@ -378,6 +458,9 @@ class Adapter:
     def mask_to_framework(self, allowed: np.ndarray, dtype: str) -> Any:
         """attnlab's mask (True = may attend) in the declared convention, as an array of ``fn``'s library."""
         conv = self.spec.mask_convention
+        allowed = self.interface.reduce(np.asarray(allowed))
+        if self.interface.lengths:
+            return self.to_int(allowed)
         if conv == "allow":
             m = np.array(allowed, dtype=bool)
         elif conv == "block":
@@ -385,7 +468,9 @@ class Adapter:
         elif conv == "keep":
             m = np.asarray(allowed).astype(np.int64)
         else:
-            fill = -3.3895313892515355e38 if dtype == "bfloat16" else float(np.finfo(dtype).min)
+            # float64 gets float32's minimum: it survives a computation upcast or cast down to float32 (as
+            # reference oracles and Hugging Face's eager softmax do), where float64's would become -inf
+            fill = -3.3895313892515355e38 if dtype == "bfloat16" else float(np.finfo(_ADDITIVE_FILL[dtype]).min)
             m = np.where(allowed, 0.0, fill)
             if self.framework == "numpy":
                 return m.astype(dtype)
@@ -435,6 +520,8 @@ class Adapter:
         gqa: bool,
     ) -> tuple[tuple, dict]:
         """The positional and keyword arguments of one call."""
+        if self.interface.packed:
+            return self._varlen_call(q, k, v, dtype=dtype, mask=mask, causal=causal, scale=scale)
         args = tuple(self.to_framework(self.to_layout(x), dtype) for x in (q, k, v))
         kwargs: dict[str, Any] = {}
         r = self.resolved
@@ -451,6 +538,46 @@ class Adapter:
         if gqa and r.gqa_arg is not None:
             kwargs[r.gqa_arg] = True
         return args, kwargs
+
+    def _varlen_call(
+        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, dtype: str, mask: Any, causal: Any, scale: Any
+    ) -> tuple[tuple, dict]:
+        """A packed variable-length call (flash-attn's varlen functions): ``q [total_q, h, d]``, ``k, v [total_k,
+        h_kv, d]``, ``cu_seqlens_q/k`` int32 ``[B + 1]``, ``max_seqlen_q/k``. Sequence b's lengths are the rows
+        and the keys its (prefix) mask allows; the output is unpacked in :meth:`interpret` (missing rows 0)."""
+        lq, lk = Varlen.lengths_of(q, k, mask)
+        self.varlen_rows = (lq, q.shape[-2], q.shape[1])
+
+        def pack(x: np.ndarray, lengths: np.ndarray) -> Any:
+            return self.to_framework(Varlen.pack(x, lengths), dtype)
+
+        def cu(lengths: np.ndarray) -> Any:
+            return self.to_int(Varlen.cu_seqlens(lengths))
+
+        kwargs: dict[str, Any] = {
+            "cu_seqlens_q": cu(lq),
+            "cu_seqlens_k": cu(lk),
+            "max_seqlen_q": int(lq.max(initial=0)),
+            "max_seqlen_k": int(lk.max(initial=0)),
+        }
+        r = self.resolved
+        if causal and r.causal_arg is not None:
+            kwargs[r.causal_arg] = causal
+        if scale is not None:
+            kwargs[r.scale_arg] = scale
+        return (pack(q, lq), pack(k, lk), pack(v, lk)), kwargs
+
+    def to_int(self, x: np.ndarray) -> Any:
+        """An integer array of ``fn``'s library."""
+        if self.framework == "torch":
+            return self._lib.from_numpy(np.array(x))
+        if self.framework == "jax":
+            return self._lib[1].asarray(x)
+        return np.array(x)
+
+    def _unpack(self, out: np.ndarray) -> np.ndarray:
+        """``[total_q, h, d_v]`` back to ``[B, h, n_q, d_v]`` (rows of no sequence are 0)."""
+        return Varlen.unpack(out, *self.varlen_rows)
 
     def interpret(self, value: Any) -> Returned:
         """Translate a return value: an array, or a pair ``(out, weights)``; anything else is a problem."""
@@ -469,6 +596,8 @@ class Adapter:
                     "array, or a pair (out, weights)"
                 )
             value, weights = value
+            if self.spec.returns == "auto" and self.is_array(value) and not self.is_array(weights):
+                weights = None  # (out, something else): x-transformers' Attend returns (out, Intermediates)
         elif self.spec.returns == "output+weights":
             return Returned(
                 problem=f"returned a {type(value).__name__}; declared returns='output+weights' "
@@ -479,7 +608,13 @@ class Adapter:
         if weights is not None and not self.is_array(weights):
             return Returned(problem=f"returned weights that are {_describe(weights)}, not an array")
         try:
-            out = self.from_layout(np.array(self.host(value)))
+            out = np.array(self.host(value))
+            if self.interface.packed:
+                if out.ndim != 3 or out.shape[0] != int(sum(self.varlen_rows[0])):
+                    return Returned(problem=f"returned shape {out.shape}; expected [total_q, h, d_v] (packed)")
+                out = self._unpack(out)
+            else:
+                out = self.from_layout(out)
             w = None if weights is None else np.array(self.host(weights))  # [B, h, n_q, n_k] in every layout
         except Exception as err:  # garbage that looks like an array
             return Returned(problem=f"returned something that could not be read as an array ({err})")
@@ -521,7 +656,7 @@ class Adapter:
         return changed
 
     def with_spec(self, **changes: Any) -> Adapter:
-        return Adapter(self.fn, replace(self.spec, **changes))
+        return Adapter(self.original, replace(self.spec, **changes))
 
 
 def _describe(x: Any) -> str:

@@ -104,6 +104,7 @@ class WorkerBackend:
         self.framework = ""
         self.resolved: Resolved | None = None
         self.structural: dict[str, str] = {}
+        self.loaded: tuple[str, ...] = ()
         self.import_seconds = 0.0
         self.import_failure: ImportFailure | None = None
         self._start()
@@ -146,6 +147,7 @@ class WorkerBackend:
         if kind == "message" and msg[0] == "ready":
             info = msg[1]
             self.framework, self.resolved, self.structural = info["framework"], info["resolved"], info["structural"]
+            self.loaded = tuple(info.get("loaded", ()))
             return
         if kind == "message" and msg[0] == "usage":
             self._kill()

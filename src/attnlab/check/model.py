@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,8 +51,11 @@ class _Model:
     """Calls the user's function, records crashes and non-finite output as findings."""
 
     def __init__(self, fn: Callable[..., Any], name: str):
+        from .callables import detect_framework
+
         self.fn = fn
         self.name = name
+        self.framework = detect_framework(fn).framework  # torch callables get torch token ids
         self.findings: dict[str, Finding] = {}
         self.probes: list[ProbeResult] = []
         self.calls = 0
@@ -64,10 +68,19 @@ class _Model:
     def __call__(self, *args: Any) -> np.ndarray | None:
         self.calls += 1
         try:
-            out = self.fn(*args)
+            out = self.fn(*self._convert(args))
         except Exception as err:
-            self.bug("crash", f"the model raised {type(err).__name__}", f"{err}"[:300])
-            return None
+            if self.calls == 1 and self.framework == "numpy" and "torch" in sys.modules:
+                try:  # every call would fail the same way: try torch token ids before blaming the model
+                    self.framework = "torch"
+                    out = self.fn(*self._convert(args))
+                except Exception:
+                    self.framework = "numpy"
+                    self.bug("crash", f"the model raised {type(err).__name__}", f"{err}"[:300])
+                    return None
+            else:
+                self.bug("crash", f"the model raised {type(err).__name__}", f"{err}"[:300])
+                return None
         try:
             arr = np.asarray(_host(out), dtype=np.float64)
         except Exception as err:
@@ -81,6 +94,14 @@ class _Model:
             )
             return None
         return arr
+
+    def _convert(self, args: tuple) -> tuple:
+        """The token ids (and mask) as the model's library expects them: NumPy int64, or torch tensors."""
+        if self.framework != "torch":
+            return args
+        import torch
+
+        return tuple(torch.from_numpy(np.ascontiguousarray(a)) if isinstance(a, np.ndarray) else a for a in args)
 
     def run(self, name: str, body: Callable[[], None]) -> None:
         self.probe = name

@@ -47,11 +47,17 @@ from ..invariants import check_arrays
 from .adapters import CAPABILITIES, round_to
 from .report import CORE_PROBES, Finding, ProbeResult, Unsupported
 from .runner import CallError, Case, Outcome, Runner
-from .tolerance import FLOORS, Comparison, _expand_kv, bound, compare, golden_output, naive_output
+from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
 __all__ = ["FIXES", "PROBES", "Battery"]
 
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
+
+#: Mask forms that describe sequences (a fully masked row is a sequence with no valid key).
+_LENGTH_FORMS = ("key_padding", "valid_lens", "kv_cache", "varlen")
+
+#: Bits of precision of each dtype (to tell a lower-precision computation from a higher one).
+_PRECISION = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 
 #: How many mismatching cases no hypothesis explains get perturbation experiments of their own.
 EXPERIMENT_CASES = 40
@@ -95,6 +101,8 @@ FIXES: dict[str, str] = {
     "inference); PyTorch: torch.use_deterministic_algorithms(True)",
     "crash": "make the function accept every input of the supported capabilities, or refuse a capability with "
     "a clear exception on every call (then it is reported as unsupported, not as a bug)",
+    "masked-row-policy": "make fully masked rows follow the declared policy (masked_rows=...), or declare the "
+    "policy the function has",
     "dtype": "return the output in the input dtype (cast back after computing in higher precision)",
     "mutates-input": "never write into the caller's arrays: use out-of-place operations (q = q * scale, not "
     "q *= scale / q.mul_())",
@@ -187,6 +195,13 @@ _GRID = [
 _COMBOS = [
     ("causal+mask", _Geom(1, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
     ("mask+cross", _Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
+    ("mask+cross-2", _Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
+    (
+        "causal+mask+cross",
+        _Geom(2, 2, 3, 9, 4, 4),
+        ("causal", "mask", "cross", "causal-cross"),
+        {"causal": True, "mask": True},
+    ),
     ("long", _Geom(1, 2, 113, 203, 64, 64), ("cross",), {"mask": False}),
     ("long-causal", _Geom(1, 1, 97, 97, 32, 32), ("causal",), {"causal": True}),
     ("single", _Geom(2, 1, 1, 1, 3, 3), (), {}),
@@ -231,6 +246,11 @@ class Battery:
         self.returns_weights = False
         self.base_ok: dict[str, bool] = {}
         self.experiments_left = EXPERIMENT_CASES
+        self.gqa_map = getattr(spec, "gqa_mapping", "interleave")
+        self.mask_form = getattr(spec, "mask_form", "full")
+        self.compute = getattr(spec, "compute_dtype", "auto")
+        self.lower_seen: str | None = None
+        self.float32_oracle = False
         r = backend.resolved
         if self.spec.causal_only:
             self.causal_mode = "only"
@@ -277,15 +297,59 @@ class Battery:
         if isinstance(mask, np.ndarray):
             m = np.broadcast_to(mask, (*g.lead(g.h), g.n_q, g.n_k)).copy()
         elif mask:
-            m = rng.random((*g.lead(g.h), g.n_q, g.n_k)) < 0.6
-            m[..., 0] = True
-            if g.n_k > 1:
-                m[..., g.n_k - 1] = False
-        causal = causal or self.spec.causal_only
+            m = self.random_mask(g)
+        causal = causal or self.spec.causal_only or (getattr(self.spec, "causal_when_no_mask", False) and m is None)
         align = None
+        if causal and m is not None and self.mask_form in ("kv_cache", "varlen") and g.b is not None:
+            # a decode kernel / packed sequences: each sequence's queries are its last positions (bottom-right per
+            # sequence)
+            i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
+            if self.mask_form == "varlen":
+                lq, lk = m[:, 0].any(axis=-1).sum(axis=-1), m[:, 0].any(axis=-2).sum(axis=-1)
+                per_seq = (j <= (lk - lq)[:, None, None] + i)[:, None]
+            else:
+                lengths = m[:, 0, -1, :].sum(axis=-1)
+                per_seq = j <= (lengths[:, None, None] - g.n_q + i)[:, None]  # [B, 1, n_q, n_k]
+            m = m & per_seq
+            return Case(q, k, v, dtype=dtype, mask=m, causal=None, scale=scale, label=label, flag=True)
         if causal:
             align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
         return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
+
+    def random_mask(self, g: _Geom) -> np.ndarray:
+        """A random mask ``[..., h, n_q, n_k]`` the function's mask form can express: different per batch element
+        and per head (full form), per batch element (``batch``), per batch element's keys (``key_padding``), or a
+        valid length per batch element (``valid_lens``). Key 0 is always allowed; the last key blocked somewhere."""
+        rng, full = self.rng, (*g.lead(g.h), g.n_q, g.n_k)
+        form = self.mask_form if g.b is not None else "full"
+        if form == "full":
+            m = rng.random(full) < 0.6
+        elif form == "batch":
+            m = rng.random((g.b, 1, g.n_q, g.n_k)) < 0.6
+        elif form == "key_padding":
+            m = rng.random((g.b, 1, 1, g.n_k)) < 0.6
+        elif form == "varlen":  # per sequence: L_q queries and L_k >= L_q keys (prefixes)
+            lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, g.b)
+            lq = np.minimum(rng.integers(1, g.n_q + 1, g.b), lk)
+            lq[0] = min(g.n_q, lk[0])
+            i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
+            m = ((i < lq[:, None, None]) & (j < lk[:, None, None]))[:, None]
+            if g.b > 1:
+                m[-1, ..., : lq[-1], : lk[-1]] = True
+            return np.broadcast_to(m, full).copy()
+        elif form == "kv_cache":  # cache lengths: at least n_q (the new queries are in the cache), below n_k
+            lengths = rng.integers(min(g.n_q, g.n_k), g.n_k + 1, g.b)
+            lengths[-1] = max(min(g.n_q, g.n_k), g.n_k - 1)
+            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
+        else:
+            lengths = rng.integers(1, g.n_k + 1, g.b)
+            lengths[-1] = max(1, g.n_k - 1) if g.n_k > 1 else 1
+            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
+        m = np.broadcast_to(m, full).copy()
+        m[..., 0] = True
+        if g.n_k > 1 and form not in ("valid_lens", "kv_cache"):
+            m[..., g.n_k - 1] = False
+        return m
 
     @staticmethod
     def key(case: Case) -> str:
@@ -329,6 +393,8 @@ class Battery:
 
     def causal_in_mask(self, case: Case) -> bool:
         """Whether the causal part of ``case`` reaches the function inside its mask argument."""
+        if self.mask_form != "full" and self.causal_mode == "flag":
+            return False  # a [B, n_k] / per-batch mask cannot hold the causal part: flag and mask go separately
         return case.causal is not None and (
             self.causal_mode == "mask" or (self.causal_mode == "flag" and case.mask is not None)
         )
@@ -339,9 +405,9 @@ class Battery:
         if self.causal_in_mask(case):
             # no causal flag, or a flag and a mask (PyTorch SDPA refuses both): the causal part goes in the mask
             passed = Case(case.q, case.k, case.v, case.dtype, self.allowed(case), None, case.scale, case.label)
-        flag: bool | str = passed.causal is not None
+        flag: bool | str = passed.causal is not None or case.flag
         if flag and self.spec.causal_value == "align":
-            flag = passed.causal
+            flag = passed.causal or "bottom_right"
         out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
         out.case = case
         if out.skipped:
@@ -376,7 +442,25 @@ class Battery:
                 f"your function returns the wrong kind of array: {out.returned.wrong_type}",
                 f"case {case.label}: {out.call}",
             )
-        if out.ok and out.returned.out_dtype is not None and out.returned.out_dtype != case.dtype:
+        if (
+            out.ok
+            and out.returned.out_dtype == "float32"
+            and case.dtype != "float32"
+            and self.compute in ("auto", "float32")
+            and (case.dtype == "float64" or self.float32_oracle)
+        ):
+            # a reference oracle that computes and returns float32 whatever it is given (xformers' ref_attention)
+            self.float32_oracle = True
+            if self.compute == "auto":
+                self.lower_seen = "float32"
+            self.note(
+                "lower-precision",
+                "the function computes and returns float32 for every input dtype (an upcasting reference oracle): "
+                "float64 inputs are compared under float32's rule, and a float32 output is not a dtype bug",
+                f"case {case.label}: {case.shapes()}; output dtype float32",
+                "declare compute_dtype='input' to hold it to each input dtype",
+            )
+        elif out.ok and out.returned.out_dtype is not None and out.returned.out_dtype != case.dtype:
             self.bug(
                 "dtype",
                 f"your function returns {out.returned.out_dtype} for {case.dtype} inputs",
@@ -419,14 +503,29 @@ class Battery:
     def expected(self, case: Case, *, causal: str | None = "same") -> tuple[np.ndarray, float, np.ndarray]:
         """The golden output, its bound under the tolerance rule, and which rows to compare ``[..., n_q]``."""
         c = case.causal if causal == "same" else causal
-        golden = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=c)
+        golden = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=c, gqa=self.gqa_map)
         allowed = self.allowed(case, causal=c)
-        naive = naive_output(case.q, case.k, case.v, allowed, dtype=case.dtype, scale=case.scale)
-        return golden, bound(case.dtype, golden, naive), allowed.any(axis=-1)
+        work = self.work_dtype(case.dtype)
+        naive = naive_output(case.q, case.k, case.v, allowed, dtype=work, scale=case.scale, gqa=self.gqa_map)
+        return golden, bound(work, golden, naive), allowed.any(axis=-1)
+
+    def expand(self, q: np.ndarray, x: np.ndarray, mapping: str | None = None) -> np.ndarray:
+        """K/V expanded to q's heads with the declared GQA mapping (or ``mapping``)."""
+        return expand_kv(q, x, mapping or self.gqa_map)
+
+    def work_dtype(self, dtype: str) -> str:
+        """The precision whose tolerance rule applies to a case in ``dtype``: the input dtype, or the declared
+        (or seen) lower compute precision."""
+        c = self.compute
+        if c == "auto":
+            c = self.lower_seen or "input"
+        if c == "input" or _PRECISION[c] >= _PRECISION[dtype]:
+            return dtype
+        return c
 
     def _hypotheses(self, case: Case) -> list[tuple[str, str, np.ndarray]]:
         """Outputs of plausible wrong implementations of ``case``: (code, what it does, its output)."""
-        q, k, v = case.q, _expand_kv(case.q, case.k), _expand_kv(case.q, case.v)
+        q, k, v = case.q, self.expand(case.q, case.k), self.expand(case.q, case.v)
         d_k, d_v = q.shape[-1], v.shape[-1]
         h = q.shape[-3] if q.ndim >= 3 else 1
         allowed = self.allowed(case)
@@ -563,15 +662,18 @@ class Battery:
             )
         )
         if case.gqa:
-            g = q.shape[-3] // case.k.shape[-3]
-            kt = np.tile(case.k, (1,) * (case.k.ndim - 3) + (g, 1, 1))
-            vt = np.tile(case.v, (1,) * (case.v.ndim - 3) + (g, 1, 1))
+            other = "interleave" if self.gqa_map == "tile" else "tile"
+            kt, vt = self.expand(q, case.k, other), self.expand(q, case.v, other)
             st = q @ np.swapaxes(kt, -1, -2) * s0
+            said = {
+                "tile": "i mod h_kv (tile / repeat)",
+                "interleave": "i // (h_q / h_kv) (repeat_interleave)",
+            }
             out.append(
                 (
                     "reference-mismatch",
-                    "query head i uses K/V head i mod h_kv (tile / repeat) instead of "
-                    "i // (h_q / h_kv) (repeat_interleave)",
+                    f"query head i uses K/V head {said[other]} instead of {said[self.gqa_map]}, as declared "
+                    f"(gqa='{self.gqa_map}')",
                     _softmax(np.where(allowed, st, -np.inf), -1) @ vt,
                 )
             )
@@ -630,7 +732,7 @@ class Battery:
             return
         self.experiments_left -= 1
         finite = np.abs(out[np.isfinite(out)])
-        tol = FLOORS[case.dtype] * max(1.0, float(finite.max()) if finite.size else 1.0) * 4
+        tol = FLOORS[self.work_dtype(case.dtype)] * max(1.0, float(finite.max()) if finite.size else 1.0) * 4
         ev = f"case {case.label}: {case.shapes()}"
 
         def moved(new: Outcome, idx: Any, rows: np.ndarray | None = None) -> float | None:
@@ -681,7 +783,7 @@ class Battery:
                     arr[(*b, slice(None), blocked, slice(None))] = round_to(
                         self.rng.normal(0, 3, part.shape), case.dtype
                     ).astype(np.float64)
-                pert = Case(case.q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label)
+                pert = Case(case.q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label, flag=case.flag)
                 m = moved(self.call(pert), (*b, ...), rows)
                 if m is not None:
                     self.bug(
@@ -707,10 +809,20 @@ class Battery:
                     "the output of head 0 changes when only head 1 changes",
                     ev + f" (layout {self.spec.layout}); max change {m:.3g} (tolerance {tol:.2g})",
                 )
-        ones = Case(case.q, case.k, np.ones_like(case.v), case.dtype, case.mask, case.causal, case.scale, case.label)
+        ones = Case(
+            case.q,
+            case.k,
+            np.ones_like(case.v),
+            case.dtype,
+            case.mask,
+            case.causal,
+            case.scale,
+            case.label,
+            flag=case.flag,
+        )
         res = self.call(ones)
         if res.ok and res.out.shape == out.shape:
-            coarse = max(FLOORS[case.dtype], FLOORS.get(res.returned.out_dtype or case.dtype, 0.0))
+            coarse = max(FLOORS[self.work_dtype(case.dtype)], FLOORS.get(res.returned.out_dtype or case.dtype, 0.0))
             cmp = compare(res.out, np.ones(res.out.shape), coarse * 4, rows)
             if not cmp.ok and not cmp.nonfinite:  # NaN says nothing about the normalization
                 self.bug(
@@ -727,7 +839,31 @@ class Battery:
         golden, tol, rows = self.expected(case)
         cmp = compare(out.out, golden, tol, rows)
         if cmp.ok:
+            if self.work_dtype(case.dtype) != case.dtype and self.compute != "auto":
+                self.note(
+                    "lower-precision",
+                    f"compared under {self.compute}'s tolerance rule for {case.dtype} inputs, as declared "
+                    f"(compute_dtype='{self.compute}')",
+                    f"case {case.label}: {case.shapes()}",
+                )
             return True
+        if self.compute == "auto" and self.lower_seen is None and case.dtype == "float64":
+            naive32 = naive_output(
+                case.q, case.k, case.v, self.allowed(case), dtype="float32", scale=case.scale, gqa=self.gqa_map
+            )
+            cmp32 = compare(out.out, golden, bound("float32", golden, naive32), rows)
+            if cmp32.ok:
+                self.lower_seen = "float32"
+                self.note(
+                    "lower-precision",
+                    "float64 inputs are computed in float32 (e.g. a softmax upcast to float32 and cast back): the "
+                    "float64 cases are compared under float32's tolerance rule",
+                    f"case {case.label}: {case.shapes()}; max |out - float64 reference| = {cmp.max_error:.3g}, "
+                    f"beyond float64's bound {cmp.bound:.2g} and within float32's {cmp32.bound:.2g}",
+                    "declare compute_dtype='input' to hold float64 inputs to float64's rule, or "
+                    "compute_dtype='float32' to document it",
+                )
+                return True
         n_q, n_k = case.q.shape[-2], case.k.shape[-2]
         if case.causal is not None and n_q != n_k and self.causal_mode in ("flag", "only"):
             other = "top_left" if case.causal == "bottom_right" else "bottom_right"
@@ -873,7 +1009,7 @@ class Battery:
         case = pick.case
         self.case_key = self.key(case)
         allowed = self.allowed(case)
-        q, k, v = case.q, _expand_kv(case.q, case.k), _expand_kv(case.q, case.v)
+        q, k, v = case.q, self.expand(case.q, case.k), self.expand(case.q, case.v)
         w = pick.weights
         if w.shape != allowed.shape:
             self.bug(
@@ -882,7 +1018,11 @@ class Battery:
                 f"case {case.label}: {case.shapes()}",
             )
             return
-        for viol in check_arrays(q, k, v, w, pick.out, allowed):
+        o = pick.out
+        work = self.work_dtype(case.dtype)
+        if work != case.dtype and work in ("float32", "float16"):  # judged under the compute precision's tolerance
+            w, o = w.astype(work), o.astype(work)
+        for viol in check_arrays(q, k, v, w, o, allowed):
             ev = f"case {case.label}: {case.shapes()}; {viol.message}; at {list(viol.positions[:4])}"
             if viol.name == "masked-weight":
                 future = case.causal is not None and any(
@@ -920,7 +1060,7 @@ class Battery:
             return
         self.compare_case(out)
         rows = self.allowed(case).any(axis=-1)
-        coarse = max(FLOORS[case.dtype], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
+        coarse = max(FLOORS[self.work_dtype(case.dtype)], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
         cmp = compare(out.out, np.ones(out.out.shape), coarse * 4, rows)
         if not cmp.ok and out.out.shape == (*case.q.shape[:-1], case.v.shape[-1]):
             sums = out.out[..., 0]
@@ -940,13 +1080,13 @@ class Battery:
             shape = arr[idx].shape
             new = self.rng.normal(0, 3, shape) if value is None else np.full(shape, value)
             arr[idx] = round_to(new, case.dtype).astype(np.float64)
-        return Case(q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label)
+        return Case(q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label, flag=case.flag)
 
     def p_causal(self) -> None:
         if "causal" not in self.caps:
             raise _Skip("needs causal")
         n = 8
-        case = self.make(_Geom(1, 2, n, n, 4, 4), self.primary, label="future", causal=True)
+        case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="future", causal=True)
         base = self.base_call(case, "causal: future tokens")
         if base is None:
             return
@@ -976,9 +1116,10 @@ class Battery:
         if "mask" not in self.caps:
             raise _Skip("needs mask")
         n = 6
+        n_q = 5 if "cross" in self.caps else n  # rectangular where the function takes n_q != n_k
         lengths = np.array([n, 3])
         kp = _masks.key_padding(lengths, n)  # [B, 1, 1, n_k]
-        case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="key padding", mask=kp)
+        case = self.make(_Geom(2, 2, n_q, n, 4, 4), self.primary, label="key padding", mask=kp)
         base = self.base_call(case, "padding: key padding")
         if base is None:
             return
@@ -1018,15 +1159,34 @@ class Battery:
     def p_masked_rows(self) -> None:
         if "mask" not in self.caps:
             raise _Skip("needs mask")
-        g = _Geom(1, 2, 4, 6, 4, 4) if "cross" in self.caps else _Geom(1, 2, 6, 6, 4, 4)
+        g = _Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else _Geom(2, 2, 6, 6, 4, 4)
         case = self.make(g, self.primary, label="fully masked row", mask=True)
         m = case.mask.copy()
-        m[..., 2, :] = False
-        case = Case(case.q, case.k, case.v, case.dtype, m, case.causal, None, case.label)
+        form = self.mask_form
+        if form in _LENGTH_FORMS:  # a sequence with no valid key: every row of batch element 1
+            m[1] = False
+            sel: Any = (1, slice(None), 2)
+            where = "batch element 1 has no valid key (length 0); its query 2"
+        elif form == "batch":
+            m[1, :, 2, :] = False
+            sel = (1, slice(None), 2)
+            where = "query 2 of batch element 1 (every head)"
+        else:
+            m[1, 0, 2, :] = False
+            sel = (1, 0, 2)
+            where = "query 2 of batch element 1, head 0"
+        case = Case(case.q, case.k, case.v, case.dtype, m, case.causal, None, case.label, flag=case.flag)
         self.case_key = "masked-rows: fully masked row"
         out = self.call(case)
-        ev = f"case {case.label}: {case.shapes()}; query 2 may attend to no key"
+        ev = f"case {case.label}: {case.shapes()}; {where} may attend to no key"
         if out.error is not None:
+            if getattr(self.spec, "masked_rows", "any") not in ("any", "raise"):
+                self.bug(
+                    "masked-row-policy",
+                    f"a fully masked row raises an error; the declared policy is masked_rows='{self.spec.masked_rows}'",
+                    ev + f"; {out.error_text.splitlines()[0][:200]}",
+                )
+                return
             self.note(
                 "masked-row",
                 "a fully masked row raises an error (a documented policy)",
@@ -1036,25 +1196,38 @@ class Battery:
         if not out.ok:
             self.crash(out)
             return
-        row = out.out[..., 2, :]
+        row = out.out[sel]
         rows = self.allowed(case).any(axis=-1)
-        if not np.all(np.isfinite(row)):
+        policy = getattr(self.spec, "masked_rows", "any")
+        if not np.all(np.isfinite(row)) and policy == "nan":
+            self.note("masked-row", "a fully masked row comes back as NaN, as declared (masked_rows='nan')", ev)
+        elif not np.all(np.isfinite(row)):
             self.bug(
                 "masked-row-nan",
                 "a query row whose keys are all masked comes back as NaN/inf",
-                ev + f"; output row 2 holds {row.ravel()[~np.isfinite(row.ravel())][0]}",
+                ev + f"; that output row holds {row.ravel()[~np.isfinite(row.ravel())][0]}",
             )
         else:
-            tol = FLOORS[case.dtype] * 8
-            vexp = _expand_kv(case.q, case.v)
-            uniform = np.mean(vexp, axis=-2)
+            tol = FLOORS[self.work_dtype(case.dtype)] * 8
+            vexp = self.expand(case.q, case.v)
+            uniform = np.mean(vexp, axis=-2)[sel[:-1]]
             if np.all(np.abs(row) <= tol):
                 kind = "zeros (as FlashAttention and PyTorch SDPA)"
             elif np.all(np.abs(row - uniform) <= tol * max(1.0, np.max(np.abs(uniform))) * 10):
                 kind = "the uniform average of V (as a finfo.min additive mask gives)"
             else:
                 kind = "values that are neither zeros nor a uniform average (it attends as if that row were unmasked)"
-            self.note("masked-row", f"a fully masked row comes back as {kind}; a documented behaviour, not a bug", ev)
+            seen = "zeros" if kind.startswith("zeros") else "uniform" if kind.startswith("the uniform") else "other"
+            if policy not in ("any", seen):
+                self.bug(
+                    "masked-row-policy",
+                    f"a fully masked row comes back as {kind}; the declared policy is masked_rows='{policy}'",
+                    ev,
+                )
+            else:
+                self.note(
+                    "masked-row", f"a fully masked row comes back as {kind}; a documented behaviour, not a bug", ev
+                )
         golden, tol_g, _ = self.expected(case)
         cmp = compare(out.out, golden, tol_g, rows)
         if not cmp.ok and cmp.nonfinite:
@@ -1072,7 +1245,7 @@ class Battery:
         if not dts:
             raise _Skip("the ordinary base cases already differ from the reference")
         for dtype in dts:
-            g = _Geom(1, 2, 6, 6, 8, 8)
+            g = _Geom(2, 2, 6, 6, 8, 8)
             pos = self.make(g, dtype, label="logits ~ +1000", std=20.0)
             neg = self.make(g, dtype, label="logits ~ -1000")
             qn = round_to(np.abs(self.rng.normal(0, 1, neg.q.shape)) * 20 + 5, dtype).astype(np.float64)
@@ -1329,8 +1502,8 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def golden_logit_range(case: Case) -> tuple[float, float]:
-    k = _expand_kv(case.q, case.k)
+def golden_logit_range(case: Case, mapping: str = "interleave") -> tuple[float, float]:
+    k = expand_kv(case.q, case.k, mapping)
     s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
     lg = case.q @ np.swapaxes(k, -1, -2) * s0
     return float(lg.min()), float(lg.max())

@@ -54,6 +54,7 @@ CODES: dict[str, str] = {
     "batch-leak": "one batch element or head changes the output of another",
     "nondeterministic": "the same inputs give different outputs",
     "crash": "the function raised, or returned something that is not an array, on a supported input",
+    "masked-row-policy": "a fully masked row does not follow the declared policy (masked_rows=...)",
     "dtype": "the output dtype differs from the input dtype",
     "mutates-input": "the function writes into the caller's arrays",
     "timeout": "a call did not return within the time limit",
@@ -142,6 +143,10 @@ class Report:
             there are such and no bug, the verdict is ``"incomplete"``.
         isolation: ``"worker process"`` (the function ran in its own process) or ``"in-process"``;
             ``import_seconds``: how long the worker took to import the target (included in ``seconds``).
+        detected: the framework and why (``"torch: its code uses F (module torch.nn.functional)"``), and, when
+            every call failed in the detected one, which other framework worked.
+        kind: what was passed (``"a functools.partial of attention"``, ``"a torch.nn.Module (Attend)"``).
+        mode: for a layer checked in module mode, how it was adapted (projections, rotary, mask convention).
     """
 
     target: str
@@ -160,6 +165,9 @@ class Report:
     incomplete: tuple[Unsupported, ...] = ()
     isolation: str = "in-process"
     import_seconds: float = 0.0
+    detected: str = ""
+    kind: str = ""
+    mode: str = ""
 
     @property
     def verdict(self) -> str:
@@ -216,6 +224,9 @@ class Report:
             "unsupported": [u.as_dict() for u in self.unsupported],
             "incomplete": [u.as_dict() for u in self.incomplete],
             "isolation": self.isolation,
+            "detected": self.detected,
+            "kind": self.kind,
+            "mode": self.mode,
             "import_seconds": round(self.import_seconds, 4),
             "probes": [p.as_dict() for p in self.probes],
             "calls": self.calls,
@@ -258,6 +269,12 @@ class Report:
             m = marks.get(p.status, p.status)
             return f"{m} ({', '.join(p.codes)})" if p.status == "failed" and p.codes else m
 
+        if self.kind and self.kind not in ("a function", "a lambda"):
+            out.append(("dim", f"checked: {self.kind}"))
+        if self.mode:
+            out.append(("dim", f"module mode: {self.mode}"))
+        if self.detected and self.detected != self.framework:
+            out.append(("dim", f"framework {self.detected}"))
         out.append(("dim", "probes: " + ", ".join(f"{p.name} {mark(p)}" for p in self.probes)))
         head = {
             "clean": ("bold green", "OK "),

@@ -41,6 +41,7 @@ __all__ = [
     "Outcome",
     "Runner",
     "execute_call",
+    "loaded_frameworks",
 ]
 
 #: Bytes of each captured stream kept at its start and at its end (the middle is counted, not kept).
@@ -64,6 +65,7 @@ class Case:
     causal: str | None = None
     scale: float | None = None
     label: str = ""
+    flag: bool = False  #: pass the causal flag although ``causal`` is None (its causal part is in ``mask``)
 
     @property
     def gqa(self) -> bool:
@@ -314,6 +316,8 @@ class InProcessBackend:
         self.framework = adapter.framework
         self.resolved: Resolved = adapter.resolved
         self.structural = adapter.structural_unsupported()
+        self.spec = adapter.spec
+        self.loaded = loaded_frameworks()
         self._capture = _FdCapture()
 
     def call(self, req: CallRequest, timeout: float) -> CallResult:
@@ -362,9 +366,19 @@ class Runner:
 
         parts = [f"{n} {arr(x)} {case.dtype}" for n, x in (("q", case.q), ("k", case.k), ("v", case.v))]
         if case.mask is not None and r.mask_arg is not None:
-            conv = getattr(getattr(self.backend, "spec", None), "mask_convention", "allow")
+            conv = getattr(r.spec or getattr(self.backend, "spec", None), "mask_convention", "allow")
             kind = {"allow": "bool", "block": "bool", "keep": "int64"}.get(conv, case.dtype)
-            m = f"{kind} {arr(case.mask)}"
+            form = getattr(r.spec or getattr(self.backend, "spec", None), "mask_form", "full")
+            shape = arr(case.mask)
+            if form != "full" and case.mask.ndim >= 4:
+                b, n_q, n_k = case.mask.shape[0], case.mask.shape[-2], case.mask.shape[-1]
+                shape = {
+                    "batch": f"[{b}, 1, {n_q}, {n_k}]",
+                    "key_padding": f"[{b}, {n_k}]",
+                    "varlen": f"[{b + 1}]",
+                }.get(form, f"[{b}]")
+                kind = {"valid_lens": "int64", "kv_cache": "int64", "varlen": "int32"}.get(form, kind)
+            m = f"{kind} {shape}"
             parts.append(m if r.mask_positional else f"{r.mask_arg}={m}")
         if causal_flag and r.causal_arg is not None:
             parts.append(f"{r.causal_arg}={causal_flag!r}")
@@ -400,6 +414,11 @@ class Runner:
             )
         self.outcomes.append(out)
         return out
+
+
+def loaded_frameworks() -> tuple[str, ...]:
+    """The array libraries (``torch``, ``jax``) this process has imported."""
+    return tuple(f for f in ("torch", "jax") if f in sys.modules)
 
 
 def finite_rows(x: np.ndarray) -> np.ndarray:

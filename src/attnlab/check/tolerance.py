@@ -32,11 +32,21 @@ __all__ = ["FLOORS", "Comparison", "bound", "compare", "golden_output", "naive_o
 FLOORS = {"float64": 1e-10, "float32": 1e-5, "float16": 1e-3, "bfloat16": 1e-2}
 
 
-def _expand_kv(q: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """GQA: repeat each K/V head ``h_q / h_kv`` times along the head axis (-3) to match ``q``."""
+def expand_kv(q: np.ndarray, x: np.ndarray, mapping: str = "interleave") -> np.ndarray:
+    """GQA: K/V heads ``[..., h_kv, n, d]`` expanded to ``q``'s ``h`` heads along axis -3.
+
+    ``mapping="interleave"``: query head i uses K/V head ``i // (h / h_kv)`` (``repeat_interleave``, Hugging
+    Face's ``repeat_kv``, PyTorch's ``enable_gqa``); ``"tile"``: K/V head ``i % h_kv`` (``np.tile``/``repeat``).
+    """
     if q.ndim < 3 or x.shape[-3] == q.shape[-3]:
         return x
-    return np.repeat(x, q.shape[-3] // x.shape[-3], axis=-3)
+    g = q.shape[-3] // x.shape[-3]
+    if mapping == "tile":
+        return np.tile(x, (1,) * (x.ndim - 3) + (g, 1, 1))
+    return np.repeat(x, g, axis=-3)
+
+
+_expand_kv = expand_kv
 
 
 def golden_output(
@@ -47,11 +57,13 @@ def golden_output(
     *,
     scale: float | None = None,
     causal: str | None = None,
+    gqa: str = "interleave",
 ) -> np.ndarray:
-    """attnlab's float64 attention ``[..., n_q, d_v]`` (fully masked rows 0). K/V with fewer heads are expanded."""
+    """attnlab's float64 attention ``[..., n_q, d_v]`` (fully masked rows 0). K/V with fewer heads are expanded
+    (``gqa``: the head mapping, see :func:`expand_kv`)."""
     q64 = np.asarray(q, dtype=np.float64)
-    k64 = _expand_kv(q64, np.asarray(k, dtype=np.float64))
-    v64 = _expand_kv(q64, np.asarray(v, dtype=np.float64))
+    k64 = expand_kv(q64, np.asarray(k, dtype=np.float64), gqa)
+    v64 = expand_kv(q64, np.asarray(v, dtype=np.float64), gqa)
     t = attention_trace(q64, k64, v64, allowed, causal=causal or False, scale=scale, masked_rows="zero")
     return np.asarray(t.output)
 
@@ -64,6 +76,7 @@ def naive_output(
     *,
     dtype: str = "float32",
     scale: float | None = None,
+    gqa: str = "interleave",
 ) -> np.ndarray:
     """A naive implementation where every intermediate is rounded to ``dtype`` (the same-precision baseline).
 
@@ -76,8 +89,8 @@ def naive_output(
         return round_to(np.asarray(x, dtype=work), dtype).astype(work)
 
     q = np.asarray(q, dtype=work)
-    k = _expand_kv(q, np.asarray(k, dtype=work))
-    v = _expand_kv(q, np.asarray(v, dtype=work))
+    k = expand_kv(q, np.asarray(k, dtype=work), gqa)
+    v = expand_kv(q, np.asarray(v, dtype=work), gqa)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = r(r(q @ np.swapaxes(k, -1, -2)) * work(scale))  # [..., n_q, n_k]
     if allowed is not None:

@@ -92,7 +92,7 @@ def serve(fd: int) -> None:
     sys.argv = [init["target"]]
 
     from .adapters import Adapter, UsageError
-    from .runner import CallError, execute_call
+    from .runner import CallError, execute_call, loaded_frameworks
     from .target import TargetError, load_target
 
     try:
@@ -114,6 +114,7 @@ def serve(fd: int) -> None:
         "framework": adapter.framework,
         "resolved": adapter.resolved,
         "structural": adapter.structural_unsupported(),
+        "loaded": loaded_frameworks(),
     }
     conn.send(("ready", info))
     while True:

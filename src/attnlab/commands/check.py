@@ -74,6 +74,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the causal argument gets True (bool) or the alignment string (align)",
     )
     parser.add_argument("--gqa", action="store_true", help="K and V may have fewer heads than Q")
+    parser.add_argument(
+        "--gqa-mapping",
+        choices=("interleave", "tile"),
+        default=None,
+        help="with --gqa: query head i uses K/V head i // (h/h_kv) (interleave, the default) or i %% h_kv (tile)",
+    )
+    parser.add_argument(
+        "--compute-dtype",
+        choices=("auto", "input", "float64", "float32", "float16", "bfloat16"),
+        default="auto",
+        help="the precision the function documents computing in (auto: float32 computation of float64 inputs is a "
+        "note; input: every dtype under its own rule)",
+    )
+    parser.add_argument(
+        "--masked-rows",
+        choices=("any", "raise", "zeros", "uniform", "nan"),
+        default="any",
+        help="the fully-masked-row policy the function promises (any: an error, zeros or the uniform average)",
+    )
+    parser.add_argument(
+        "--causal-when-no-mask", action="store_true", help="the function is causal whenever it is given no mask"
+    )
+    parser.add_argument(
+        "--mask-form",
+        choices=("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen"),
+        default="full",
+        help="mask interface: [B, h, n_q, n_k] (full), [B, 1, n_q, n_k] (batch), [B, n_k] (key_padding), [B] "
+        "lengths (valid_lens), [B] cache lengths of a decode kernel (kv_cache), packed cu_seqlens (varlen)",
+    )
+    parser.add_argument(
+        "--ranks", choices=("3,4", "4"), default="3,4", help="input ranks the function takes (4: never 3-D inputs)"
+    )
     parser.add_argument("--dtypes", type=_csv, default=None, help="comma-separated dtypes to try")
     parser.add_argument("--unsupported", type=_csv, default=(), help="comma-separated capabilities not supported")
     parser.add_argument("--mask-arg", default=None, help="name of the mask parameter")
@@ -109,7 +141,12 @@ def run(args: argparse.Namespace) -> int:
             causal_only=args.causal_only,
             causal_align=args.causal_align,
             causal_value=args.causal_value,
-            gqa=args.gqa,
+            gqa=(args.gqa_mapping or "interleave") if args.gqa else False,
+            compute_dtype=args.compute_dtype,
+            masked_rows=args.masked_rows,
+            causal_when_no_mask=args.causal_when_no_mask,
+            ranks=tuple(int(r) for r in args.ranks.split(",")),
+            mask_form=args.mask_form,
             dtypes=args.dtypes or DTYPES,
             unsupported=args.unsupported,
             mask_arg=args.mask_arg,

@@ -1,0 +1,367 @@
+"""Module mode: checking attention *layers* that take hidden states (or a module argument) instead of q, k, v.
+
+A layer such as ``nn.MultiheadAttention`` computes ``out_proj(attention(W_q x, W_k x, W_v x))``. To test the
+attention itself, the checker rebuilds the layer for each shape it tries (same class, same options: dropout,
+bias, ``batch_first``, the attention implementation, the fused or manual path) and makes its projections
+identities: for layers with separate inputs (``nn.MultiheadAttention``) the projection weights become identity
+matrices; for self-attention layers (one ``x``) the Q/K/V projections are replaced by modules that return the
+checker's q, k and v, and the output projection by ``nn.Identity``. Rotary embeddings get ``cos = 1, sin = 0``
+(the identity rotation), QK norms become identities. The result is a function ``fn(q, k, v, mask=None)`` over
+``[B, h, n, d]`` tensors with a True-means-attend mask, which the wrapper converts to the layer's own
+convention.
+
+Families (:func:`module_mode` detects them by class and attributes):
+
+* ``torch.nn.MultiheadAttention``: boolean ``attn_mask`` (True = blocked) ``[B*h, n_q, n_k]``; cross-attention.
+* Hugging Face attention with rotary ``position_embeddings`` (``LlamaAttention``, Mistral, Qwen2...): additive
+  4-D mask, GQA (``num_key_value_heads``), eager or sdpa per ``config._attn_implementation``.
+* Hugging Face BERT-style self-attention (``BertSelfAttention``: ``query``/``key``/``value``).
+* timm's ``Attention`` (``qkv``, ``proj``): boolean ``attn_mask``, fused (SDPA) or manual path.
+* nanoGPT's ``CausalSelfAttention`` (``c_attn``, ``c_proj``): always causal, no mask.
+* Hugging Face attention functions ``fn(module, query, key, value, attention_mask, scaling, ...)`` (
+  ``eager_attention_forward``, any ``AttentionInterface`` function): called with a stand-in module.
+
+Any other ``nn.Module`` is called as it is, ``layer(q, k, v, ...)`` (its ``forward``'s parameters are read).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ModuleMode", "function_mode", "module_mode"]
+
+
+@dataclass
+class ModuleMode:
+    """How a layer is checked: ``fn(q, k, v, mask=None[, scale=None])`` and what the layer cannot express."""
+
+    fn: Callable[..., Any]
+    family: str
+    unsupported: dict[str, str] = field(default_factory=dict)
+    causal_only: bool = False
+    gqa: bool = False
+    notes: tuple[str, ...] = ()
+
+
+_SELF = "a self-attention layer: queries and keys come from the same tokens"
+_ONE_D = "the layer's heads have one size for queries, keys and values"
+_RANK = "the layer takes [B, n, d_model] hidden states"
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _feed_class() -> Any:
+    nn = _torch().nn
+
+    class Feed(nn.Module):
+        """Stands in for a projection: returns the tensor the checker set, whatever the input."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.value = None
+
+        def forward(self, x: Any) -> Any:
+            return self.value
+
+    return Feed
+
+
+def _heads_first(x: Any) -> Any:
+    """``[B, h, n, d]`` -> ``[B, n, h*d]``."""
+    b, h, n, d = x.shape
+    return x.transpose(1, 2).reshape(b, n, h * d)
+
+
+def _heads_back(x: Any, h: int) -> Any:
+    """``[B, n, h*d]`` -> ``[B, h, n, d]``."""
+    b, n, hd = x.shape
+    return x.reshape(b, n, h, hd // h).transpose(1, 2)
+
+
+def _additive(torch: Any, mask: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A Hugging Face additive mask: 0 where allowed, ``finfo(dtype).min`` where blocked (all 0 for None).
+
+    For float64, ``finfo(float32).min``: Hugging Face's eager path upcasts the scores to float32 for the softmax,
+    where float64's minimum would become ``-inf`` (and a fully masked row NaN) although float64 holds it.
+    """
+    fill = torch.finfo(torch.float32 if dtype == torch.float64 else dtype).min
+    if mask is None:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, fill)
+
+
+class _Cache:
+    """Layers rebuilt per shape and dtype (construction is a few milliseconds; the battery uses ~30 shapes)."""
+
+    def __init__(self, build: Callable[..., Any]):
+        self.build = build
+        self.made: dict[tuple, Any] = {}
+
+    def get(self, *key: Any) -> Any:
+        m = self.made.get(key)
+        if m is None:
+            m = self.made[key] = self.build(*key)
+        return m
+
+
+def _mha(layer: Any) -> ModuleMode:
+    torch = _torch()
+
+    def build(h: int, d: int, dtype: Any) -> Any:
+        e = h * d
+        m = type(layer)(
+            e,
+            h,
+            dropout=layer.dropout,
+            bias=layer.in_proj_bias is not None,
+            batch_first=layer.batch_first,
+            dtype=dtype,
+        )
+        with torch.no_grad():
+            eye = torch.eye(e, dtype=dtype)
+            m.in_proj_weight.copy_(torch.cat([eye, eye, eye]))
+            m.out_proj.weight.copy_(eye)
+            if m.in_proj_bias is not None:
+                m.in_proj_bias.zero_()
+                m.out_proj.bias.zero_()
+        return m.train(layer.training)
+
+    cache = _Cache(build)
+
+    def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+        b, h, n_q, d = q.shape
+        m = cache.get(h, d, q.dtype)
+        xs = [_heads_first(x) for x in (q, k, v)]
+        if not m.batch_first:
+            xs = [x.transpose(0, 1) for x in xs]
+        blocked = None if mask is None else (~mask.expand(b, h, n_q, k.shape[-2])).reshape(b * h, n_q, -1)
+        with torch.no_grad():
+            out, _ = m(*xs, attn_mask=blocked, need_weights=False)
+        if not m.batch_first:
+            out = out.transpose(0, 1)
+        return _heads_back(out, h)
+
+    return ModuleMode(
+        attention,
+        "torch.nn.MultiheadAttention: identity in_proj and out_proj, attn_mask True = blocked [B*h, n_q, n_k]",
+        {"dv": _ONE_D, "gqa": "nn.MultiheadAttention has one set of heads", "rank": _RANK},
+    )
+
+
+def _hf_rotary(layer: Any) -> ModuleMode:
+    torch = _torch()
+    nn = torch.nn
+    feed = _feed_class()
+    config = layer.config
+
+    def build(h: int, h_kv: int, d: int, dtype: Any) -> Any:
+        cfg = copy.deepcopy(config)
+        cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size = h, h_kv, d, h * d
+        m = type(layer)(cfg, layer_idx=getattr(layer, "layer_idx", 0) or 0)
+        m.q_proj, m.k_proj, m.v_proj, m.o_proj = feed(), feed(), feed(), nn.Identity()
+        for norm in ("q_norm", "k_norm"):
+            if hasattr(m, norm):
+                setattr(m, norm, nn.Identity())
+        return m.to(dtype).train(layer.training)
+
+    cache = _Cache(build)
+
+    def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+        b, h, n, d = q.shape
+        m = cache.get(h, k.shape[1], d, q.dtype)
+        m.q_proj.value, m.k_proj.value, m.v_proj.value = (_heads_first(x) for x in (q, k, v))
+        rope = (q.new_ones(b, n, d), q.new_zeros(b, n, d))  # cos = 1, sin = 0: the identity rotation
+        am = _additive(torch, mask, (b, 1, n, k.shape[-2]), q.dtype)
+        with torch.no_grad():
+            out = m(hidden_states=q.new_zeros(b, n, h * d), position_embeddings=rope, attention_mask=am)[0]
+        return _heads_back(out, h)
+
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    return ModuleMode(
+        attention,
+        f"Hugging Face {type(layer).__name__} ({impl}): q/k/v_proj return the checker's q, k, v, o_proj identity, "
+        "rotary cos = 1 and sin = 0, a 4-D additive attention_mask",
+        {"cross": _SELF, "dv": _ONE_D, "rank": _RANK},
+        gqa=True,
+    )
+
+
+def _hf_bert(layer: Any) -> ModuleMode:
+    torch = _torch()
+    feed = _feed_class()
+    config = layer.config
+
+    def build(h: int, d: int, dtype: Any) -> Any:
+        cfg = copy.deepcopy(config)
+        cfg.num_attention_heads, cfg.hidden_size = h, h * d
+        kwargs = {"is_causal": layer.is_causal} if "is_causal" in inspect.signature(type(layer)).parameters else {}
+        m = type(layer)(cfg, **kwargs)
+        m.query, m.key, m.value = feed(), feed(), feed()
+        return m.to(dtype).train(layer.training)
+
+    cache = _Cache(build)
+
+    def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+        b, h, n, d = q.shape
+        m = cache.get(h, d, q.dtype)
+        m.query.value, m.key.value, m.value.value = (_heads_first(x) for x in (q, k, v))
+        am = _additive(torch, mask, (b, 1, n, n), q.dtype)
+        with torch.no_grad():
+            out = m(q.new_zeros(b, n, h * d), attention_mask=am)[0]
+        return _heads_back(out, h)
+
+    impl = getattr(config, "_attn_implementation", None) or "eager"
+    return ModuleMode(
+        attention,
+        f"Hugging Face {type(layer).__name__} ({impl}): query/key/value return the checker's q, k, v, a 4-D "
+        "additive attention_mask",
+        {"cross": _SELF, "dv": _ONE_D, "gqa": "BERT-style attention has one set of heads", "rank": _RANK},
+    )
+
+
+def _timm(layer: Any) -> ModuleMode:
+    torch = _torch()
+    nn = torch.nn
+    feed = _feed_class()
+
+    def build(h: int, d: int, dtype: Any) -> Any:
+        m = type(layer)(h * d, num_heads=h, qkv_bias=layer.qkv.bias is not None, attn_drop=layer.attn_drop.p)
+        m.fused_attn = getattr(layer, "fused_attn", True)
+        m.qkv, m.proj = feed(), nn.Identity()
+        for name in ("q_norm", "k_norm", "norm"):
+            if hasattr(m, name):
+                setattr(m, name, nn.Identity())
+        return m.to(dtype).train(layer.training)
+
+    cache = _Cache(build)
+
+    def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+        b, h, n, d = q.shape
+        m = cache.get(h, d, q.dtype)
+        m.qkv.value = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2).reshape(b, n, 3 * h * d)
+        with torch.no_grad():
+            out = m(q.new_zeros(b, n, h * d), attn_mask=mask)
+        return _heads_back(out, h)
+
+    path = "fused SDPA" if getattr(layer, "fused_attn", True) else "manual"
+    return ModuleMode(
+        attention,
+        f"timm {type(layer).__name__} ({path} path): qkv returns the checker's q, k, v, proj identity, attn_mask "
+        "boolean True = attend",
+        {"cross": _SELF, "dv": _ONE_D, "gqa": "timm's Attention has one set of heads", "rank": _RANK},
+    )
+
+
+def _nanogpt(layer: Any) -> ModuleMode:
+    torch = _torch()
+    nn = torch.nn
+    feed = _feed_class()
+    block = int(layer.bias.shape[-1]) if isinstance(getattr(layer, "bias", None), torch.Tensor) else 1024
+
+    def build(h: int, d: int, n: int, dtype: Any) -> Any:
+        cfg = types.SimpleNamespace(
+            n_embd=h * d,
+            n_head=h,
+            bias=layer.c_attn.bias is not None,
+            dropout=getattr(layer, "dropout", 0.0),
+            block_size=max(block, n),
+        )
+        m = type(layer)(cfg)
+        m.flash = getattr(layer, "flash", True)
+        own = getattr(layer, "bias", None)
+        if isinstance(own, torch.Tensor) and own.shape[-1] >= n:  # the layer's own causal buffer, as it is
+            if hasattr(m, "bias"):
+                del m.bias
+            m.register_buffer("bias", own.clone())
+        elif not m.flash and not hasattr(m, "bias"):
+            m.register_buffer(
+                "bias", torch.tril(torch.ones(cfg.block_size, cfg.block_size)).view(1, 1, *[cfg.block_size] * 2)
+            )
+        m.c_attn, m.c_proj = feed(), nn.Identity()
+        return m.to(dtype).train(layer.training)
+
+    cache = _Cache(build)
+
+    def attention(q: Any, k: Any, v: Any) -> Any:
+        b, h, n, d = q.shape
+        m = cache.get(h, d, n, q.dtype)
+        m.c_attn.value = torch.cat([_heads_first(x) for x in (q, k, v)], dim=2)
+        with torch.no_grad():
+            out = m(q.new_zeros(b, n, h * d))
+        return _heads_back(out, h)
+
+    path = "flash (SDPA is_causal)" if getattr(layer, "flash", True) else "manual"
+    return ModuleMode(
+        attention,
+        f"nanoGPT {type(layer).__name__} ({path} path): c_attn returns the checker's q, k, v, c_proj identity; "
+        "always causal",
+        {
+            "mask": "nanoGPT's CausalSelfAttention takes no mask",
+            "cross": _SELF,
+            "dv": _ONE_D,
+            "gqa": "nanoGPT has one set of heads",
+            "rank": _RANK,
+        },
+        causal_only=True,
+    )
+
+
+def function_mode(fn: Any, params: dict[str, inspect.Parameter] | None) -> ModuleMode | None:
+    """A Hugging Face attention function ``fn(module, query, key, value, attention_mask, scaling, ...)``."""
+    if not params:
+        return None
+    names = list(params)
+    if names[:4] != ["module", "query", "key", "value"] or "scaling" not in params:
+        return None
+    torch = _torch()
+
+    def attention(q: Any, k: Any, v: Any, mask: Any = None, scale: float | None = None) -> Any:
+        stand_in = torch.nn.Module()
+        stand_in.num_key_value_groups = q.shape[1] // k.shape[1]
+        stand_in.is_causal = False
+        stand_in.eval()
+        scaling = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        am = _additive(torch, mask, (q.shape[0], 1, q.shape[2], k.shape[2]), q.dtype)
+        out = fn(stand_in, q, k, v, am, scaling=scaling, dropout=0.0)
+        out = out[0] if isinstance(out, tuple) else out
+        return out.transpose(1, 2)  # Hugging Face attention functions return [B, n, h, d]
+
+    return ModuleMode(
+        attention,
+        f"a Hugging Face attention function ({getattr(fn, '__name__', '?')}): called with a stand-in module "
+        "(num_key_value_groups = h / h_kv), a 4-D additive attention_mask and scaling",
+        {"rank": "Hugging Face attention functions take [B, h, n, d]"},
+        gqa=True,
+    )
+
+
+def module_mode(layer: Any) -> ModuleMode | None:
+    """The module mode of ``layer`` (an ``nn.Module``), or None when it is called as it is: ``layer(q, k, v)``."""
+    torch = _torch()
+    nn = torch.nn
+    if isinstance(layer, nn.MultiheadAttention):
+        return _mha(layer)
+    has = lambda *names: all(hasattr(layer, n) for n in names)  # noqa: E731
+    try:
+        params = set(inspect.signature(layer.forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    if has("q_proj", "k_proj", "v_proj", "o_proj", "config") and "position_embeddings" in params:
+        return _hf_rotary(layer)
+    if has("query", "key", "value", "config") and "hidden_states" in params:
+        return _hf_bert(layer)
+    if has("c_attn", "c_proj", "n_head", "n_embd"):
+        return _nanogpt(layer)
+    if has("qkv", "proj", "num_heads") and isinstance(getattr(layer, "qkv", None), nn.Linear):
+        return _timm(layer)
+    return None
