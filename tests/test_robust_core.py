@@ -218,8 +218,12 @@ def test_attention_backward_matches_torch_or_is_a_named_error(p, data):
     L = _logit_bound(q, k, bias, s, temperature)
     rows = q.shape[-2] * (2 if q.ndim > 2 else 1)
     with np.errstate(over="ignore"):
-        # error of dS: rounding (relative eps (1 + L)) and, in float32, what underflows below its smallest normal
-        base = (C * eps * (1 + L) * _max(d_out) + C * tiny) * _max(v) * v.shape[-1] / temperature + C * tiny
+        # error of dS: rounding (relative eps (1 + L)) and what underflows below the smallest normal (dP = d_out Vᵀ
+        # and P ∘ (dP - delta) can be subnormal); dS is multiplied by scale / temperature on its way to dQ and dK,
+        # so that absolute floor is divided by the temperature too
+        base = (C * eps * (1 + L) * _max(d_out) + C * tiny) * _max(v) * v.shape[
+            -1
+        ] / temperature + C * tiny / temperature
         bounds = {
             "dq": base * abs(s) * _max(k) * k.shape[-2] + C * tiny,
             "dk": base * abs(s) * _max(q) * rows + C * tiny,
