@@ -706,7 +706,8 @@ def _to_caller(plan: _Plan, x: np.ndarray, dtype: Any = None, *, name: str | Non
     bfloat16), a finite value that does not fit is a :class:`~attnlab.errors.RangeError` naming ``name``."""
     dtype = plan.out_dtype if dtype is None else dtype
     xp = plan.xp
-    y = x.astype(dtype, copy=False) if xp is np else xp.astype(xp.asarray(x, device=plan.device), dtype)
+    with np.errstate(over="ignore" if name is not None else "warn"):  # a named cast is checked just below
+        y = x.astype(dtype, copy=False) if xp is np else xp.astype(xp.asarray(x, device=plan.device), dtype)
     if name is not None and y.dtype != x.dtype:
         lost = ~np.isfinite(to_numpy(y)) & np.isfinite(x)
         if lost.any():
@@ -715,7 +716,7 @@ def _to_caller(plan: _Plan, x: np.ndarray, dtype: Any = None, *, name: str | Non
             raise RangeError(
                 f"{name}: {float(x[where]):.7g} at index {where} does not fit in {shown} (largest finite "
                 f"{float(xp.finfo(dtype).max):.7g}), the inputs' dtype it is returned in; pass float32 inputs "
-                f"(then the result is float32) or scale v down"
+                f"(then the result is float32) or scale {'v' if name == 'output' else 'v or d_out'} down"
             )
     return y
 
@@ -1505,15 +1506,15 @@ def flash_attention_backward(
                 name, where, float(g[where]), str(dt), d_out_max=float(np.abs(arrays["d_out"]).max())
             )
 
-    def back(x: np.ndarray, shape: tuple[int, ...], caller_shape: tuple[int, ...]) -> Any:
-        return _to_caller(plan, np.ascontiguousarray(_sum_to(x, shape)).reshape(caller_shape))
+    def back(name: str, x: np.ndarray, shape: tuple[int, ...], caller_shape: tuple[int, ...]) -> Any:
+        return _to_caller(plan, np.ascontiguousarray(_sum_to(x, shape)).reshape(caller_shape), name=name)
 
     cq, ck, cv = plan.caller_shapes
     return FlashGrads(
-        dq=back(dq, plan.q_shape, cq),
-        dk=back(dk, plan.k_shape, ck),
-        dv=back(dv, plan.v_shape, cv),
-        dbias=None if dbias is None else _to_caller(plan, dbias.total()),
+        dq=back("dq", dq, plan.q_shape, cq),
+        dk=back("dk", dk, plan.k_shape, ck),
+        dv=back("dv", dv, plan.v_shape, cv),
+        dbias=None if dbias is None else _to_caller(plan, dbias.total(), name="dbias"),
     )
 
 
