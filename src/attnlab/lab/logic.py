@@ -9,6 +9,9 @@ typed into a box, slider values) and never raises on bad input: :func:`compute` 
 (True, [[0.6698, 0.3302]])
 >>> compute(LabState(q="1, x", k="1, 0", v="1")).message
 "Q: 'x' at row 0, column 1 is not a number"
+
+The pictures are in :mod:`attnlab.lab.svg`, the predictions and score in :mod:`attnlab.lab.predict`, one preset per
+worked example of the articles in :mod:`attnlab.lab.presets`, the Chinese words in :mod:`attnlab.lab.i18n`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .. import masks
 from ..errors import AttnlabError, MaskedRowError
 from ..explain import Explanation, Setup, compare, explain_setup
 from ..explain.fmt import num, vec
-from ..explain.inputs import parse_matrix
+from ..explain.inputs import parse_mask, parse_matrix
+from .i18n import t
+from .svg import heatmap_svg, last_row_svg
 
 __all__ = [
     "DEFAULT",
@@ -33,6 +39,7 @@ __all__ = [
     "LabState",
     "compute",
     "error_html",
+    "exp_bias",
     "exp_shift",
     "exp_temperature",
     "exp_value",
@@ -43,16 +50,17 @@ __all__ = [
     "mask_conventions",
     "masked_row_trap",
     "matrix_html",
+    "num",
     "pictures_html",
-    "prediction_feedback",
     "result_html",
-    "reveal",
+    "setup_of",
     "steps_html",
+    "with_state",
 ]
 
 #: Bounds that keep the page responsive: at most MAX_N positions and MAX_D features per vector.
-MAX_N = 8
-MAX_D = 8
+MAX_N = 32
+MAX_D = 16
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,11 @@ class LabState:
     """The learner's inputs: Q, K, V as typed text and the settings of the controls.
 
     ``padded`` is the number of padding key positions (0 = none), at the end (``padding_side="right"``) or the
-    start. ``value_row``/``value_text`` replace one value vector (``"100, 0"``) without retyping V.
+    start. ``value_row``/``value_text`` replace one value vector (``"100, 0"``) without retyping V. ``bias`` is
+    one number per key (``"0, 0, 5, 0"``, added to that key's column of scores, as the self-test's second half
+    asks) or a full ``[n_q, n_k]`` matrix; ``mask`` rows of 1/0 (1 = may attend); ``scale`` a number (empty:
+    1/√d_k). ``causal`` with fewer queries than keys is a decoding query: the mask is aligned bottom-right (the
+    last query is the newest token and sees every key).
     """
 
     q: str
@@ -75,10 +87,13 @@ class LabState:
     value_row: int = 0
     value_text: str = ""
     tokens: str = ""
+    bias: str = ""
+    mask: str = ""
+    scale: str = ""
 
 
-#: The four-position example of article 000 (also ``attnlab explain causal-4``).
-DEFAULT = LabState(q="1, 0\n0, 1\n1, 1\n1, -1", k="1, 0\n0, 1\n1, 1\n-1, 1", v="1, 0\n0, 1\n1, 1\n2, 0")
+#: The four-position example of article 000 under its causal mask (``attnlab explain causal-4``): the lab opens here.
+DEFAULT = LabState(q="1, 0\n0, 1\n1, 1\n1, -1", k="1, 0\n0, 1\n1, 1\n-1, 1", v="1, 0\n0, 1\n1, 1\n2, 0", causal=True)
 
 #: Four 2-D query/key pairs for the mask-and-temperature experiment (the rows of DEFAULT's Q and K).
 FOUR_PAIRS = (np.array([[1.0, 0], [0, 1], [1, 1], [1, -1]]), np.array([[1.0, 0], [0, 1], [1, 1], [-1, 1]]))
@@ -137,8 +152,27 @@ def setup_of(state: LabState) -> Setup:
         v = v.copy()
         v[row] = new[0]
     n_q, n_k = q.shape[0], k.shape[0]
-    if state.causal and n_q != n_k:
-        raise AttnlabError(f"causal: Q has {n_q} rows and K has {n_k}; the causal mask here needs n_q = n_k")
+    fields = Setup.__dataclass_fields__
+    causal: bool | str = bool(state.causal)
+    user_mask = None
+    if state.mask.strip():
+        user_mask = parse_mask(state.mask, "mask")
+        if user_mask.shape not in ((n_q, n_k), (1, n_k)):
+            raise AttnlabError(
+                f"mask: {user_mask.shape[0]}×{user_mask.shape[1]}, expected {n_q}×{n_k} (one row per query, one "
+                f"column per key) or 1×{n_k}"
+            )
+    if causal and n_q != n_k:
+        if n_q > n_k:
+            raise AttnlabError(
+                f"causal: {n_q} queries but only {n_k} keys; a causal query must be one of the key positions "
+                f"(fewer queries than keys is decoding: the last query sees every key)"
+            )
+        causal = "bottom_right"
+        if "bias" not in fields:  # an explain without aligned causal masks: the same mask, given explicitly
+            dec = masks.causal(n_q, n_k, align="bottom_right")
+            user_mask = dec if user_mask is None else (user_mask & dec)
+            causal = False
     padded = int(state.padded)
     if not 0 <= padded <= n_k:
         raise AttnlabError(f"padding: {padded} padded key(s) but there are only {n_k} keys")
@@ -148,19 +182,39 @@ def setup_of(state: LabState) -> Setup:
         if len(toks) != n_k or n_q != n_k:
             raise AttnlabError(f"tokens: {len(toks)} token(s) for {n_k} positions (tokens label self-attention)")
         labels = toks
+    scale = None
+    if state.scale.strip():
+        sc = parse_matrix(state.scale, "scale")
+        if sc.shape != (1, 1) or not sc[0, 0] > 0:
+            raise AttnlabError(f"scale: expected one positive number (empty: 1/sqrt(d_k)), got {state.scale!r}")
+        scale = float(sc[0, 0])
+    extra: dict[str, object] = {}
+    if state.bias.strip():
+        b = parse_matrix(state.bias, "bias")
+        if b.shape not in ((1, n_k), (n_q, n_k)):
+            raise AttnlabError(
+                f"bias: {b.shape[0]}×{b.shape[1]}, expected one number per key (1×{n_k}) or one row per query "
+                f"({n_q}×{n_k})"
+            )
+        if "bias" not in fields:
+            raise AttnlabError("bias: this attnlab's explain has no per-key bias (attnlab.explain.Setup.bias)")
+        extra["bias"] = b
     return Setup(
         q,
         k,
         v,
-        causal=bool(state.causal),
+        mask=user_mask,
+        causal=causal,
         padding=None if padded == 0 else n_k - padded,
         padding_side=state.padding_side,
         temperature=float(state.temperature),
         shift=float(state.shift),
+        scale=scale,
         masked_rows=state.masked_rows,
         query_labels=labels,
         key_labels=labels,
         title="Your attention",
+        **extra,
     )
 
 
@@ -194,7 +248,7 @@ def _cell(x: float, allowed: bool = True, shade_weights: bool = False) -> str:
     if not allowed:
         if math.isnan(x):  # a row with no legal key under the 'nan' policy: show the NaN, not "masked"
             return f'<td data-value="nan" style="background:#fcbba1;color:#a50f15;{_PAD};text-align:right">nan</td>'
-        return f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#777;{_PAD}">masked</td>'
+        return f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#444;{_PAD}">masked</td>'
     shade = ""
     if shade_weights and math.isfinite(x) and 0 <= x <= 1:
         shade = f"background:rgba(49,130,189,{0.08 + 0.6 * x:.3f});"
@@ -261,7 +315,7 @@ def result_html(result: LabResult) -> str:
     st = result.setup
     attrs = _state_attrs(result.state)
     w = result.weights
-    sums = np.where(result.allowed, w, 0.0).sum(axis=-1)
+    sums = np.where(np.isnan(w).any(axis=-1), np.nan, np.where(result.allowed, w, 0.0).sum(axis=-1))
     dcols = tuple(f"d{c}" for c in range(result.output.shape[1]))
     return (
         "<div style='display:flex;gap:32px;flex-wrap:wrap;align-items:flex-start'><div>"
@@ -305,120 +359,37 @@ def steps_html(result: LabResult) -> str:
                 "<pre style='margin:2px 0;font-size:12px'>" + html.escape("\n".join(step.lines[:8])) + "</pre>"
             )
         if step.note:
-            parts.append(f"<div style='color:#31a354;font-size:13px'>{html.escape(step.note)}</div>")
+            parts.append(f"<div style='color:#006d2c;font-size:13px'>{html.escape(step.note)}</div>")
     return "\n".join(parts)
 
 
-def _blue(x: float) -> str:
-    """A white-to-blue colour for a weight in [0, 1] (the same ramp as the colour bar)."""
-    x = min(max(x, 0.0), 1.0)
-    r, g, b = (round(255 + (c - 255) * x) for c in (8, 48, 107))
-    return f"rgb({r},{g},{b})"
-
-
-def heatmap_svg(
-    weights: np.ndarray,
-    allowed: np.ndarray,
-    rows: tuple[str, ...],
-    cols: tuple[str, ...],
-    *,
-    title: str = "weights A: rows = queries, columns = keys",
-) -> str:
-    """An SVG heatmap drawn directly (fast enough to redraw on every slider move; files use :mod:`attnlab.plot`).
-
-    Masked cells are hatched grey and never look like small weights; NaN cells are red; row sums at the right;
-    a colour bar from 0 to 1.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    n_q, n_k = w.shape
-    cell, left, top = 46, 90, 40
-    width = left + n_k * cell + 150
-    height = top + n_q * cell + 70
-    esc = html.escape
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        f'font-size="12" data-testid="al-heatmap" role="img" aria-label="attention heatmap">',
-        '<defs><pattern id="al-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#e0e0e0"/>'
-        '<line x1="0" y1="0" x2="0" y2="6" stroke="#9e9e9e" stroke-width="2"/></pattern>'
-        '<linearGradient id="al-ramp" x1="0" y1="1" x2="0" y2="0">'
-        f'<stop offset="0" stop-color="{_blue(0)}"/><stop offset="1" stop-color="{_blue(1)}"/></linearGradient></defs>',
-        f'<text x="{left}" y="16" font-weight="bold">{esc(title)}</text>',
-    ]
-    for j, c in enumerate(cols):
-        out.append(f'<text x="{left + j * cell + cell / 2}" y="{top - 6}" text-anchor="middle">{esc(c[:8])}</text>')
-    for i, r in enumerate(rows):
-        y = top + i * cell
-        out.append(f'<text x="{left - 8}" y="{y + cell / 2 + 4}" text-anchor="end">{esc(r[:10])}</text>')
-        for j in range(n_k):
-            x = left + j * cell
-            if not allowed[i, j]:
-                out.append(
-                    f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="url(#al-hatch)" stroke="#fff"/>'
-                )
-                continue
-            v = w[i, j]
-            fill = _blue(v) if math.isfinite(v) else "#e34a33"
-            ink = "white" if (math.isfinite(v) and v > 0.55) or not math.isfinite(v) else "black"
-            out.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="#fff"/>')
-            out.append(
-                f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" text-anchor="middle" fill="{ink}" font-size="11">'
-                f"{'nan' if not math.isfinite(v) else f'{v:.2f}'}</text>"
-            )
-        ssum = float(np.where(allowed[i], w[i], 0.0).sum())
-        out.append(f'<text x="{left + n_k * cell + 8}" y="{y + cell / 2 + 4}" font-size="11">Σ={num(ssum, 3)}</text>')
-    bx = left + n_k * cell + 70
-    bh = n_q * cell
-    out.append(f'<rect x="{bx}" y="{top}" width="14" height="{bh}" fill="url(#al-ramp)" stroke="#999"/>')
-    out.append(f'<text x="{bx + 18}" y="{top + 10}" font-size="10">1</text>')
-    out.append(f'<text x="{bx + 18}" y="{top + bh}" font-size="10">0</text>')
-    ly = top + n_q * cell + 22
-    out.append(f'<text x="{left}" y="{ly}" font-size="11">key (column): read from</text>')
-    out.append(
-        f'<rect x="{left}" y="{ly + 10}" width="14" height="14" fill="url(#al-hatch)"/>'
-        f'<text x="{left + 20}" y="{ly + 21}" font-size="11">masked (never attended), unlike a small weight</text>'
-    )
-    out.append("</svg>")
-    return "".join(out)
-
-
-def last_row_svg(weights: np.ndarray, allowed: np.ndarray, cols: tuple[str, ...], row_label: str) -> str:
-    """The last query's real weights as an SVG bar chart; masked keys hatched."""
-    w = np.asarray(weights, dtype=np.float64)[-1]
-    ok = np.asarray(allowed)[-1]
-    bw, gap, h, left, top = 40, 10, 160, 30, 30
-    width = left + len(w) * (bw + gap) + 20
-    esc = html.escape
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + h + 40}" font-family="sans-serif" '
-        f'font-size="11" data-testid="al-last-row" role="img" aria-label="last query weights">',
-        f'<text x="{left}" y="16" font-weight="bold" font-size="12">'
-        f"last query {esc(row_label)}: its real weights</text>",
-        f'<line x1="{left}" y1="{top + h}" x2="{width - 10}" y2="{top + h}" stroke="#555"/>',
-    ]
-    for j, v in enumerate(w):
-        x = left + j * (bw + gap)
-        if not ok[j]:
-            out.append(f'<rect x="{x}" y="{top}" width="{bw}" height="{h}" fill="url(#al-hatch)" opacity="0.6"/>')
-            out.append(f'<text x="{x + bw / 2}" y="{top + h / 2}" text-anchor="middle">masked</text>')
-        else:
-            bh = h * (v if math.isfinite(v) else 0.0)
-            out.append(f'<rect x="{x}" y="{top + h - bh}" width="{bw}" height="{bh}" fill="#3182bd"/>')
-            out.append(f'<text x="{x + bw / 2}" y="{top + h - bh - 4}" text-anchor="middle">{num(v, 3)}</text>')
-        out.append(f'<text x="{x + bw / 2}" y="{top + h + 14}" text-anchor="middle">{esc(cols[j][:8])}</text>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def pictures_html(result: LabResult) -> str:
+def pictures_html(result: LabResult, lang: str = "en") -> str:
     """The heatmap and the last row's bar chart, side by side (or nothing when the input is not ok)."""
     if not result.ok:
         return ""
     st = result.setup
     return (
         "<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
-        + heatmap_svg(result.weights, result.allowed, st.qlabels, st.klabels)
-        + last_row_svg(result.weights, result.allowed, st.klabels, st.qlabels[-1])
+        + heatmap_svg(
+            result.weights,
+            result.allowed,
+            st.qlabels,
+            st.klabels,
+            title=t(lang, "weights A: rows = queries, columns = keys"),
+            legend=(
+                t(lang, "key (column): read from"),
+                t(lang, "masked (never attended), unlike a small weight"),
+                t(lang, "NaN: no legal key, policy 'nan'"),
+            ),
+        )
+        + last_row_svg(
+            result.weights,
+            result.allowed,
+            st.klabels,
+            st.qlabels[-1],
+            title=t(lang, "last query {q}: its real weights", q=st.qlabels[-1]),
+            masked_word=t(lang, "masked"),
+        )
         + "</div>"
     )
 
@@ -444,25 +415,6 @@ def heatmap_png(result: LabResult) -> bytes | None:
 # experiments: each returns (numbers, html) so the notebook can reveal them after the learner's prediction
 
 
-def reveal(prediction: str | None, correct: str, body: str) -> str:
-    """The experiment's result after a prediction; without one, only the request to predict first."""
-    if not prediction:
-        return prediction_feedback(prediction, correct)
-    return prediction_feedback(prediction, correct) + body
-
-
-def prediction_feedback(prediction: str | None, correct: str) -> str:
-    """What to say after the reveal: right, wrong (and the answer), or 'predict first'."""
-    if not prediction:
-        return "<b>Make a prediction first</b> (pick one above), then reveal: the result stays hidden until then."
-    if prediction == correct:
-        return f"<b style='color:#31a354'>Your prediction was right:</b> {html.escape(correct)}."
-    return (
-        f"<b style='color:#e34a33'>Not quite.</b> You predicted “{html.escape(prediction)}”; the answer is "
-        f"“{html.escape(correct)}”."
-    )
-
-
 def _ok_setup(state: LabState) -> Setup | None:
     r = compute(state)
     return r.setup if r.ok else None
@@ -486,6 +438,31 @@ def exp_shift(state: LabState, c: float = 10.0) -> tuple[float, str]:
         + ". softmax(x + c) = softmax(x): "
         "the shift cancels between numerator and denominator. Adding <i>different</i> amounts to different columns "
         "would change the weights.</p>"
+    )
+
+
+def exp_bias(state: LabState, bias: tuple[float, ...] | None = None) -> tuple[float, str]:
+    """The self-test's second half: add a *different* number to each key's column (default 0, 1, 2, …): the weights
+    change (unlike the same number on a whole row). Returns the largest weight change and the page's HTML."""
+    setup = _ok_setup(state)
+    if setup is None:
+        return float("nan"), error_html("Fix the inputs above first.")
+    b = np.arange(setup.n_k, dtype=np.float64) if bias is None else np.asarray(bias, dtype=np.float64)
+    if b.shape != (setup.n_k,):
+        return float("nan"), error_html(f"This experiment needs one bias per key ({setup.n_k}).")
+    t0 = setup.trace()
+    t1 = setup.trace(bias=np.broadcast_to(b, (setup.n_q, setup.n_k)) + float(setup.shift))
+    a0, a1 = np.asarray(t0.weights), np.asarray(t1.weights)
+    d = float(np.nanmax(np.abs(a0 - a1))) if a0.size else 0.0
+    rows, cols = setup.qlabels, setup.klabels
+    allowed = np.asarray(t0.allowed)
+    return d, (
+        f"<p>bias per key (column): {vec(b)}</p>"
+        + matrix_html(a0, rows, cols, allowed=allowed, caption="weights before")
+        + matrix_html(a1, rows, cols, allowed=allowed, caption="weights with a different bias per column")
+        + f"<p>Largest change of any weight: <b data-testid='al-bias-diff'>{num(d)}</b>. A bias that differs "
+        "between the columns of a row does not cancel in softmax: keys with a larger bias gain weight. (A row "
+        "with one legal key keeps [1, 0, …].)</p>"
     )
 
 

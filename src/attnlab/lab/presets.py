@@ -1,0 +1,100 @@
+"""One lab preset for each worked example of the two articles (:mod:`attnlab.articles`), built from the same data.
+
+A preset is the lab's inputs (:class:`~attnlab.lab.logic.LabState`) that reproduce the example exactly:
+
+* an example with Q, K, V is typed into the boxes as it is, with its causal flag, mask, padding, scale, per-key
+  bias, fully-masked-row policy and token labels (a one-query causal example is a decoding query, bottom-right);
+* the weighted average (given weights ``a``, article 001 §1) becomes one query of width 1 against keys
+  ``ln a_j`` with scale 1, so softmax returns ``a`` itself and the output is ``Σ a_j v_j``;
+* the softmax-only example (given logits) becomes one-hot queries against keys holding the logits, scale 1, so
+  every row of scores *is* one row of logits.
+
+>>> p = PRESETS["weighted-average"]
+>>> p.state.q, p.state.scale
+('1', '1')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..articles import EXAMPLES, EXTRA_EXAMPLES
+
+__all__ = ["DEFAULT_PRESET", "PRESETS", "Preset", "matrix_text", "preset_of"]
+
+#: The preset the lab opens with: article 000's four positions under the causal mask.
+DEFAULT_PRESET = "causal-4"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named lab input: ``title`` and ``source`` from the article, ``state`` the lab's inputs, ``how`` (English,
+    empty for a plain Q/K/V example) how the lab turned the example into attention."""
+
+    name: str
+    title: str
+    source: str
+    state: Any
+    how: str = ""
+
+
+def matrix_text(m: Any) -> str:
+    """A matrix as the lab's text boxes show it: one row per line, numbers separated by ", " (exact: repr)."""
+    a = np.atleast_2d(np.asarray(m, dtype=np.float64))
+    return "\n".join(", ".join(_n(x) for x in row) for row in a)
+
+
+def _n(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+def _mask_text(m: Any) -> str:
+    a = np.atleast_2d(np.asarray(m, dtype=bool))
+    return "\n".join(" ".join("1" if x else "0" for x in row) for row in a)
+
+
+def preset_of(ex: Any) -> Preset:
+    """The :class:`Preset` of one :class:`~attnlab.articles.Example`."""
+    from .logic import LabState
+
+    how = ""
+    if ex.weights is not None:
+        w = np.asarray(ex.weights, dtype=np.float64)[0]
+        state = LabState(q="1", k="\n".join(repr(math.log(x)) for x in w), v=matrix_text(ex.v), scale="1", causal=False)
+        how = "given weights a: one query of width 1 against keys ln a_j, scale 1, so softmax gives a back exactly"
+    elif ex.logits:
+        x = np.stack([np.asarray(r, dtype=np.float64).ravel() for r in ex.logits])  # [rows, n]
+        state = LabState(
+            q=matrix_text(np.eye(x.shape[0])),
+            k=matrix_text(x.T),
+            v=matrix_text(np.eye(x.shape[1])),
+            scale="1",
+            causal=False,
+        )
+        how = "given logits: one-hot queries against keys holding the logits, scale 1, so each row of scores is one row"
+    else:
+        n_k = np.shape(ex.k)[0]
+        padding = getattr(ex, "padding", None)
+        bias = getattr(ex, "bias", None)
+        tokens = getattr(ex, "tokens", None)
+        state = LabState(
+            q=matrix_text(ex.q),
+            k=matrix_text(ex.k),
+            v=matrix_text(ex.v),
+            causal=bool(ex.causal),
+            mask="" if ex.mask is None else _mask_text(ex.mask),
+            scale="" if ex.scale is None else _n(ex.scale),
+            padded=0 if padding is None else n_k - int(padding),
+            bias="" if bias is None else matrix_text(bias),
+            masked_rows=getattr(ex, "masked_rows", None) or "raise",
+            tokens="" if not tokens else " ".join(tokens),
+        )
+    return Preset(ex.name, ex.title, ex.source, state, how)
+
+
+#: Every worked example of :mod:`attnlab.articles` (``EXAMPLES`` then ``EXTRA_EXAMPLES``) as a lab preset.
+PRESETS: dict[str, Preset] = {name: preset_of(ex) for name, ex in {**EXAMPLES, **EXTRA_EXAMPLES}.items()}
