@@ -189,3 +189,8 @@ def test_a_missing_extra_is_a_one_line_install_hint(blocked, call, hint):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"{blocked} is not installed; it comes with: {hint}"
+
+
+def test_svg_keeps_real_text():
+    svg = plot.to_bytes(plot.heatmap(W, ALLOWED, key_labels=["I", "like", "cats"]), "svg").decode()
+    assert "<text" in svg and ">like<" in svg and ">masked<" in svg

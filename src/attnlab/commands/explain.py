@@ -8,6 +8,9 @@ Examples::
     attnlab explain causal-4 --mistake all --format markdown
     attnlab explain --positions        # why attention needs positions: permutation with and without RoPE
     attnlab explain causal-4 --tiled 2 # FlashAttention's online softmax, keys in blocks of 2
+    attnlab explain 2x2 --backward     # article 001 §9: dV, dA, dS, dQ, dK by hand, checked
+    attnlab explain causal-4 --dropout 0.5 --seed 0
+    attnlab explain variance --lang zh # a lesson, in Chinese
 """
 
 from __future__ import annotations
@@ -57,6 +60,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="FlashAttention's online softmax instead: the keys in blocks of B, a running max, sum and accumulator",
     )
     o.add_argument(
+        "--lang",
+        choices=("en", "zh"),
+        default="en",
+        help="language of every explanation, label and message: en (default) or zh (中文)",
+    )
+    o.add_argument(
+        "--backward",
+        action="store_true",
+        help="article 001 §9: the gradients by hand (dV, dA, dS, dQ, dK), checked against attention_backward",
+    )
+    o.add_argument(
+        "--grad-out",
+        metavar="G",
+        help="--backward: the upstream gradient G_O = dL/dO [n_q, d_v] (default all ones: L = sum of O)",
+    )
+    o.add_argument(
+        "--dropout",
+        type=float,
+        metavar="P",
+        help="article 001 §18: inverted dropout on the weights with drop probability P; shows the row sums after it",
+    )
+    o.add_argument("--seed", type=int, default=0, help="--dropout: seed of the dropout mask (default 0)")
+    o.add_argument(
         "--positions",
         action="store_true",
         help="article 001 §16: permuting the tokens permutes the outputs, unless positions (RoPE) are added",
@@ -75,38 +101,77 @@ def check_args(args: argparse.Namespace) -> None:
         raise OptionError("--tiled and --mistake: give one of them")
 
 
+def _error(msg: str, code: int = 1, lang: str = "en") -> int:
+    from ..explain.i18n import tr
+
+    sys.stderr.write(tr("cli.error", lang, prog="attnlab explain", msg=msg) + "\n")
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..errors import MaskedRowError
+    from ..errors import AttnlabError, MaskedRowError, MaskError
     from ..explain import compare, explain_example, explain_online, explain_setup, to_dict, to_markdown, to_text
     from ..explain.args import setup_from_args
+    from ..explain.i18n import tr
 
+    lang = getattr(args, "lang", "en") or "en"
     if args.list:
-        sys.stdout.write(examples_listing())
+        sys.stdout.write(examples_listing(lang))
         return 0
     if args.positions:
         from ..core.rope import permutation_demo
 
         sys.stdout.write(permutation_demo().text() + "\n")
         return 0
-    setup = setup_from_args(args)
-    names = list(dict.fromkeys(n for m in (args.mistake or ()) for n in (_MISTAKES if m == "all" else (m,))))
+    if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
+        return _error(tr("cli.need_input", lang), 2, lang)
+    backward = bool(getattr(args, "backward", False))
+    drop = getattr(args, "dropout", None)
     try:
+        setup = setup_from_args(args)
+        names = list(dict.fromkeys(n for m in (args.mistake or ()) for n in (_MISTAKES if m == "all" else (m,))))
+        flags = (
+            ("--tiled", args.tiled is not None),
+            ("--mistake", bool(names)),
+            ("--backward", backward),
+            ("--dropout", drop is not None),
+        )
+        modes = [f for f, on in flags if on]
         if isinstance(setup, str):
-            if names or args.tiled is not None:
-                from ..errors import OptionError
-
-                flag = "--mistake" if names else "--tiled"
-                raise OptionError(f"{flag} needs Q and K; the example {setup!r} does not start from them")
-            e = explain_example(setup)
+            if modes:
+                flag = "--mistake" if names else modes[0]
+                return _error(tr("cli.needs_qk", lang, flag=flag, name=setup), 2, lang)
+            e = explain_example(setup, lang=lang)
             mistakes = []
+        elif len(modes) > 1:
+            return _error(tr("cli.one_of", lang, a=modes[0], b=modes[1]), 2, lang)
         elif args.tiled is not None:
-            e = explain_online(setup, args.tiled)
+            e = explain_online(setup, args.tiled, lang=lang)
+            mistakes = []
+        elif backward:
+            from ..explain.inputs import load_matrix
+            from ..explain.lessons import explain_backward
+
+            g = None if args.grad_out is None else load_matrix(args.grad_out, "--grad-out")
+            e = explain_backward(setup, g, lang=lang)
+            mistakes = []
+        elif drop is not None:
+            from ..explain.lessons import explain_dropout
+
+            e = explain_dropout(setup, drop, seed=args.seed, lang=lang)
             mistakes = []
         else:
-            e = explain_setup(setup)
-            mistakes = [compare(setup, n, heads=args.heads) for n in names]
-    except MaskedRowError as err:
-        raise type(err)(f"{err} (on the command line: --masked-rows zero or --masked-rows nan)", err.rows) from None
+            e = explain_setup(setup, lang=lang)
+            mistakes = [compare(setup, n, heads=args.heads, lang=lang) for n in names]
+    except (AttnlabError, ValueError, KeyError, FileNotFoundError) as err:
+        msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+        if isinstance(err, MaskError) and "pass causal='top_left'" in msg:  # the CLI spelling, not Python's
+            msg = msg.split("  pass causal='top_left'")[0] + "  " + tr("cli.causal_hint", lang)
+        if lang != "en":
+            msg = tr("cli.core_message", lang, msg=msg)
+        if isinstance(err, MaskedRowError):
+            msg += tr("cli.masked_rows_hint", lang)
+        return _error(msg, 1, lang)
     fmt = args.format
     if fmt == "auto":
         fmt = "text"

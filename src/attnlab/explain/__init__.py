@@ -1,6 +1,7 @@
 """Attention by hand: every step as data (:func:`explain`), the classic mistakes next to it (:func:`compare`),
-FlashAttention's online softmax block by block (:func:`explain_online`), and renderers for terminals, pipes,
-markdown and JSON.
+FlashAttention's online softmax block by block (:func:`explain_online`), the backward and dropout by hand
+(:func:`explain_backward`, :func:`explain_dropout`), the articles' other lessons (:func:`explain_lesson`), renderers
+for terminals, pipes, markdown and JSON, and every text in English or Chinese (:func:`tr`, ``lang="zh"``).
 
 >>> from attnlab.explain import explain_example, to_text
 >>> e = explain_example("2x2-causal")
@@ -10,7 +11,9 @@ markdown and JSON.
 [[10.0, 0.0], [3.302, 13.395]]
 """
 
+from .i18n import LANGS, tr
 from .inputs import load_inputs, load_mask, load_matrix, parse_mask, parse_matrix, parse_tokens
+from .lessons import explain_backward, explain_dropout, explain_lesson
 from .mistakes import MISTAKES, Mistake, compare
 from .online import explain_online
 from .render import print_rich, to_dict, to_markdown, to_text
@@ -27,6 +30,7 @@ from .steps import (
 )
 
 __all__ = [
+    "LANGS",
     "MISTAKES",
     "Explanation",
     "Mistake",
@@ -34,7 +38,10 @@ __all__ = [
     "Step",
     "compare",
     "explain",
+    "explain_backward",
+    "explain_dropout",
     "explain_example",
+    "explain_lesson",
     "explain_online",
     "explain_setup",
     "explain_softmax",
@@ -50,4 +57,5 @@ __all__ = [
     "to_dict",
     "to_markdown",
     "to_text",
+    "tr",
 ]

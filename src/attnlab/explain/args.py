@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..argtypes import float_type, input_file, int_type
-from ..articles import EXAMPLES, EXTRA_EXAMPLES
+from ..articles import EXAMPLES, EXTRA_EXAMPLES, LESSONS
 from ..errors import AttnlabError, OptionError, ShapeError
 
 __all__ = [
@@ -26,14 +26,20 @@ __all__ = [
     "setup_from_args",
 ]
 
-EXAMPLE_NAMES: tuple[str, ...] = (*EXAMPLES, *EXTRA_EXAMPLES)
+EXAMPLE_NAMES: tuple[str, ...] = (*EXAMPLES, *EXTRA_EXAMPLES, *LESSONS)
 
 
-def examples_listing() -> str:
-    """One line per named example: name, title, source."""
-    from ..articles import example
+def examples_listing(lang: str = "en") -> str:
+    """One line per named example and lesson: name, title, source (in ``lang``)."""
+    from .i18n import tr
 
-    return "\n".join(f"{n:<18} {example(n).title}  [article {example(n).source}]" for n in EXAMPLE_NAMES) + "\n"
+    return (
+        "\n".join(
+            tr("list.line", lang, name=n, title=tr(f"title.{n}", lang), source=tr(f"source.{n}", lang))
+            for n in EXAMPLE_NAMES
+        )
+        + "\n"
+    )
 
 
 #: ``--temperature``: finite and at least the smallest normal float64, so that ``1/T`` is finite (below it the
@@ -76,6 +82,18 @@ def add_input_arguments(p: argparse.ArgumentParser) -> None:
         help="what 1/True means in --mask: allow (attnlab, PyTorch SDPA) or block (nn.MultiheadAttention)",
     )
     m.add_argument("--causal", action="store_true", help="query i sees keys j <= i")
+    m.add_argument(
+        "--causal-align",
+        choices=("top_left", "bottom_right"),
+        help="causal with n_q != n_k: top_left (PyTorch is_causal) or bottom_right (decoding: the last query is the "
+        "newest token and sees every key); implies --causal",
+    )
+    m.add_argument("--no-causal", action="store_true", help="drop a named example's causal mask (see it without)")
+    m.add_argument(
+        "--bias",
+        metavar="B",
+        help="additive scores: one number per key '0,1,2,3' (a different bias per column) or a matrix [n_q, n_k]",
+    )
     m.add_argument(
         "--padding",
         type=int_type(minimum=0),
@@ -166,8 +184,11 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         raise ShapeError(
             f"give either an example ({args.example!r}) or your own matrices (--q/--k/--v/--inputs), not both"
         )
+    align = getattr(args, "causal_align", None)
+    causal: bool | str = align if align is not None else bool(args.causal)
+    bias = None if getattr(args, "bias", None) is None else load_matrix(args.bias, "--bias")
     options: dict[str, Any] = {
-        "causal": bool(args.causal),
+        "causal": causal,
         "padding": args.padding,
         "padding_side": args.padding_side,
         "temperature": args.temperature,
@@ -186,11 +207,17 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         if ex.q is None:
             return args.example
         _check_sizes(args, int(np.shape(ex.q)[0]), int(np.shape(ex.k)[0]))
-        setup = setup_from_example(args.example, **options)
+        if bias is not None:
+            options["bias"] = bias
+        if options["masked_rows"] == "raise":  # the default: keep the example's own policy (all-masked: nan)
+            options.pop("masked_rows")
+        setup = setup_from_example(
+            args.example, no_causal=bool(getattr(args, "no_causal", False)), lang=getattr(args, "lang", None), **options
+        )
         if mask is not None:
             setup = setup.with_options(mask=mask)
         ql, kl = labels_from_args(args, setup.n_q, setup.n_k, None)
-        return setup.with_options(query_labels=ql, key_labels=kl)
+        return setup.with_options(query_labels=ql or setup.query_labels, key_labels=kl or setup.key_labels)
     data: dict[str, Any] = {}
     if args.inputs:
         data = read_source("--inputs", args.inputs, load_inputs)
@@ -212,4 +239,4 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         mask = np.asarray(data["mask"], dtype=bool)
     _check_sizes(args, q.shape[0], k.shape[0])
     ql, kl = labels_from_args(args, q.shape[0], k.shape[0], data.get("tokens"))
-    return Setup(q, k, v, mask, query_labels=ql, key_labels=kl, **options)
+    return Setup(q, k, v, mask, query_labels=ql, key_labels=kl, bias=bias, **options)

@@ -20,6 +20,8 @@ def num(x: float, digits: int = 4) -> str:
         return "nan"
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"
+    if (abs(x) >= 1e7 and x != round(x)) or abs(x) >= 1e16:  # e^600, 1e30: a short exponent, not 260 digits
+        return f"{x:.4g}"
     # Near 0 and near ±1 (tiny weights, saturated softmax) more digits are shown, until the distance to the round
     # value is right within 5%: 0.0000454 is '0.000045', not '0' or '0.00005'.
     gap = min(abs(x), abs(1.0 - abs(x))) if x != 0 else 0.0

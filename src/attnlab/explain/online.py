@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .fmt import num, vec
+from .i18n import check_lang, tr
 from .steps import MAX_WRITTEN, Explanation, Setup, Step
 
 __all__ = ["explain_online"]
@@ -43,7 +44,7 @@ def _pv_terms(p: np.ndarray, v: np.ndarray) -> str:
     return " + ".join(terms) + (" + …" if js.size > _MAX_TERMS else "")
 
 
-def explain_online(setup: Setup, block_k: int) -> Explanation:
+def explain_online(setup: Setup, block_k: int, *, lang: str = "en") -> Explanation:
     """The online softmax of ``setup`` with the keys in blocks of ``block_k``, step by step.
 
     Steps: ``blocks`` (the logits, cut into key blocks), one ``block{b}`` per key block (the block's
@@ -52,6 +53,7 @@ def explain_online(setup: Setup, block_k: int) -> Explanation:
     ``masked_rows`` policy, as in the core.
     """
     block_k = _check_block(block_k)
+    lang = check_lang(lang)
     t = setup.trace()  # raises for fully masked rows under masked_rows="raise"
     logits = np.asarray(t.logits, dtype=np.float64)  # [n_q, n_k], -inf where masked
     v = np.asarray(t.v, dtype=np.float64)  # [n_k, d_v]
@@ -64,15 +66,13 @@ def explain_online(setup: Setup, block_k: int) -> Explanation:
     steps = [
         Step(
             "blocks",
-            f"The keys in {len(starts)} block(s) of {block_k}",
+            tr("online.blocks.title", lang, n=len(starts), b=block_k),
             cuts,
             logits,
             ql,
             kl,
             (),
-            "These are the logits (scaled scores, masked entries -inf). The tiled kernel never holds this whole "
-            "matrix: it computes one block of it, uses it and drops it. It is shown whole here only to check the "
-            "blocks against it.",
+            tr("online.blocks.note", lang),
         )
     ]
     m = np.full(n_q, -np.inf)  # running max
@@ -92,7 +92,7 @@ def explain_online(setup: Setup, block_k: int) -> Explanation:
         lines = []
         for i, r in enumerate(shown):
             if not seen[i]:
-                lines.append(f"{r}: no legal key yet: m = -inf, l = 0, acc = 0")
+                lines.append(tr("online.none_yet", lang, r=r))
                 continue
             lines.append(
                 f"{r}: m = max({num(m[i])}, {num(block_max[i])}) = {num(m_new[i])}; "
@@ -103,25 +103,18 @@ def explain_online(setup: Setup, block_k: int) -> Explanation:
             )
         rescaled = [r for r, a in zip(ql, alpha, strict=True) if 0 < a < 1]
         if b == 0:
-            note = "First block: nothing seen before it, so α = 0 and m, l, acc start from this block alone."
+            note = tr("online.first", lang)
         elif rescaled:
-            note = (
-                f"α < 1 on {', '.join(rescaled)}: this block holds a larger score than any before it, so the "
-                f"sum and the accumulator so far are rescaled to the new maximum: exp(x - m_old) · exp(m_old - m_new) "
-                f"= exp(x - m_new). Nothing is recomputed."
-            )
+            note = tr("online.rescaled", lang, rows=", ".join(rescaled))
         else:
-            note = "No row's maximum grew (α = 1): this block's terms are simply added."
+            note = tr("online.same", lang)
         blind = [r for r, x, y in zip(ql, np.isfinite(s).any(axis=1), seen, strict=True) if y and not x]
         if blind:
-            note += (
-                f" {', '.join(blind)} may see no key of this block: P = 0 there and nothing changes. The tiled "
-                f"kernel skips a block that no query of its query block may see, without computing it."
-            )
+            note += " " + tr("online.blind", lang, rows=", ".join(blind))
         steps.append(
             Step(
                 f"block{b}",
-                f"Key block {b}: {kl[j0]}..{kl[j1 - 1]}",
+                tr("online.block.title", lang, b=b, a=kl[j0], z=kl[j1 - 1]),
                 "m' = max(m, rowmax S_b);  α = exp(m - m');  P = exp(S_b - m');  l' = α·l + rowsum P;  "
                 "acc' = α·acc + P V_b",
                 p,
@@ -131,7 +124,7 @@ def explain_online(setup: Setup, block_k: int) -> Explanation:
                 note,
                 extra=(
                     ("m", m_new[:, None], ql, ("max",)),
-                    ("l", l_new[:, None], ql, ("sum",)),
+                    ("l", l_new[:, None], ql, (tr("label.sum", lang),)),
                     ("acc", acc_new, ql, dcols),
                 ),
             )
@@ -152,29 +145,33 @@ def explain_online(setup: Setup, block_k: int) -> Explanation:
     lines = [
         f"o[{r}] = {vec(acc[i])} / {num(l[i])} = {vec(out[i])};  lse = {num(m[i])} + log {num(l[i])} = {num(lse[i])}"
         if not empty[i]
-        else f"o[{r}]: no legal key in any block (masked_rows={setup.masked_rows!r}: {vec(out[i])})"
+        else tr("online.empty", lang, r=r, p=repr(setup.masked_rows), o=vec(out[i]))
         for i, r in enumerate(shown)
     ]
     steps.append(
         Step(
             "normalize",
-            "Normalize once, at the end",
+            tr("online.normalize.title", lang),
             "O = acc / l;  lse = m + log l",
             out,
             ql,
             dcols,
             tuple(lines),
-            f"The same output as softmax(S) V computed densely (largest difference {diff:.1e} in float64; the "
-            f"log-sum-exp {diff_lse:.1e}): only the order of the additions differs, nothing is approximated. "
-            f"Memory per query: m, l and acc, whatever n_k is.",
+            tr("online.normalize.note", lang, d=f"{diff:.1e}", l=f"{diff_lse:.1e}"),
         )
     )
     return Explanation(
-        title=f"{setup.title}: FlashAttention's online softmax, key blocks of {block_k}",
-        source=" · ".join(x for x in (setup.source, "FlashAttention's tiling + online softmax (article 001)") if x),
+        title=tr(
+            "online.title",
+            lang,
+            title=setup.title if setup.title != "Your matrices" else tr("label.your_matrices", lang),
+            b=block_k,
+        ),
+        source=" · ".join(x for x in (setup.source, tr("online.source", lang)) if x),
         steps=tuple(steps),
         weights=None,
         output=out,
         setup=setup,
         trace=t,
+        lang=lang,
     )

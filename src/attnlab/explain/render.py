@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import missing_extra
 from .fmt import num
+from .i18n import tr
 from .mistakes import Mistake
 from .steps import Explanation, Step
 
@@ -27,22 +28,27 @@ def _options(e: Explanation) -> str:
     s = e.setup
     if s is None:
         return ""
+    lang = e.lang
     parts = []
-    if s.causal:
-        parts.append("causal")
+    if s.causal is True:
+        parts.append(tr("opt.causal", lang))
+    elif s.causal:
+        parts.append(tr("opt.causal_align", lang, align=s.causal))
     if s.padding is not None:
-        parts.append(f"padding={s.padding} ({s.padding_side})")
+        parts.append(tr("opt.padding", lang, n=s.padding, side=tr(f"side.{s.padding_side}", lang)))
     if s.mask is not None:
-        parts.append("mask")
+        parts.append(tr("opt.mask", lang))
+    if s.bias is not None:
+        parts.append(tr("opt.bias", lang))
     if s.scale is not None:
-        parts.append(f"scale={num(s.scale)}")
+        parts.append(tr("opt.scale", lang, x=num(s.scale)))
     if s.shift:
-        parts.append(f"shift={num(s.shift)}")
+        parts.append(tr("opt.shift", lang, x=num(s.shift)))
     if s.temperature != 1.0:
-        parts.append(f"temperature={num(s.temperature)}")
+        parts.append(tr("opt.temperature", lang, x=num(s.temperature)))
     if s.masked_rows != "raise":
-        parts.append(f"masked_rows={s.masked_rows}")
-    return ", ".join(parts)
+        parts.append(tr("opt.masked_rows", lang, x=s.masked_rows))
+    return ("，" if lang == "zh" else ", ").join(parts)
 
 
 def _grid(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], corner: str = "") -> list[str]:
@@ -58,11 +64,17 @@ def _grid(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], corner: 
 
 
 def _wrap(text: str, width: int, indent: str) -> list[str]:
-    return textwrap.wrap(text, width=max(20, width - len(indent)), initial_indent=indent, subsequent_indent=indent)
+    return textwrap.wrap(
+        text,
+        width=max(20, width - len(indent)),
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_on_hyphens=False,  # commands and names (sqrt-d-model, 2x2-causal) stay whole
+    )
 
 
-def _step_text(n: int, s: Step, width: int) -> list[str]:
-    out = [f"{n}. {s.title}: {s.formula}"]
+def _step_text(n: int, s: Step, width: int, lang: str = "en") -> list[str]:
+    out = [f"{n}. {s.title}{_colon(lang)} {s.formula}"]
     if s.matrix is not None:
         out += ["   " + ln for ln in _grid(s.matrix, s.rows, s.cols)]
     for name, m, r, c in s.extra:
@@ -73,24 +85,32 @@ def _step_text(n: int, s: Step, width: int) -> list[str]:
     return out
 
 
+def _colon(lang: str) -> str:
+    return "：" if lang == "zh" else ":"
+
+
 def _mistake_text(m: Mistake, rows: Sequence[str], cols: Sequence[str], width: int) -> list[str]:
-    out = [f"Mistake {m.name}: {m.title}"]
-    out.append("   right weights:")
+    lang, c = m.lang, _colon(m.lang)
+    out = [tr("render.mistake", lang, name=m.name, title=m.title)]
+    out.append("   " + tr("render.right_weights", lang) + c)
     out += ["     " + ln for ln in _grid(m.right_weights, rows, cols)]
-    out.append(f"   wrong weights ({m.name}):")
+    out.append("   " + tr("render.wrong_weights", lang, name=m.name) + c)
     out += ["     " + ln for ln in _grid(m.wrong_weights, rows, cols)]
     out.append(
-        "   row sums: right "
-        + ", ".join(num(x) for x in m.right_weights.sum(-1))
-        + "; wrong "
-        + ", ".join(num(x) for x in m.wrong_row_sums)
+        "   "
+        + tr(
+            "render.row_sums",
+            lang,
+            right=", ".join(num(x) for x in m.right_weights.sum(-1)),
+            wrong=", ".join(num(x) for x in m.wrong_row_sums),
+        )
     )
     dv = tuple(f"d{c}" for c in range(m.right_output.shape[1]))
-    out.append("   right output:")
+    out.append("   " + tr("render.right_output", lang) + c)
     out += ["     " + ln for ln in _grid(m.right_output, rows, dv)]
-    out.append("   wrong output:")
+    out.append("   " + tr("render.wrong_output", lang) + c)
     out += ["     " + ln for ln in _grid(m.wrong_output, rows, dv)]
-    out += _wrap("Why: " + m.explanation, width, "   ")
+    out += _wrap(tr("render.why", lang, text=m.explanation), width, "   ")
     return out
 
 
@@ -98,6 +118,8 @@ def _labels(e: Explanation) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if e.setup is not None:
         return e.setup.qlabels, e.setup.klabels
     w = e.weights
+    if w is None:
+        return (), ()
     return tuple(f"q{i}" for i in range(w.shape[0])), tuple(f"k{j}" for j in range(w.shape[1]))
 
 
@@ -107,13 +129,13 @@ def to_text(e: Explanation, mistakes: Sequence[Mistake] = (), *, width: int = 10
     out = [head]
     opts = _options(e)
     if opts:
-        out.append(f"Options: {opts}")
+        out.append(tr("render.options", e.lang, opts=opts))
     for i, s in enumerate(e.steps, 1):
         out.append("")
-        out += _step_text(i, s, width)
+        out += _step_text(i, s, width, e.lang)
     for n in e.notes:
         out.append("")
-        out += _wrap("Note: " + n, width, "")
+        out += _wrap(tr("render.note", e.lang, text=n), width, "")
     rows, cols = _labels(e)
     for m in mistakes:
         out.append("")
@@ -136,10 +158,10 @@ def to_markdown(e: Explanation, mistakes: Sequence[Mistake] = ()) -> str:
     """Markdown: a heading per step, pipe tables, arithmetic in code blocks (pastes into notes and issues)."""
     out = [f"# {e.title}"]
     if e.source:
-        out.append(f"\n*Source: {e.source}*")
+        out.append(f"\n*{tr('render.source', e.lang, source=e.source)}*")
     opts = _options(e)
     if opts:
-        out.append(f"\nOptions: `{opts}`")
+        out.append("\n" + tr("render.options", e.lang, opts=f"`{opts}`"))
     for i, s in enumerate(e.steps, 1):
         out += ["", f"## {i}. {s.title}", "", f"`{s.formula}`"]
         if s.matrix is not None:
@@ -155,19 +177,20 @@ def to_markdown(e: Explanation, mistakes: Sequence[Mistake] = ()) -> str:
     rows, cols = _labels(e)
     for m in mistakes:
         dv = tuple(f"d{c}" for c in range(m.right_output.shape[1]))
+        lg, c = m.lang, _colon(m.lang)
         out += [
             "",
-            f"## Mistake `{m.name}`: {m.title}",
+            "## " + tr("render.mistake", lg, name=f"`{m.name}`", title=m.title),
             "",
-            "Right weights:",
+            tr("render.right_weights", lg) + c,
             "",
             *_md_table(m.right_weights, rows, cols),
         ]
-        out += ["", "Wrong weights:", "", *_md_table(m.wrong_weights, rows, cols)]
-        out += ["", "Wrong row sums: " + ", ".join(num(x) for x in m.wrong_row_sums)]
-        out += ["", "Right output:", "", *_md_table(m.right_output, rows, dv)]
-        out += ["", "Wrong output:", "", *_md_table(m.wrong_output, rows, dv)]
-        out += ["", f"**Why:** {m.explanation}"]
+        out += ["", tr("render.wrong_weights", lg, name=m.name) + c, "", *_md_table(m.wrong_weights, rows, cols)]
+        out += ["", tr("render.wrong_row_sums", lg, sums=", ".join(num(x) for x in m.wrong_row_sums))]
+        out += ["", tr("render.right_output", lg) + c, "", *_md_table(m.right_output, rows, dv)]
+        out += ["", tr("render.wrong_output", lg) + c, "", *_md_table(m.wrong_output, rows, dv)]
+        out += ["", "**" + tr("render.why", lg, text="").strip() + "** " + m.explanation]
     return "\n".join(out) + "\n"
 
 
@@ -237,7 +260,7 @@ def print_rich(e: Explanation, mistakes: Sequence[Mistake] = (), *, console: Any
     console.print(Text(e.title, style="bold") + Text(f"  [{e.source}]" if e.source else "", style="dim"))
     opts = _options(e)
     if opts:
-        console.print(Text(f"Options: {opts}", style="dim"))
+        console.print(Text(tr("render.options", e.lang, opts=opts), style="dim"))
     for i, s in enumerate(e.steps, 1):
         parts: list[Any] = [Text(s.formula, style="italic")]
         if s.matrix is not None:
@@ -250,18 +273,24 @@ def print_rich(e: Explanation, mistakes: Sequence[Mistake] = (), *, console: Any
             parts.append(Text(s.note, style="green"))
         console.print(Panel(Group(*parts), title=f"{i}. {s.title}", title_align="left"))
     for n in e.notes:
-        console.print(Text("Note: " + n, style="yellow"))
+        console.print(Text(tr("render.note", e.lang, text=n), style="yellow"))
     rows, cols = _labels(e)
     for m in mistakes:
         dv = tuple(f"d{c}" for c in range(m.right_output.shape[1]))
+        lg = m.lang
         parts = [
-            _rich_table(m.right_weights, rows, cols, title="right weights"),
-            _rich_table(m.wrong_weights, rows, cols, title=f"wrong weights ({m.name})"),
-            Text("wrong row sums: " + ", ".join(num(x) for x in m.wrong_row_sums)),
-            _rich_table(m.right_output, rows, dv, title="right output"),
-            _rich_table(m.wrong_output, rows, dv, title="wrong output"),
-            Text("Why: " + m.explanation, style="yellow"),
+            _rich_table(m.right_weights, rows, cols, title=tr("render.right_weights", lg)),
+            _rich_table(m.wrong_weights, rows, cols, title=tr("render.wrong_weights", lg, name=m.name)),
+            Text(tr("render.wrong_row_sums", lg, sums=", ".join(num(x) for x in m.wrong_row_sums))),
+            _rich_table(m.right_output, rows, dv, title=tr("render.right_output", lg)),
+            _rich_table(m.wrong_output, rows, dv, title=tr("render.wrong_output", lg)),
+            Text(tr("render.why", lg, text=m.explanation), style="yellow"),
         ]
         console.print(
-            Panel(Group(*parts), title=f"Mistake {m.name}: {m.title}", title_align="left", border_style="red")
+            Panel(
+                Group(*parts),
+                title=tr("render.mistake", lg, name=m.name, title=m.title),
+                title_align="left",
+                border_style="red",
+            )
         )

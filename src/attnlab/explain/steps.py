@@ -26,6 +26,7 @@ from ..core import attention_trace, softmax
 from ..core.attention import AttentionTrace
 from ..errors import MaskError, ShapeError
 from .fmt import num, vec
+from .i18n import check_lang, tr
 
 __all__ = [
     "MAX_WRITTEN",
@@ -52,14 +53,17 @@ class Setup:
 
     Shapes: ``q [n_q, d_k]``, ``k [n_k, d_k]``, ``v [n_k, d_v]``, ``mask [n_q, n_k]`` (bool, True = may attend).
     ``padding`` is the number of real key positions (the rest are padding, on ``padding_side``); ``shift`` is a
-    constant added to every score after scaling; ``temperature`` divides the logits.
+    constant added to every score after scaling; ``bias`` an additive term broadcastable to ``[n_q, n_k]`` (a row
+    ``[1, n_k]`` is one bias per column, article 000's self-test); ``temperature`` divides the logits. ``causal``
+    is True or, when ``n_q != n_k``, ``"top_left"`` / ``"bottom_right"`` (a decoding query: the last query is the
+    newest token and sees every key).
     """
 
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
     mask: np.ndarray | None = None
-    causal: bool = False
+    causal: bool | str = False
     padding: int | None = None
     padding_side: str = "right"
     temperature: float = 1.0
@@ -70,6 +74,7 @@ class Setup:
     key_labels: tuple[str, ...] | None = None
     title: str = "Your matrices"
     source: str = ""
+    bias: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("q", "k", "v"):
@@ -91,8 +96,19 @@ class Setup:
                 raise ShapeError(f"padding: {self.padding} real key positions; expected 0 <= padding <= n_k={n_k}")
         if self.padding_side not in ("left", "right"):
             raise ShapeError(f"padding_side: expected 'left' or 'right', got {self.padding_side!r}")
-        if self.causal and n_q != n_k:
+        if self.causal not in (False, True, "top_left", "bottom_right"):
+            raise MaskError(f"causal: expected True, False, 'top_left' or 'bottom_right', got {self.causal!r}")
+        if self.causal is True and n_q != n_k:
             raise MaskError(_masks.causal_alignment_message(n_q, n_k, "causal"))
+        if self.bias is not None:
+            b = np.asarray(self.bias)
+            try:
+                np.broadcast_to(b, (n_q, n_k))
+            except ValueError:
+                raise ShapeError(
+                    f"bias: shape {b.shape} does not broadcast to the scores [n_q, n_k] = {(n_q, n_k)}; give one "
+                    f"number per key [1, n_k] or a full [n_q, n_k]"
+                ) from None
         if not math.isfinite(float(self.shift)):
             raise ShapeError(f"shift: expected a finite number, got {self.shift!r}")
 
@@ -145,8 +161,15 @@ class Setup:
             "temperature": self.temperature,
             "masked_rows": self.masked_rows,
         }
+        bias = (
+            None
+            if self.bias is None
+            else np.broadcast_to(np.asarray(self.bias, dtype=np.float64), (self.n_q, self.n_k))
+        )
         if self.shift:
-            kw["bias"] = np.full((self.n_q, self.n_k), float(self.shift))
+            bias = np.full((self.n_q, self.n_k), float(self.shift)) + (0.0 if bias is None else bias)
+        if bias is not None:
+            kw["bias"] = bias
         kw.update(overrides)
         mask = kw.pop("mask", self.user_mask())
         return attention_trace(self.q, self.k, self.v, mask, **kw)
@@ -179,7 +202,8 @@ class Explanation:
     """A worked computation: the steps in order, plus the final ``weights [n_q, n_k]`` and ``output [n_q, d_v]``.
 
     ``trace`` is the core's :class:`~attnlab.AttentionTrace` (None for the weighted-average and saturation
-    examples, which do not start from Q and K); ``setup`` the problem it was computed from.
+    examples, which do not start from Q and K); ``setup`` the problem it was computed from; ``lang`` the language of
+    its text ("en" or "zh", see :mod:`attnlab.explain.i18n`).
     """
 
     title: str
@@ -190,6 +214,7 @@ class Explanation:
     setup: Setup | None = None
     trace: AttentionTrace | None = None
     notes: tuple[str, ...] = ()
+    lang: str = "en"
 
     def step(self, key: str) -> Step:
         """The step called ``key``."""
@@ -216,6 +241,7 @@ def _softmax_steps(
     rows: tuple[str, ...],
     cols: tuple[str, ...],
     lse: np.ndarray | None = None,
+    lang: str = "en",
 ) -> list[Step]:
     """Row max, exp(x - max), row sums and weights, checked against the weights (and lse) the core computed."""
     masked = np.where(allowed, logits, -np.inf)  # [n_q, n_k]
@@ -232,9 +258,12 @@ def _softmax_steps(
     if not bool(np.all(ok)):  # a core regression would show here, never a user's input
         raise AssertionError("explain: the hand computation disagrees with attnlab.attention_trace")
     max_lines = tuple(
-        f"m[{r}] = max of {vec(masked[i][allowed[i]])} = {num(m[i])}" if not empty[i] else f"m[{r}]: no legal key"
+        tr("step.max.line", lang, r=r, vals=vec(masked[i][allowed[i]]), m=num(m[i]))
+        if not empty[i]
+        else tr("step.max.none", lang, r=r)
         for i, r in enumerate(rows)
     )
+    limit = math.log(float(np.finfo(np.float64).max))  # exp(x) is inf above 709.78
     exp_lines = []
     for i, r in enumerate(rows):
         if empty[i]:
@@ -243,12 +272,17 @@ def _softmax_steps(
         parts = [f"exp({num(masked[i, j])} - {num(m[i])}) = {num(e[i, j])}" for j in js[:6]]
         exp_lines.append(f"{r}: " + ", ".join(parts) + (" …" if len(js) > 6 else ""))
         legal = masked[i, js]
-        if len(js) <= 6 and np.abs(legal).max() <= 50 and m[i] != 0:
-            raw = np.exp(legal)
-            exp_lines.append(
-                f"    (without subtracting the max: exp = {vec(raw)}, sum {num(raw.sum())}: the same weights "
-                f"{vec(raw / raw.sum())})"
-            )
+        if len(js) <= 6 and m[i] != 0:
+            if legal.max() > limit:  # exactly where the naive way breaks: show it breaking
+                big = legal[legal > limit]
+                exp_lines.append(
+                    "    " + tr("step.exp.overflow", lang, x=num(big.max()), lim=num(limit, 2), n=int(big.size))
+                )
+            else:
+                raw = np.exp(legal)
+                exp_lines.append(
+                    "    " + tr("step.exp.raw", lang, raw=vec(raw), sum=num(raw.sum()), w=vec(raw / raw.sum()))
+                )
     sum_lines = tuple(
         f"l[{r}] = "
         + " + ".join(num(x) for x in e[i][allowed[i]][:8])
@@ -257,76 +291,97 @@ def _softmax_steps(
         for i, r in enumerate(rows)
         if not empty[i]
     )
-    weight_lines = tuple(f"row {r}: sum of weights = {num(weights[i].sum())}" for i, r in enumerate(rows))
-    notes_w = "Each legal row sums to 1; masked keys get exactly 0."
+    weight_lines = tuple(tr("step.weights.row_sum", lang, r=r, s=num(weights[i].sum())) for i, r in enumerate(rows))
+    notes_w = tr("step.weights.note", lang)
     if empty.any():
         bad = ", ".join(r for r, x in zip(rows, empty, strict=True) if x)
-        notes_w = f"Row(s) {bad} have no legal key at all: softmax is 0/0 there (see the masked-rows policy)."
+        notes_w = tr("step.weights.note_empty", lang, rows=bad)
     return [
         Step(
             "row_max",
-            "Row maximum over the legal keys",
+            tr("step.max.title", lang),
             "m_i = max_j x_ij",
             m[:, None],
             rows,
-            ("max",),
+            (tr("label.max", lang),),
             max_lines,
-            "Subtracting it changes nothing in the result but keeps exp from overflowing (stable softmax).",
+            tr("step.max.note", lang),
         ),
         Step(
             "exp",
-            "Exponentials",
+            tr("step.exp.title", lang),
             "e_ij = exp(x_ij - m_i)   (exp(-inf) = 0)",
             e,
             rows,
             cols,
             tuple(exp_lines),
-            "The largest legal entry of each row becomes exp(0) = 1; masked entries are exactly 0.",
+            tr("step.exp.note", lang),
         ),
-        Step("row_sum", "Row sums", "l_i = Σ_j e_ij", l[:, None], rows, ("sum",), sum_lines, ""),
-        Step("weights", "Weights (softmax)", "A_ij = e_ij / l_i", weights, rows, cols, weight_lines, notes_w),
+        Step(
+            "row_sum",
+            tr("step.sum.title", lang),
+            "l_i = Σ_j e_ij",
+            l[:, None],
+            rows,
+            (tr("label.sum", lang),),
+            sum_lines,
+            "",
+        ),
+        Step(
+            "weights", tr("step.weights.title", lang), "A_ij = e_ij / l_i", weights, rows, cols, weight_lines, notes_w
+        ),
     ]
 
 
 def _output_step(
-    weights: np.ndarray, v: np.ndarray, out: np.ndarray, rows: tuple[str, ...], vrows: tuple[str, ...]
+    weights: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    rows: tuple[str, ...],
+    vrows: tuple[str, ...],
+    lang: str = "en",
 ) -> Step:
     lines = []
     if weights.shape[0] * weights.shape[1] <= MAX_WRITTEN * 4:
         for i, r in enumerate(rows):
             js = np.flatnonzero(weights[i] != 0)
             if js.size == 0:
-                lines.append(f"o[{r}] = 0 (no legal key)")
+                lines.append(tr("step.output.none", lang, r=r))
                 continue
             terms = " + ".join(f"{num(weights[i, j])}×{vec(v[j])}" for j in js[:6]) + (" + …" if js.size > 6 else "")
             lines.append(f"o[{r}] = {terms} = {vec(out[i])}")
     dv = v.shape[1]
     return Step(
         "output",
-        "Output: weighted sum of the values",
+        tr("step.output.title", lang),
         "O = A V   (o_i = Σ_j A_ij v_j)",
         out,
         rows,
         tuple(f"d{c}" for c in range(dv)),
         tuple(lines),
-        "The weights say where to read from; the values say what is read.",
+        tr("step.output.note", lang),
     )
 
 
-def explain_setup(setup: Setup) -> Explanation:
-    """Every step of ``setup`` (a :class:`Setup`), computed with :func:`attnlab.attention_trace`."""
+def explain_setup(setup: Setup, *, lang: str = "en") -> Explanation:
+    """Every step of ``setup`` (a :class:`Setup`), computed with :func:`attnlab.attention_trace`; text in ``lang``."""
+    lang = check_lang(lang)
     t = setup.trace()
     q, k, v = np.asarray(t.q), np.asarray(t.k), np.asarray(t.v)
     ql, kl = setup.qlabels, setup.klabels
     scores = np.asarray(t.scores)  # [n_q, n_k]
     allowed = np.asarray(t.allowed)  # [n_q, n_k]
+    inputs_note = ""
+    if setup.n_q != setup.n_k:
+        inputs_note = tr("step.inputs.cross", lang, n_q=setup.n_q, n_k=setup.n_k)
     steps: list[Step] = [
         Step(
             "inputs",
-            "Inputs",
+            tr("step.inputs.title", lang),
             f"Q [n_q={setup.n_q}, d_k={setup.d_k}], K [n_k={setup.n_k}, d_k={setup.d_k}], V [n_k={setup.n_k}, "
             f"d_v={v.shape[1]}]",
             None,
+            note=inputs_note,
             extra=(
                 ("Q", q, ql, tuple(f"d{c}" for c in range(q.shape[1]))),
                 ("K", k, kl, tuple(f"d{c}" for c in range(k.shape[1]))),
@@ -335,18 +390,23 @@ def explain_setup(setup: Setup) -> Explanation:
         )
     ]
     written = [(i, j) for i in range(setup.n_q) for j in range(setup.n_k)][:MAX_WRITTEN]
-    lines = tuple(_dot_line(i, j, q, k, scores[i, j], ql[i], kl[j]) for i, j in written)
+    lines = [_dot_line(i, j, q, k, scores[i, j], ql[i], kl[j]) for i, j in written]
     more = setup.n_q * setup.n_k - len(written)
+    if setup.n_q <= MAX_WRITTEN:
+        lines += [tr("step.scores.row_sum", lang, r=r, s=num(scores[i].sum())) for i, r in enumerate(ql)]
+    score_note = tr("step.scores.note", lang)
+    if more > 0:
+        score_note = tr("step.scores.more", lang, n=more) + " " + score_note
     steps.append(
         Step(
             "scores",
-            "Scores: every query against every key",
+            tr("step.scores.title", lang),
             "S = Q Kᵀ   (s_ij = q_i · k_j)",
             scores,
             ql,
             kl,
-            lines,
-            f"({more} more entries computed the same way)" if more > 0 else "",
+            tuple(lines),
+            score_note,
         )
     )
     x = scores * t.scale
@@ -354,17 +414,17 @@ def explain_setup(setup: Setup) -> Explanation:
         how = f"scale = 1/sqrt(d_k) = 1/sqrt({setup.d_k}) = {num(t.scale)}"
     else:
         default = num(1 / math.sqrt(setup.d_k))
-        how = f"scale = {num(t.scale)} (given; the default would be 1/sqrt({setup.d_k}) = {default})"
+        how = tr("step.scale.given", lang, s=num(t.scale), d=setup.d_k, x=default)
     steps.append(
         Step(
             "scale",
-            "Scale",
+            tr("step.scale.title", lang),
             "S · scale" + ("" if setup.scale is not None else f" = S / sqrt({setup.d_k})"),
             x,
             ql,
             kl,
             (how,),
-            "Dividing by sqrt(d_k) keeps the scores' spread near 1 whatever d_k is, so softmax does not saturate.",
+            tr("step.scale.note", lang),
         )
     )
     if setup.shift:
@@ -372,13 +432,32 @@ def explain_setup(setup: Setup) -> Explanation:
         steps.append(
             Step(
                 "shift",
-                "Add a constant to every score",
+                tr("step.shift.title", lang),
                 f"x + {num(setup.shift)}",
                 x,
                 ql,
                 kl,
                 (),
-                "Softmax subtracts each row's max, so the same constant on a whole row changes no weight.",
+                tr("step.shift.note", lang),
+            )
+        )
+    if setup.bias is not None:
+        b = np.broadcast_to(np.asarray(setup.bias, dtype=np.float64), x.shape)
+        x = x + b
+        per_column = bool(np.all(b == b[:1]))
+        rowconst = bool(np.all(b == b[:, :1]))
+        note = tr("step.bias.rowconst" if rowconst else ("step.bias.columns" if per_column else "step.bias.note"), lang)
+        steps.append(
+            Step(
+                "bias",
+                tr("step.bias.title", lang),
+                "x + b",
+                x,
+                ql,
+                kl,
+                (f"b = {vec(b[0])}",) if per_column else (),
+                note,
+                extra=(("b", np.asarray(b), ql, kl),) if not per_column else (),
             )
         )
     if setup.temperature != 1.0:
@@ -386,51 +465,53 @@ def explain_setup(setup: Setup) -> Explanation:
         steps.append(
             Step(
                 "temperature",
-                "Divide by the temperature",
+                tr("step.temperature.title", lang),
                 f"x / T = x / {num(t.temperature)}",
                 x,
                 ql,
                 kl,
                 (),
-                "T > 1 pulls the scores together (flatter weights); T < 1 spreads them (sharper weights).",
+                tr("step.temperature.note", lang),
             )
         )
     logits = np.asarray(t.logits)
     if not allowed.all():
         what = []
         if setup.causal:
-            what.append("causal (query i sees keys j <= i)")
+            what.append(
+                tr("step.mask.causal", lang)
+                if setup.causal is True
+                else tr("step.mask.causal_align", lang, align=setup.causal, shift=setup.n_k - setup.n_q)
+            )
         if setup.padding is not None:
-            what.append(f"padding ({setup.padding} real key(s), padded on the {setup.padding_side})")
+            what.append(tr("step.mask.padding", lang, n=setup.padding, side=tr(f"side.{setup.padding_side}", lang)))
         if setup.mask is not None:
-            what.append("your mask")
+            what.append(tr("step.mask.yours", lang))
         steps.append(
             Step(
                 "mask",
-                "Mask: blocked entries become -inf",
-                "x_ij = -inf where query i may not attend to key j",
+                tr("step.mask.title", lang),
+                tr("step.mask.formula", lang),
                 logits,
                 ql,
                 kl,
                 tuple(_masks.to_string(allowed).splitlines()),
-                "Mask = " + " AND ".join(what) + ". ■ may attend, ⬚ blocked. Masking happens BEFORE softmax.",
+                tr("step.mask.note", lang, what=tr("step.mask.and", lang).join(what)),
             )
         )
-    steps += _softmax_steps(logits, allowed, np.asarray(t.weights), ql, kl, np.asarray(t.lse))
-    steps.append(_output_step(np.asarray(t.weights), v, np.asarray(t.output), ql, kl))
+    steps += _softmax_steps(logits, allowed, np.asarray(t.weights), ql, kl, np.asarray(t.lse), lang)
+    steps.append(_output_step(np.asarray(t.weights), v, np.asarray(t.output), ql, kl, lang))
     notes = []
     if t.masked_rows:
         rows = ", ".join(ql[r[-1]] for r in t.masked_rows)
         notes.append(
-            f"Fully masked row(s) {rows}: softmax over no key is 0/0. Policy {t.policy!r}: "
-            + (
-                "weights and output set to 0, as FlashAttention does."
-                if t.policy == "zero"
-                else "NaN, as naive code gives."
-            )
+            tr("step.note.masked_rows", lang, rows=rows, policy=repr(t.policy))
+            + tr("step.note.policy_zero" if t.policy == "zero" else "step.note.policy_nan", lang)
         )
+    if setup.padding is not None and setup.padding < setup.n_k and setup.n_q == setup.n_k:
+        notes.append(tr("step.note.pad_query", lang))
     return Explanation(
-        title=setup.title,
+        title=setup.title if setup.title != "Your matrices" else tr("label.your_matrices", lang),
         source=setup.source,
         steps=tuple(steps),
         weights=np.asarray(t.weights),
@@ -438,6 +519,7 @@ def explain_setup(setup: Setup) -> Explanation:
         setup=setup,
         trace=t,
         notes=tuple(notes),
+        lang=lang,
     )
 
 
@@ -447,27 +529,31 @@ def explain(
     v: Any,
     mask: Any = None,
     *,
-    causal: bool = False,
+    causal: bool | str = False,
     padding: int | None = None,
     padding_side: str = "right",
     temperature: float = 1.0,
     shift: float = 0.0,
     scale: float | None = None,
+    bias: Any = None,
     masked_rows: str = "raise",
     query_labels: Any = None,
     key_labels: Any = None,
     title: str = "Your matrices",
+    lang: str = "en",
 ) -> Explanation:
     """Attention of one head worked out step by step.
 
     Args:
         q: queries ``[n_q, d_k]``; k: keys ``[n_k, d_k]``; v: values ``[n_k, d_v]`` (arrays or nested lists).
         mask: bool ``[n_q, n_k]`` (broadcastable), True = may attend.
-        causal: query i sees keys j <= i (n_q == n_k).
+        causal: query i sees keys j <= i (True when n_q == n_k; "top_left" or "bottom_right" otherwise).
         padding: number of real key positions; the others (on ``padding_side``) are masked.
         temperature: divides the logits. shift: a constant added to every scaled score.
         scale: multiplies Q Kᵀ; default 1/sqrt(d_k). masked_rows: the core's policy for rows with no legal key.
+        bias: additive scores broadcastable to ``[n_q, n_k]`` (``[[b_0, ..., b_{n_k-1}]]``: one per column).
         query_labels, key_labels: token labels for the rows/columns.
+        lang: "en" (default) or "zh": the language of every title, line and note.
 
     Returns:
         an :class:`Explanation`; ``weights [n_q, n_k]`` and ``output [n_q, d_v]`` are the core's.
@@ -480,7 +566,7 @@ def explain(
         np.asarray(k),
         np.asarray(v),
         None if mask is None else np.asarray(mask),
-        causal=bool(causal),
+        causal=causal if isinstance(causal, str) else bool(causal),
         padding=padding,
         padding_side=padding_side,
         temperature=temperature,
@@ -490,16 +576,20 @@ def explain(
         query_labels=None if query_labels is None else tuple(map(str, query_labels)),
         key_labels=None if key_labels is None else tuple(map(str, key_labels)),
         title=title,
+        bias=None if bias is None else np.asarray(bias, dtype=np.float64),
     )
-    return explain_setup(setup)
+    return explain_setup(setup, lang=lang)
 
 
-def explain_weighted_average(weights: Any, v: Any, *, title: str = "Weighted average", source: str = "") -> Explanation:
+def explain_weighted_average(
+    weights: Any, v: Any, *, title: str = "Weighted average", source: str = "", lang: str = "en"
+) -> Explanation:
     """The output from given weights ``[n_q, n_k]`` and values ``v [n_k, d_v]``: ``o = Σ_j a_j v_j``.
 
     >>> explain_weighted_average([[0.6, 0.3, 0.1]], [[10, 0], [0, 10], [5, 5]]).step("output").lines[0]
     'o[q0] = 0.6×[10, 0] + 0.3×[0, 10] + 0.1×[5, 5] = [6.5, 3.5]'
     """
+    lang = check_lang(lang)
     w = np.asarray(weights, dtype=np.float64)
     vv = np.asarray(v, dtype=np.float64)
     if w.ndim != 2 or vv.ndim != 2 or w.shape[1] != vv.shape[0]:
@@ -510,24 +600,23 @@ def explain_weighted_average(weights: Any, v: Any, *, title: str = "Weighted ave
     steps = (
         Step(
             "inputs",
-            "Inputs: given weights and values",
+            tr("step.wavg.inputs", lang),
             f"a [n_q={w.shape[0]}, n_k={w.shape[1]}], V [n_k={vv.shape[0]}, d_v={vv.shape[1]}]",
             None,
             extra=(("a", w, rows, kl), ("V", vv, kl, tuple(f"d{c}" for c in range(vv.shape[1])))),
         ),
-        _output_step(w, vv, out, rows, kl),
+        _output_step(w, vv, out, rows, kl, lang),
     )
-    return Explanation(
-        title, source, steps, w, out, notes=("Attention computes these weights from Q and K instead of fixing them.",)
-    )
+    return Explanation(title, source, steps, w, out, notes=(tr("step.wavg.note", lang),), lang=lang)
 
 
-def explain_softmax(*logit_rows: Any, title: str = "Softmax", source: str = "") -> Explanation:
+def explain_softmax(*logit_rows: Any, title: str = "Softmax", source: str = "", lang: str = "en") -> Explanation:
     """Softmax of each given row of logits, step by step (the saturation example: [1, 2] vs [10, 20]).
 
     >>> explain_softmax([1, 2], [10, 20]).weights.round(6).tolist()
     [[0.268941, 0.731059], [4.5e-05, 0.999955]]
     """
+    lang = check_lang(lang)
     rows_ = [np.asarray(r, dtype=np.float64).ravel() for r in logit_rows]
     if not rows_ or any(r.shape != rows_[0].shape for r in rows_):
         raise ShapeError(f"logits: expected rows of one length, got {[r.shape for r in rows_]}")
@@ -535,13 +624,17 @@ def explain_softmax(*logit_rows: Any, title: str = "Softmax", source: str = "") 
     w = np.asarray(softmax(x, axis=-1))
     labels = tuple(vec(r) for r in rows_)
     cols = tuple(f"x{j}" for j in range(x.shape[1]))
-    steps = [Step("logits", "Logits", "x", x, labels, cols)]
-    steps += _softmax_steps(x, np.ones_like(x, dtype=bool), w, labels, cols)
-    return Explanation(title, source, tuple(steps), w, None)
+    steps = [Step("logits", tr("step.logits.title", lang), "x", x, labels, cols)]
+    steps += _softmax_steps(x, np.ones_like(x, dtype=bool), w, labels, cols, lang=lang)
+    return Explanation(title, source, tuple(steps), w, None, lang=lang)
 
 
 def setup_from_example(name: str, **options: Any) -> Setup:
-    """The :class:`Setup` of a named worked example (``options`` override causal, temperature, ...)."""
+    """The :class:`Setup` of a named worked example (``options`` override causal, temperature, ...).
+
+    ``causal=True`` on an example with ``n_q != n_k`` takes the example's alignment (the one-query example is a
+    decoding query: ``"bottom_right"``); ``causal=False`` keeps the example's own mask, ``no_causal=True`` drops it.
+    """
     from ..articles import example
 
     ex = example(name)
@@ -551,26 +644,48 @@ def setup_from_example(name: str, **options: Any) -> Setup:
         "causal": ex.causal,
         "scale": ex.scale,
         "mask": None if ex.mask is None else np.asarray(ex.mask),
+        "bias": None if ex.bias is None else np.asarray(ex.bias),
+        "padding": ex.padding,
+        "masked_rows": ex.masked_rows or "raise",
+        "query_labels": ex.tokens,
+        "key_labels": ex.tokens,
         "title": ex.title,
         "source": f"article {ex.source}",
     }
+    lang = options.pop("lang", None)
+    if lang is not None and check_lang(lang) != "en":
+        base["title"] = tr(f"title.{name}", lang)
+        base["source"] = tr("render.article", lang, source=tr(f"source.{name}", lang))
+    no_causal = bool(options.pop("no_causal", False))
     for key, value in options.items():
         if value is not None and not (key == "causal" and value is False):
             base[key] = value
+    if no_causal:
+        base["causal"] = False
+    if base["causal"] is True and ex.align is not None and np.shape(ex.q)[0] != np.shape(ex.k)[0]:
+        base["causal"] = ex.align
     return Setup(np.asarray(ex.q), np.asarray(ex.k), np.asarray(ex.v), **base)
 
 
-def explain_example(name: str, **options: Any) -> Explanation:
-    """The worked example ``name`` of :mod:`attnlab.articles`, step by step (``options`` as for :func:`explain`).
+def explain_example(name: str, *, lang: str = "en", **options: Any) -> Explanation:
+    """The worked example or lesson ``name`` of :mod:`attnlab.articles`, step by step (``options`` as for
+    :func:`explain`; ``lang`` "en" or "zh").
 
     >>> explain_example("2x2").weights.round(4).tolist()
     [[0.6698, 0.3302], [0.3302, 0.6698]]
     """
-    from ..articles import example
+    from ..articles import LESSONS, example
 
+    lang = check_lang(lang)
     ex = example(name)
+    if name in LESSONS:
+        from .lessons import explain_lesson
+
+        return explain_lesson(name, lang)
+    title = tr(f"title.{name}", lang)
+    source = tr("render.article", lang, source=tr(f"source.{name}", lang))
     if ex.weights is not None:
-        return explain_weighted_average(ex.weights, ex.v, title=ex.title, source=f"article {ex.source}")
+        return explain_weighted_average(ex.weights, ex.v, title=title, source=source, lang=lang)
     if ex.logits:
-        return explain_softmax(*ex.logits, title=ex.title, source=f"article {ex.source}")
-    return explain_setup(setup_from_example(name, **options))
+        return explain_softmax(*ex.logits, title=title, source=source, lang=lang)
+    return explain_setup(setup_from_example(name, lang=lang, **options), lang=lang)

@@ -358,12 +358,15 @@ def growth_plot(
 
 
 def to_bytes(fig: Any, fmt: str = "png", *, dpi: int = 120) -> bytes:
-    """The figure encoded as ``png``, ``svg`` or ``pdf``."""
+    """The figure encoded as ``png``, ``svg`` (with real ``<text>`` elements) or ``pdf``."""
     fmt = fmt.lower().lstrip(".")
     if fmt not in FORMATS:
         raise ValueError(f"fmt: {fmt!r} is not one of {', '.join(FORMATS)}")
+    from matplotlib import rc_context
+
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=dpi)
+    with rc_context({"svg.fonttype": "none"}):  # SVG text stays text (selectable, searchable), not glyph paths
+        fig.savefig(buf, format=fmt, dpi=dpi)
     return buf.getvalue()
 
 

@@ -1,0 +1,260 @@
+"""Every item of both articles runs from ``attnlab explain`` and prints the article's number; docs/learn.md's table
+is :data:`attnlab.articles.ITEMS`; the lessons' numbers against independent references; ``--lang zh`` leaves no
+English behind."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnlab import attention_backward, attention_trace, masks
+from attnlab.articles import ITEMS, LESSONS, items_table
+from attnlab.cli import main
+from attnlab.explain import explain_example, setup_from_example
+from attnlab.explain.args import EXAMPLE_NAMES
+from attnlab.explain.i18n import MESSAGES, TERMS, tr
+from attnlab.explain.lessons import explain_backward, explain_dropout, explain_lesson
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "learn.md"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["explain", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("item", ITEMS, ids=[f"{i.source} {i.section} {' '.join(i.argv)}" for i in ITEMS])
+def test_every_item_prints_the_articles_number(capsys, item):
+    code, out, err = run(capsys, *item.argv, "--format", "text", "--width", "100")
+    assert code == 0, err
+    for expected in item.expect:
+        assert expected in out, f"`attnlab explain {' '.join(item.argv)}` does not print {expected!r}"
+
+
+def test_docs_learn_md_table_is_the_items():
+    doc = DOC.read_text(encoding="utf-8")
+    table = re.search(r"<!-- items table: .*? -->\n(.*?)<!-- end of items table -->", doc, flags=re.S)
+    assert table is not None
+    assert table.group(1) == items_table(), "docs/learn.md's items table drifted: regenerate with items_table()"
+
+
+def test_every_named_example_and_lesson_is_in_the_items_table_and_list(capsys):
+    used = {i.argv[0] for i in ITEMS if not i.argv[0].startswith("-")}
+    assert set(EXAMPLE_NAMES) - used <= {"column-bias"}  # column-bias is the self-test's data (--bias is the item)
+    code, out, _ = run(capsys, "--list")
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == len(EXAMPLE_NAMES)
+    assert next(ln for ln in lines if ln.startswith("2x2-causal ")).endswith("[article 001 §7.3]")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the lessons against independent references
+
+
+def test_variance_experiment_var_grows_with_d_k_and_the_scale_restores_it():
+    e = explain_lesson("variance")
+    m = e.step("variance").matrix  # [d_k, (var, std, scaled var)]
+    dks = np.array([2, 8, 64, 512])
+    np.testing.assert_allclose(m[:, 0] / dks, 1.0, atol=0.1)
+    np.testing.assert_allclose(m[:, 2], 1.0, atol=0.1)
+    sat = e.step("saturation").matrix
+    assert np.all(np.diff(sat[:, 0]) > 0) and sat[-1, 0] > 0.9  # unscaled: toward one-hot
+    assert np.ptp(sat[:, 1]) < 0.05  # scaled: independent of d_k
+
+
+def test_overflow_line_appears_exactly_where_exp_overflows(capsys):
+    _, out, _ = run(capsys, "overflow", "--format", "text")
+    assert "exp([1000, 999]) = [inf, inf]: overflow; [inf, inf] / inf = [nan, nan]" in out
+    assert "(without subtracting the max: exp(1000) = inf" in out
+    _, out, _ = run(capsys, "--q", "1", "--k", "1;0", "--v", "1;2", "--scale", "700", "--format", "text")
+    assert "without subtracting the max: exp = [" in out  # 700 < 709.78: no overflow, the raw line is shown
+    _, out, _ = run(capsys, "--q", "1", "--k", "1;0", "--v", "1;2", "--scale", "710", "--format", "text")
+    assert "exp(710) = inf" in out
+
+
+def test_fp16_mask_numbers():
+    e = explain_lesson("fp16-mask")
+    stored = e.step("fills").matrix
+    assert stored[1, 0] == -1e9 and stored[1, 1] == -np.inf  # -1e9: float32 keeps it, float16 overflows
+    assert stored[0, 1] == -1e4
+    empty = e.step("empty").matrix
+    np.testing.assert_array_equal(empty[0], [0.5, 0.5])
+    assert np.isnan(empty[1]).all() and np.isnan(empty[2]).all()
+
+
+def test_self_test_shift_changes_nothing_and_a_column_bias_changes_the_weights():
+    e = explain_lesson("self-test")
+    base, shifted, col = (e.step(k).matrix for k in ("base", "shift", "column_bias"))
+    np.testing.assert_allclose(shifted, base, atol=1e-12)
+    ex = setup_from_example("causal-4")
+    ref = attention_trace(ex.q, ex.k, ex.v, causal=True, bias=np.array([[0.0, 1, 2, 3]])).weights
+    np.testing.assert_allclose(col, ref, atol=1e-12)
+    assert np.abs(col - base).max() > 0.3
+
+
+def test_multi_head_by_hand_matches_multi_head_attention_and_per_head_reference():
+    from reference import reference_attention
+
+    from attnlab import multi_head_attention
+    from attnlab.articles import MULTI_HEAD as D
+    from attnlab.core.multihead import MultiHeadWeights
+
+    e = explain_lesson("multi-head")
+    x = np.asarray(D.x)
+    q, k, v = x @ D.w_q, x @ D.w_k, x @ D.w_v
+    heads = [reference_attention(q[:, s], k[:, s], v[:, s])[0] for s in (slice(0, 2), slice(2, 4))]
+    np.testing.assert_allclose(e.step("concat").matrix, np.concatenate(heads, -1), atol=1e-12)
+    w = MultiHeadWeights(D.w_q, D.w_k, D.w_v, D.w_o, num_heads=2)
+    np.testing.assert_allclose(e.output, multi_head_attention(x[None], None, w).output[0], atol=1e-12)
+    assert "0.7071 (not 1/sqrt(d_model) = 1/sqrt(4) = 0.5)" in e.step("head0").lines[0]
+
+
+@pytest.mark.parametrize("name", ["2x2", "2x2-causal", "causal-4", "cross"])
+def test_backward_by_hand_equals_attention_backward(name):
+    s = setup_from_example(name)
+    rng = np.random.default_rng(1)
+    g = rng.standard_normal((s.n_q, s.v.shape[1]))
+    e = explain_backward(s, g)
+    t = attention_trace(s.q, s.k, s.v, causal=s.causal)
+    ref = attention_backward(t, g)
+    np.testing.assert_allclose(e.step("dq").matrix, ref.dq, atol=1e-12)
+    np.testing.assert_allclose(e.step("dk").matrix, ref.dk, atol=1e-12)
+    np.testing.assert_allclose(e.step("dv").matrix, ref.dv, atol=1e-12)
+    assert e.step("check").matrix[:, 1].max() < 1e-6  # the finite difference
+    if s.causal:
+        assert e.step("ds").matrix[0, 1] == 0.0  # masked: exactly zero gradient
+
+
+def test_backward_cli_with_a_given_grad_out(capsys):
+    code, out, _ = run(capsys, "2x2", "--backward", "--grad-out", "1,0;0,1", "--format", "text")
+    assert code == 0
+    # dV = Aᵀ G_O = Aᵀ for G_O = I
+    assert "dV[k0] = 0.6698×[1, 0] + 0.3302×[0, 1] = [0.6698, 0.3302]" in out
+    code, _, err = run(capsys, "2x2", "--backward", "--grad-out", "1,0")
+    assert code == 1 and "d_out: shape (1, 2)" in err
+
+
+def test_dropout_row_sums_and_expectation():
+    s = setup_from_example("causal-4")
+    e = explain_dropout(s, 0.5, seed=0)
+    a = e.step("weights").matrix
+    keep = np.random.default_rng(0).random(a.shape) >= 0.5  # the draw attnlab.dropout makes
+    np.testing.assert_allclose(e.step("dropped").matrix, a * keep / 0.5, atol=1e-12)
+    sums = e.step("dropped").matrix.sum(-1)
+    assert not np.allclose(sums, 1.0)
+    np.testing.assert_allclose(e.step("mean").matrix, a, atol=0.03)
+
+
+def test_leak_test_and_growth_numbers():
+    m = explain_lesson("leak-test").step("change").matrix
+    np.testing.assert_array_equal(m[:2, 0], 0.0)  # causal: the past does not move
+    assert m[0, 1] > 1.0  # inverted: the first query reads the changed future
+    g = explain_lesson("growth").step("growth").matrix
+    assert g[-1, 1] / g[0, 1] == 16
+
+
+def test_causal_one_query_is_a_decoding_query_and_cross_causal_names_the_cli_option(capsys):
+    s = setup_from_example("one-query", causal=True)
+    assert s.causal == "bottom_right"
+    np.testing.assert_array_equal(s.trace().allowed, masks.causal(1, 2, align="bottom_right"))
+    code, _, err = run(capsys, "cross", "--causal")
+    assert code == 1 and "--causal-align top_left or --causal-align bottom_right" in err
+    assert "causal='top_left'" not in err
+    code, out, _ = run(capsys, "cross", "--causal-align", "top_left", "--format", "text")
+    assert code == 0 and "■ ⬚ ⬚" in out
+
+
+def test_softmax_axis_mistake_says_when_it_is_invisible(capsys):
+    _, out, _ = run(capsys, "2x2", "--mistake", "query-axis", "--format", "text", "--width", "200")
+    assert "the mistake is invisible" in out
+    _, out, _ = run(capsys, "causal-4", "--mistake", "query-axis", "--format", "text", "--width", "200")
+    assert "the mistake is invisible" not in out
+
+
+def test_lessons_refuse_modes_that_need_q_and_k(capsys):
+    code, _, err = run(capsys, "variance", "--backward")
+    assert code == 2 and "--backward needs Q and K" in err
+    code, _, err = run(capsys, "2x2", "--backward", "--tiled", "1")
+    assert code == 2 and "--tiled and --backward: give one of them" in err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 中文
+
+
+#: What may stay in ASCII letters in the Chinese view: symbols, identifiers, array and function names, option
+#: names and the articles' own English terms (Softmax, logits, Dropout, FlashAttention, PAD ...).
+ALLOWED = set(
+    """Q K V X A O S M H G W_O W_Q W_K W_V G_O d_k d_v d_model d_head d_kv n_q n_k n h B L T T² b e l m p r x
+    softmax Softmax exp log max sqrt rowsum nan inf lse std Var mean_n max_j one-hot logits logit Dropout dropout
+    inverted FlashAttention Attention Self-Attention Cross-Attention KV Cache GQA MHA MQA ALiBi RoPE PAD FLOPs
+    GFLOP GFLOP proj QKᵀ AV MiB float16 float32 float64 f32 f16 finfo dtype Bernoulli keep delta acc top_left
+    bottom_right raise zero masked_rows attnlab explain variance causal bias mistake sqrt-d-model causal-4 NumPy
+    PyTorch SDPA nn MultiheadAttention masks from_blocked to_blocked multi_head_attention return_weights True False
+    weights sum axis attention_backward finite difference g_s g_a a j i k v q o s z c x_max x_ij e_ij A_ij l_i m_i
+    o_i s_ij q_i k_j v_j Q_r K_r V_r H_r r d Concat Bernoulli Mask Padding Token token batch Batch Kernel
+    Jacobian Kronecker E f cols R scale Kᵀ Aᵀ dSᵀ dV dA dS dQ dK NaN I N P n² d² d_model² keep_ij max_d H_ h-1
+    rowmax dim log-sum-exp Notebook x2 x2-causal query-axis no-scale sqrt-d-model softmax-then-mask inverted-mask
+    d_k=2 all Vᵀ Sᵀ K_0ᵀ K_1ᵀ""".split()
+)
+ALLOWED |= set(EXAMPLE_NAMES) | {n[1:] for n in EXAMPLE_NAMES if n[0].isdigit()}
+_TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_²ᵀ'-]*")
+
+
+def english_left(text: str) -> set[str]:
+    words = set()
+    for w in _TOKEN.findall(text):
+        w = w.strip("'-")
+        if not w or w in ALLOWED or re.fullmatch(r"[qkvdx]\d+|[A-Za-z]_?\d+|e[-+]?\d+|\d*[a-z]", w):
+            continue
+        if re.fullmatch(r"[A-Za-z]_[A-Za-z0-9{}]+", w):  # m_i, W_O-style identifiers
+            continue
+        words.add(w)
+    return words
+
+
+ZH_RUNS = [(name,) for name in EXAMPLE_NAMES] + [
+    ("2x2", "--backward"),
+    ("causal-4", "--dropout", "0.5"),
+    ("causal-4", "--tiled", "2"),
+    ("causal-4", "--mistake", "all"),
+    ("2x2", "--mistake", "query-axis"),
+    ("causal-4", "--bias", "0,1,2,3", "--temperature", "2", "--shift", "3"),
+    ("padding", "--padding-side", "left", "--causal", "--masked-rows", "zero"),
+    ("one-query", "--causal"),
+    ("--list",),
+]
+
+
+@pytest.mark.parametrize("argv", ZH_RUNS, ids=[" ".join(a) for a in ZH_RUNS])
+def test_lang_zh_leaves_no_english(capsys, argv):
+    code, out, err = run(capsys, *argv, "--lang", "zh", "--format", "text")
+    assert code == 0, err
+    assert re.search(r"[\u4e00-\u9fff]", out)
+    left = english_left(out)
+    assert not left, f"English left in `attnlab explain {' '.join(argv)} --lang zh`: {sorted(left)}"
+
+
+def test_lang_zh_markdown_json_and_messages(capsys):
+    code, out, _ = run(capsys, "2x2-causal", "--lang", "zh", "--format", "markdown", "--mistake", "query-axis")
+    assert code == 0 and not english_left(out.replace("`", " ")) and "权重（softmax）" in out
+    code, out, err = run(capsys, "--lang", "zh")
+    assert code == 2 and err.startswith("attnlab explain：错误：请给出一个命名示例")
+
+
+def test_catalogue_is_complete_and_uses_the_articles_terms():
+    for key, entry in MESSAGES.items():
+        assert set(entry) == {"en", "zh"} and entry["en"] and entry["zh"], key
+        fields_en = set(re.findall(r"{(\w+)", entry["en"]))
+        assert fields_en == set(re.findall(r"{(\w+)", entry["zh"])), key
+    for name in (*EXAMPLE_NAMES, *LESSONS):
+        assert tr(f"title.{name}", "zh") and tr(f"source.{name}", "zh")
+    zh = " ".join(e["zh"] for e in MESSAGES.values())
+    for term in ("查询", "键", "值", "因果遮罩", "温度", "缩放", "行和", "权重"):
+        assert term in zh and term in TERMS.values()
+    assert explain_example("2x2", lang="zh").step("weights").title == "权重（softmax）"
