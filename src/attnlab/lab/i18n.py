@@ -13,10 +13,49 @@ steps, the examples' titles) come from its own catalogue, :mod:`attnlab.explain.
 
 from __future__ import annotations
 
-__all__ = ["LANGS", "ZH", "t"]
+__all__ = ["BIGGER", "INTRO", "LANGS", "PREDICT_INTRO", "SELF_TEST_ANSWER", "ZH", "t"]
 
 #: The languages of the switch: code -> name shown.
 LANGS = {"en": "English", "zh": "中文"}
+
+INTRO = r"""
+# Compute attention by hand: Q, K, V and the causal mask
+
+Every query scores every key (**S = Q Kᵀ / √d_k**), each row of scores becomes weights with a softmax over the
+keys it may see, and the output is the **weighted sum of the values**, O = A V. Pick an item of the articles below
+(or edit the matrices), switch masks on and off, move the sliders, and watch every step.
+
+*How to read the tables and the heatmap: rows are queries (the readers), columns are keys (read from). Check the
+axes, the mask and the row sums first. A large weight says where a query reads from; it does not say that key
+caused the answer (that needs replacement, deletion or intervention experiments: see the live model below).*
+"""
+
+PREDICT_INTRO = r"""
+## Predict, commit, then reveal
+
+For each experiment pick what you expect **before** you reveal the result: the prediction you had picked is
+**locked** the moment you reveal, and the score counts it. Changing your answer afterwards is shown as a change,
+never as a right prediction. The experiments use your inputs above (they open on the articles' four positions with
+the causal mask).
+"""
+
+SELF_TEST_ANSWER = (
+    "Mathematically softmax is unchanged by the same shift on a whole row; implementations subtract the row maximum "
+    "first so exp never overflows. Adding different amounts to different columns would change the weights: that is "
+    "part 2."
+)
+
+BIGGER = r"""
+## Bigger pictures
+
+**Multi-head.** With d_model = 512 and 8 heads, each head works in d_head = 64 dimensions and scales by 1/√64,
+not 1/√512; each head has its own projections and its own weights matrix, and the outputs are concatenated and
+projected back (the live model below shows every head of every layer).
+
+**T² growth.** The score matrix has T × T entries: from 1,024 to 4,096 tokens the length grows 4× and the matrix
+16×. (End-to-end latency depends on batch, memory traffic and kernels; FlashAttention computes the same exact
+attention tile by tile without storing the matrix.)
+"""
 
 ZH: dict[str, str] = {
     "reveal": "揭晓",

@@ -218,23 +218,26 @@ def setup_of(state: LabState) -> Setup:
     )
 
 
-def compute(state: LabState) -> LabResult:
-    """Explain ``state``; a message instead of an exception for anything the learner typed or set."""
+def compute(state: LabState, lang: str = "en") -> LabResult:
+    """Explain ``state`` (text in ``lang``); a message instead of an exception for anything the learner typed."""
     try:
         setup = setup_of(state)
-        e = explain_setup(setup)
+        e = explain_setup(setup, lang=lang)
     except MaskedRowError as err:
         rows = ", ".join(str(r[-1]) for r in err.rows)
-        return LabResult(
-            False,
-            f"Query row(s) {rows} may attend to no key at all (every key is masked), so softmax would divide 0 by 0. "
-            f"This is the fully-masked-row trap: padding AND causal often empties a row. Switch 'fully masked rows' "
-            f"to 'zero' (FlashAttention's choice) or 'nan' (what naive code gives) to see it.",
-            state,
-        )
+        return LabResult(False, t(lang, MASKED_ROW_MESSAGE, rows=rows), state)
     except (AttnlabError, ValueError) as err:
-        return LabResult(False, str(err), state)
+        msg = str(err)
+        return LabResult(False, msg if lang == "en" else t(lang, "(attnlab's message) {msg}", msg=msg), state)
     return LabResult(True, "", state, e, setup)
+
+
+#: What the page says when a row has no legal key under the ``raise`` policy.
+MASKED_ROW_MESSAGE = (
+    "Query row(s) {rows} may attend to no key at all (every key is masked), so softmax would divide 0 by 0. This is "
+    "the fully-masked-row trap: padding AND causal often empties a row. Switch 'fully masked rows' to 'zero' "
+    "(FlashAttention's choice) or 'nan' (what naive code gives) to see it."
+)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -244,15 +247,18 @@ def compute(state: LabState) -> LabResult:
 _PAD = "padding:2px 8px"
 
 
-def _cell(x: float, allowed: bool = True, shade_weights: bool = False) -> str:
+def _cell(x: float, allowed: bool = True, shade_weights: bool = False, lang: str = "en") -> str:
+    if math.isnan(x):  # a row with no legal key under the 'nan' policy: NaN, never "masked"
+        return f'<td data-value="nan" style="background:#fcbba1;color:#a50f15;{_PAD};text-align:right">NaN</td>'
     if not allowed:
-        if math.isnan(x):  # a row with no legal key under the 'nan' policy: show the NaN, not "masked"
-            return f'<td data-value="nan" style="background:#fcbba1;color:#a50f15;{_PAD};text-align:right">nan</td>'
-        return f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#444;{_PAD}">masked</td>'
+        return (
+            f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#444;{_PAD}">'
+            f"{html.escape(t(lang, 'masked'))}</td>"
+        )
     shade = ""
     if shade_weights and math.isfinite(x) and 0 <= x <= 1:
         shade = f"background:rgba(49,130,189,{0.08 + 0.6 * x:.3f});"
-    return f'<td data-value="{float(x)!r}" style="{shade}text-align:right;padding:2px 8px">{num(x)}</td>'
+    return f'<td data-value="{float(x)!r}" style="{shade}text-align:right;{_PAD};white-space:nowrap">{num(x)}</td>'
 
 
 def matrix_html(
@@ -265,16 +271,18 @@ def matrix_html(
     caption: str = "",
     attrs: str = "",
     shade: bool | None = None,
+    lang: str = "en",
 ) -> str:
     """An HTML table of ``m [r, c]``; each cell carries its exact value in ``data-value`` (tests read it).
 
     Cells are shaded by value when ``shade`` (default: when a mask is given, i.e. for weights); masked cells are
-    grey and say "masked".
+    grey and say "masked"; NaN cells are red and say "NaN". Wide tables scroll inside their box.
     """
     m = np.asarray(m, dtype=np.float64)
     shade = allowed is not None if shade is None else shade
     ident = f' id="{table_id}" data-testid="{table_id}"' if table_id else ""
     out = [
+        "<div style='overflow-x:auto;max-width:100%'>"
         f'<table class="al-table"{ident} {attrs} '
         'style="border-collapse:collapse;font-family:monospace;width:auto;align-self:flex-start;margin:4px 0">'
     ]
@@ -283,10 +291,10 @@ def matrix_html(
     out.append("<tr><th></th>" + "".join(f"<th style='padding:2px 8px'>{html.escape(c)}</th>" for c in cols) + "</tr>")
     for i, r in enumerate(rows):
         cells = "".join(
-            _cell(m[i, j], True if allowed is None else bool(allowed[i, j]), shade) for j in range(m.shape[1])
+            _cell(m[i, j], True if allowed is None else bool(allowed[i, j]), shade, lang) for j in range(m.shape[1])
         )
         out.append(f"<tr><th style='padding:2px 8px'>{html.escape(r)}</th>{cells}</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "".join(out)
 
 
@@ -294,22 +302,22 @@ def error_html(message: str, testid: str = "al-error") -> str:
     """A message box for the page (bad input, masked rows): never a traceback."""
     return (
         f'<div class="al-error" data-testid="{testid}" style="border-left:4px solid #e34a33;background:#fff5f0;'
-        f'padding:8px 12px;margin:6px 0">⚠ {html.escape(message)}</div>'
+        f'color:#000;padding:8px 12px;margin:6px 0">⚠ {html.escape(message)}</div>'
     )
 
 
 def _state_attrs(s: LabState) -> str:
     return (
         f'data-temperature="{num(s.temperature)}" data-causal="{str(bool(s.causal)).lower()}" '
-        f'data-shift="{num(s.shift)}" data-padded="{int(s.padded)}" data-value-text="{html.escape(s.value_text)}"'
+        f'data-shift="{num(s.shift)}" data-padded="{int(s.padded)}" data-value-text="{html.escape(s.value_text)}" '
+        f'data-bias="{html.escape(s.bias)}" data-masked-rows="{html.escape(s.masked_rows)}"'
     )
 
 
-def result_html(result: LabResult) -> str:
-    """The weights (table id ``al-weights``) with row sums, and the output (``al-output``); or the error message.
-
-    Both tables carry the settings they were computed with (``data-temperature``, ``data-causal``, ...).
-    """
+def result_html(result: LabResult, lang: str = "en") -> str:
+    """The weights (table id ``al-weights``) with row sums (``al-row-sums``; NaN on a NaN row), and the output
+    (``al-output``); or the error message. Both tables carry the settings they were computed with
+    (``data-temperature``, ``data-causal``, ...)."""
     if not result.ok:
         return error_html(result.message, "al-input-error")
     st = result.setup
@@ -318,7 +326,7 @@ def result_html(result: LabResult) -> str:
     sums = np.where(np.isnan(w).any(axis=-1), np.nan, np.where(result.allowed, w, 0.0).sum(axis=-1))
     dcols = tuple(f"d{c}" for c in range(result.output.shape[1]))
     return (
-        "<div style='display:flex;gap:32px;flex-wrap:wrap;align-items:flex-start'><div>"
+        "<div style='display:flex;gap:32px;flex-wrap:wrap;align-items:flex-start'><div style='max-width:100%'>"
         + matrix_html(
             w,
             st.qlabels,
@@ -326,18 +334,29 @@ def result_html(result: LabResult) -> str:
             table_id="al-weights",
             allowed=result.allowed,
             attrs=attrs,
-            caption="weights A = softmax(masked scores)",
+            caption=t(lang, "weights A = softmax(masked scores)"),
+            lang=lang,
         )
-        + "<div style='font-size:13px'>row sums: "
-        + ", ".join(num(x) for x in sums)
-        + "</div></div><div>"
-        + matrix_html(result.output, st.qlabels, dcols, table_id="al-output", attrs=attrs, caption="output O = A V")
+        + "<div style='font-size:13px' data-testid='al-row-sums'>"
+        + html.escape(t(lang, "row sums:"))
+        + " "
+        + ", ".join(num(x) if math.isfinite(x) else "NaN" for x in sums)
+        + "</div></div><div style='max-width:100%'>"
+        + matrix_html(
+            result.output,
+            st.qlabels,
+            dcols,
+            table_id="al-output",
+            attrs=attrs,
+            caption=t(lang, "output O = A V"),
+            lang=lang,
+        )
         + "</div></div>"
         + "".join(error_html(n) for n in result.explanation.notes)
     )
 
 
-def steps_html(result: LabResult) -> str:
+def steps_html(result: LabResult, lang: str = "en") -> str:
     """Every step as a table with the arithmetic written out (no ids: :func:`result_html` holds those)."""
     if not result.ok:
         return error_html(result.message)
@@ -350,13 +369,15 @@ def steps_html(result: LabResult) -> str:
             f"<code>{html.escape(step.formula)}</code></h4>"
         )
         for name, m, r, c in step.extra:
-            parts.append(matrix_html(m, r, c, caption=name))
+            parts.append(matrix_html(m, r, c, caption=name, lang=lang))
         if step.matrix is not None:
             mask = allowed if step.key in ("weights", "exp") else None
-            parts.append(matrix_html(step.matrix, step.rows, step.cols, allowed=mask))
+            parts.append(matrix_html(step.matrix, step.rows, step.cols, allowed=mask, lang=lang))
         if step.lines and step.key not in ("mask",):
             parts.append(
-                "<pre style='margin:2px 0;font-size:12px'>" + html.escape("\n".join(step.lines[:8])) + "</pre>"
+                "<pre style='margin:2px 0;font-size:12px;white-space:pre;overflow-x:auto'>"
+                + html.escape("\n".join(step.lines[:8]))
+                + "</pre>"
             )
         if step.note:
             parts.append(f"<div style='color:#006d2c;font-size:13px'>{html.escape(step.note)}</div>")
@@ -420,50 +441,89 @@ def _ok_setup(state: LabState) -> Setup | None:
     return r.setup if r.ok else None
 
 
-def exp_shift(state: LabState, c: float = 10.0) -> tuple[float, str]:
+def _fix_first(lang: str) -> str:
+    return error_html(t(lang, "Fix the inputs above first."))
+
+
+def exp_shift(state: LabState, c: float = 10.0, lang: str = "en") -> tuple[float, str]:
     """Add ``c`` to every legal score: the weights do not change (softmax ignores a shift of a whole row)."""
     setup = _ok_setup(state)
     if setup is None:
-        return float("nan"), error_html("Fix the inputs above first.")
+        return float("nan"), _fix_first(lang)
     a = np.asarray(setup.trace().weights)
     b = np.asarray(setup.with_options(shift=setup.shift + c).trace().weights)
-    d = float(np.max(np.abs(a - b)))
+    d = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
     rows, cols = setup.qlabels, setup.klabels
     allowed = np.asarray(setup.trace().allowed)
     return d, (
-        matrix_html(a, rows, cols, allowed=allowed, caption="weights before")
-        + matrix_html(b, rows, cols, allowed=allowed, caption=f"weights after adding {num(c)} to every legal score")
-        + f"<p>Largest change of any weight: <b data-testid='al-shift-diff'>{num(d)}</b>"
-        + (" (0 up to float64 rounding)" if d < 1e-9 else "")
-        + ". softmax(x + c) = softmax(x): "
-        "the shift cancels between numerator and denominator. Adding <i>different</i> amounts to different columns "
-        "would change the weights.</p>"
+        matrix_html(a, rows, cols, allowed=allowed, caption=t(lang, "weights before"), lang=lang)
+        + matrix_html(
+            b,
+            rows,
+            cols,
+            allowed=allowed,
+            caption=t(lang, "weights after adding {c} to every legal score", c=num(c)),
+            lang=lang,
+        )
+        + "<p>"
+        + html.escape(t(lang, "Largest change of any weight:"))
+        + f" <b data-testid='al-shift-diff'>{num(d)}</b>"
+        + (html.escape(t(lang, " (0 up to float64 rounding)")) if d < 1e-9 else "")
+        + ". "
+        + html.escape(t(lang, SHIFT_NOTE))
+        + "</p>"
     )
 
 
-def exp_bias(state: LabState, bias: tuple[float, ...] | None = None) -> tuple[float, str]:
-    """The self-test's second half: add a *different* number to each key's column (default 0, 1, 2, …): the weights
-    change (unlike the same number on a whole row). Returns the largest weight change and the page's HTML."""
+SHIFT_NOTE = (
+    "softmax(x + c) = softmax(x): the shift cancels between numerator and denominator. Adding different amounts to "
+    "different columns would change the weights."
+)
+
+
+def exp_bias(state: LabState, bias: tuple[float, ...] | None = None, lang: str = "en") -> tuple[float, str]:
+    """The self-test's second half: a *different* number on each key's column changes the weights.
+
+    ``bias`` (one number per key) defaults to the bias box of ``state`` if it holds one row, else 0, 1, 2, ….
+    "Before" is the input without any bias. Returns the largest weight change and the page's HTML.
+    """
     setup = _ok_setup(state)
     if setup is None:
-        return float("nan"), error_html("Fix the inputs above first.")
-    b = np.arange(setup.n_k, dtype=np.float64) if bias is None else np.asarray(bias, dtype=np.float64)
+        return float("nan"), _fix_first(lang)
+    if bias is None:
+        own = getattr(setup, "bias", None)
+        b = np.asarray(own, dtype=np.float64)[-1] if own is not None else np.arange(setup.n_k, dtype=np.float64)
+    else:
+        b = np.asarray(bias, dtype=np.float64)
     if b.shape != (setup.n_k,):
-        return float("nan"), error_html(f"This experiment needs one bias per key ({setup.n_k}).")
-    t0 = setup.trace()
-    t1 = setup.trace(bias=np.broadcast_to(b, (setup.n_q, setup.n_k)) + float(setup.shift))
+        return float("nan"), error_html(t(lang, "This experiment needs one bias per key ({n}).", n=setup.n_k))
+    shift = np.full((setup.n_q, setup.n_k), float(setup.shift))
+    t0 = setup.trace(bias=shift)
+    t1 = setup.trace(bias=shift + b)
     a0, a1 = np.asarray(t0.weights), np.asarray(t1.weights)
-    d = float(np.nanmax(np.abs(a0 - a1))) if a0.size else 0.0
+    d = float(np.nanmax(np.abs(a0 - a1))) if a0.size and not np.isnan(a0).all() else 0.0
     rows, cols = setup.qlabels, setup.klabels
     allowed = np.asarray(t0.allowed)
     return d, (
-        f"<p>bias per key (column): {vec(b)}</p>"
-        + matrix_html(a0, rows, cols, allowed=allowed, caption="weights before")
-        + matrix_html(a1, rows, cols, allowed=allowed, caption="weights with a different bias per column")
-        + f"<p>Largest change of any weight: <b data-testid='al-bias-diff'>{num(d)}</b>. A bias that differs "
-        "between the columns of a row does not cancel in softmax: keys with a larger bias gain weight. (A row "
-        "with one legal key keeps [1, 0, …].)</p>"
+        "<p>"
+        + html.escape(t(lang, "bias per key (column): {b}", b=vec(b)))
+        + "</p>"
+        + matrix_html(a0, rows, cols, allowed=allowed, caption=t(lang, "weights without a bias"), lang=lang)
+        + matrix_html(
+            a1, rows, cols, allowed=allowed, caption=t(lang, "weights with a different bias per column"), lang=lang
+        )
+        + "<p>"
+        + html.escape(t(lang, "Largest change of any weight:"))
+        + f" <b data-testid='al-bias-diff'>{num(d)}</b>. "
+        + html.escape(t(lang, BIAS_NOTE))
+        + "</p>"
     )
+
+
+BIAS_NOTE = (
+    "A bias that differs between the columns of a row does not cancel in softmax: keys with a larger bias gain "
+    "weight. (A row with one legal key keeps [1, 0, …].)"
+)
 
 
 def _entropy(w: np.ndarray) -> np.ndarray:
@@ -471,59 +531,76 @@ def _entropy(w: np.ndarray) -> np.ndarray:
     return -(w * np.log(p)).sum(axis=-1)
 
 
-def exp_temperature(state: LabState, t: float = 3.0) -> tuple[np.ndarray, str]:
-    """Raise the temperature to ``t``: each row flattens toward uniform over its legal keys; nothing leaks."""
+def exp_temperature(state: LabState, temp: float = 3.0, lang: str = "en") -> tuple[np.ndarray, str]:
+    """Raise the temperature to ``temp``: each row flattens toward uniform over its legal keys; nothing leaks."""
     setup = _ok_setup(state)
     if setup is None:
-        return np.array([]), error_html("Fix the inputs above first.")
+        return np.array([]), _fix_first(lang)
     a = np.asarray(setup.trace().weights)
-    b = np.asarray(setup.with_options(temperature=t).trace().weights)
+    b = np.asarray(setup.with_options(temperature=temp).trace().weights)
     allowed = np.asarray(setup.trace().allowed)
     rows, cols = setup.qlabels, setup.klabels
     ent = np.stack([_entropy(a), _entropy(b)], axis=-1)
     return b, (
-        matrix_html(a, rows, cols, allowed=allowed, caption=f"T = {num(setup.temperature)}")
-        + matrix_html(b, rows, cols, allowed=allowed, caption=f"T = {num(t)}")
-        + "<p>Entropy per row (higher = flatter): "
+        matrix_html(a, rows, cols, allowed=allowed, caption=f"T = {num(setup.temperature)}", lang=lang)
+        + matrix_html(b, rows, cols, allowed=allowed, caption=f"T = {num(temp)}", lang=lang)
+        + "<p>"
+        + html.escape(t(lang, "Entropy per row (higher = flatter):"))
+        + " "
         + ", ".join(f"{r}: {num(x0, 3)} → {num(x1, 3)}" for r, (x0, x1) in zip(rows, ent, strict=True))
-        + ". The weights spread over the legal keys; masked keys stay exactly 0, and a row with one legal key stays "
-        "[1, 0, …] at every temperature.</p>"
+        + ". "
+        + html.escape(t(lang, TEMPERATURE_NOTE))
+        + "</p>"
     )
 
 
-def exp_value(state: LabState, row: int = 0, new: tuple[float, ...] = (100.0, 0.0)) -> tuple[float, float, str]:
+TEMPERATURE_NOTE = (
+    "The weights spread over the legal keys; masked keys stay exactly 0, and a row with one legal key stays "
+    "[1, 0, …] at every temperature."
+)
+
+
+def exp_value(
+    state: LabState, row: int = 0, new: tuple[float, ...] = (100.0, 0.0), lang: str = "en"
+) -> tuple[float, float, str]:
     """Change v_row to ``new``: the weights stay, the output moves (where to read vs what is read)."""
     setup = _ok_setup(state)
     if setup is None:
-        return float("nan"), float("nan"), error_html("Fix the inputs above first.")
+        return float("nan"), float("nan"), _fix_first(lang)
     v = np.asarray(setup.v, dtype=np.float64).copy()
     if len(new) != v.shape[1] or not 0 <= row < v.shape[0]:
-        return (
-            float("nan"),
-            float("nan"),
-            error_html(f"This experiment needs V with {len(new)} columns and a row {row}."),
-        )
+        msg = t(lang, "This experiment needs V with {n} columns and a row {row}.", n=len(new), row=row)
+        return float("nan"), float("nan"), error_html(msg)
     t0 = setup.trace()
     v[row] = new
     t1 = setup.with_options(v=v).trace()
-    dw = float(np.max(np.abs(np.asarray(t0.weights) - np.asarray(t1.weights))))
-    do = float(np.max(np.abs(np.asarray(t0.output) - np.asarray(t1.output))))
+    dw = float(np.nanmax(np.abs(np.asarray(t0.weights) - np.asarray(t1.weights))))
+    do = float(np.nanmax(np.abs(np.asarray(t0.output) - np.asarray(t1.output))))
     rows = setup.qlabels
     dcols = tuple(f"d{c}" for c in range(v.shape[1]))
+    text = t(
+        lang,
+        "v{row} := {new}. Largest weight change: {dw}; largest output change: {do}.",
+        row=row,
+        new=vec(new),
+        dw=num(dw),
+        do=num(do),
+    )
     return (
         dw,
         do,
         (
-            f"<p>v{row} := {vec(new)}. Largest weight change: <b>{num(dw)}</b>; "
-            f"largest output change: <b>{num(do)}</b>.</p>"
-            + matrix_html(np.asarray(t0.output), rows, dcols, caption="output before")
-            + matrix_html(np.asarray(t1.output), rows, dcols, caption="output after")
-            + "<p>The weights depend only on Q and K (where to read); V is what is read.</p>"
+            f"<p>{html.escape(text)}</p>"
+            + matrix_html(np.asarray(t0.output), rows, dcols, caption=t(lang, "output before"), lang=lang)
+            + matrix_html(np.asarray(t1.output), rows, dcols, caption=t(lang, "output after"), lang=lang)
+            + "<p>"
+            + html.escape(t(lang, "The weights depend only on Q and K (where to read); V is what is read."))
+            + "</p>"
         ),
     )
 
 
-def four_pairs(temperature: float = 1.0) -> tuple[dict[str, np.ndarray], str]:
+def four_pairs(temperature: float = 1.0, lang: str = "en") -> tuple[dict[str, np.ndarray], str]:
     """The four 2-D Q/K pairs with and without the causal mask at ``temperature``."""
     q, k = FOUR_PAIRS
     v = np.eye(4)
@@ -534,16 +611,24 @@ def four_pairs(temperature: float = 1.0) -> tuple[dict[str, np.ndarray], str]:
     }
     allowed = np.tril(np.ones((4, 4), dtype=bool))
     rows, cols = base.qlabels, base.klabels
+    text = t(lang, FOUR_NOTE, causal=vec(out["causal"][0]), full=vec(out["full"][0]))
     return out, (
         f"<p>q = {', '.join(vec(x) for x in q)}; k = {', '.join(vec(x) for x in k)}; T = {num(temperature)}</p>"
-        + matrix_html(out["causal"], rows, cols, allowed=allowed, caption="causal", table_id="al-four-causal")
-        + matrix_html(out["full"], rows, cols, caption="no mask", table_id="al-four-full")
-        + f"<p>First row with the causal mask: {vec(out['causal'][0])}: one legal key gets everything, at any "
-        f"temperature. Without the mask it reads {vec(out['full'][0])}, future keys included.</p>"
+        + matrix_html(
+            out["causal"], rows, cols, allowed=allowed, caption=t(lang, "causal"), table_id="al-four-causal", lang=lang
+        )
+        + matrix_html(out["full"], rows, cols, caption=t(lang, "no mask"), table_id="al-four-full", lang=lang)
+        + f"<p>{html.escape(text)}</p>"
     )
 
 
-def masked_row_trap() -> tuple[dict[str, object], str]:
+FOUR_NOTE = (
+    "First row with the causal mask: {causal}: one legal key gets everything, at any temperature. Without the mask "
+    "it reads {full}, future keys included."
+)
+
+
+def masked_row_trap(lang: str = "en") -> tuple[dict[str, object], str]:
     """Left padding AND causal: the first query may attend to nothing. What 'raise', 'nan' and 'zero' give."""
     q, k = FOUR_PAIRS
     setup = Setup(
@@ -566,36 +651,65 @@ def masked_row_trap() -> tuple[dict[str, object], str]:
     res["zero"] = np.asarray(setup.trace(masked_rows="zero").weights)
     allowed = np.asarray(setup.trace(masked_rows="zero").allowed)
     rows = setup.qlabels
+    raised = str(res["raise"]) if lang == "en" else t(lang, "(attnlab's message) {msg}", msg=res["raise"])
     return res, (
-        "<p>Left padding (key PAD) combined with the causal mask: query PAD may only see key PAD, which is padding. "
-        "Its row has no legal key: softmax over nothing is 0/0.</p>"
+        "<p>"
+        + html.escape(t(lang, TRAP_NOTE))
+        + "</p>"
         + matrix_html(
-            res["nan"], rows, rows, allowed=allowed, caption="naive: NaN (and NaN spreads to every later layer)"
+            res["nan"],
+            rows,
+            rows,
+            allowed=allowed,
+            caption=t(lang, "naive: NaN (and NaN spreads to every later layer)"),
+            lang=lang,
         )
         + matrix_html(
-            res["zero"], rows, rows, allowed=allowed, caption="policy 'zero' (FlashAttention): weights and output 0"
+            res["zero"],
+            rows,
+            rows,
+            allowed=allowed,
+            caption=t(lang, "policy 'zero' (FlashAttention): weights and output 0"),
+            lang=lang,
         )
-        + error_html("policy 'raise' (attnlab's default): " + str(res["raise"]))
+        + error_html(t(lang, "policy 'raise' (attnlab's default):") + " " + raised)
     )
 
 
-def mask_conventions() -> tuple[dict[str, np.ndarray], str]:
+TRAP_NOTE = (
+    "Left padding (key PAD) combined with the causal mask: query PAD may only see key PAD, which is padding. Its row "
+    "has no legal key: softmax over nothing is 0/0."
+)
+
+
+def mask_conventions(lang: str = "en") -> tuple[dict[str, np.ndarray], str]:
     """The same boolean causal mask read as True = may attend and as True = blocked."""
     q, k = FOUR_PAIRS
     setup = Setup(q, k, np.eye(4), causal=True)
-    m = compare(setup, "inverted-mask")
+    m = compare(setup, "inverted-mask", lang=lang)
     rows, cols = setup.qlabels, setup.klabels
     mask = np.tril(np.ones((4, 4), dtype=bool))
     grid = "".join(
         "<tr>" + "".join(f"<td style='padding:0 6px'>{'1' if x else '0'}</td>" for x in r) + "</tr>" for r in mask
     )
     return {"right": m.right_weights, "inverted": m.wrong_weights}, (
-        f"<p>One boolean mask:</p><table style='font-family:monospace;width:auto;align-self:flex-start'>{grid}</table>"
+        "<p>" + html.escape(t(lang, "One boolean mask:")) + "</p>"
+        f"<table style='font-family:monospace;width:auto;align-self:flex-start'>{grid}</table>"
         + matrix_html(
-            m.right_weights, rows, cols, allowed=mask, caption="read as True = may attend (attnlab, PyTorch SDPA)"
+            m.right_weights,
+            rows,
+            cols,
+            allowed=mask,
+            caption=t(lang, "read as True = may attend (attnlab, PyTorch SDPA)"),
+            lang=lang,
         )
         + matrix_html(
-            m.wrong_weights, rows, cols, allowed=~mask, caption="read as True = blocked (nn.MultiheadAttention)"
+            m.wrong_weights,
+            rows,
+            cols,
+            allowed=~mask,
+            caption=t(lang, "read as True = blocked (nn.MultiheadAttention)"),
+            lang=lang,
         )
         + f"<p>{html.escape(m.explanation)}</p>"
     )

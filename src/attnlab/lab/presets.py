@@ -24,7 +24,18 @@ import numpy as np
 
 from ..articles import EXAMPLES, EXTRA_EXAMPLES
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "Preset", "matrix_text", "preset_of"]
+__all__ = [
+    "DEFAULT_PRESET",
+    "ITEM_PRESETS",
+    "PRESETS",
+    "ItemPreset",
+    "Preset",
+    "explain_output",
+    "item_html",
+    "item_preset",
+    "matrix_text",
+    "preset_of",
+]
 
 #: The preset the lab opens with: article 000's four positions under the causal mask.
 DEFAULT_PRESET = "causal-4"
@@ -98,3 +109,123 @@ def preset_of(ex: Any) -> Preset:
 
 #: Every worked example of :mod:`attnlab.articles` (``EXAMPLES`` then ``EXTRA_EXAMPLES``) as a lab preset.
 PRESETS: dict[str, Preset] = {name: preset_of(ex) for name, ex in {**EXAMPLES, **EXTRA_EXAMPLES}.items()}
+
+
+@dataclass(frozen=True)
+class ItemPreset:
+    """One item of the articles (:data:`attnlab.articles.ITEMS`) as the lab shows it: ``state`` the lab's inputs
+    (None for a lesson without Q, K, V: the controls stay as they are), ``argv`` the ``attnlab explain`` command
+    whose output the lab shows next to them, ``expect`` the article's numbers in that output."""
+
+    key: str
+    source: str
+    section: str
+    what: str
+    state: Any
+    argv: tuple[str, ...]
+    expect: tuple[str, ...]
+    lab: str
+
+    def label(self, lang: str = "en") -> str:
+        """The dropdown's words: article, section and what the item shows."""
+        from .i18n import t
+
+        return t(
+            lang,
+            "{source} {section}: {what}",
+            source=self.source,
+            section=t(lang, self.section),
+            what=t(lang, self.what),
+        )
+
+
+def _flags(argv: tuple[str, ...]) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    i = 1 if argv and not argv[0].startswith("-") else 0
+    while i < len(argv):
+        a = argv[i]
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[a] = argv[i + 1]
+            i += 2
+        else:
+            out[a] = True
+            i += 1
+    return out
+
+
+def item_preset(index: int, item: Any) -> ItemPreset:
+    """The :class:`ItemPreset` of ``item`` (the ``index``-th of :data:`~attnlab.articles.ITEMS`)."""
+    from dataclasses import replace
+
+    state = None
+    if item.lab in PRESETS:
+        state = PRESETS[item.lab].state
+        f = _flags(tuple(item.argv))
+        changes: dict[str, Any] = {}
+        if "--shift" in f:
+            changes["shift"] = float(f["--shift"])
+        if "--temperature" in f:
+            changes["temperature"] = float(f["--temperature"])
+        if "--no-causal" in f:
+            changes["causal"] = False
+        if "--causal" in f:
+            changes["causal"] = True
+        if "--bias" in f:
+            changes["bias"] = str(f["--bias"]).replace(",", ", ")
+        state = replace(state, **changes)
+    return ItemPreset(
+        f"item-{index:02d}", item.source, item.section, item.what, state, tuple(item.argv), tuple(item.expect), item.lab
+    )
+
+
+def _items() -> dict[str, ItemPreset]:
+    try:
+        from ..articles import ITEMS
+    except ImportError:  # an attnlab without the items table: one preset per example
+        return {}
+    return {p.key: p for p in (item_preset(i, it) for i, it in enumerate(ITEMS))}
+
+
+#: Every item of both articles (:data:`attnlab.articles.ITEMS`), in article order, as a lab preset.
+ITEM_PRESETS: dict[str, ItemPreset] = _items()
+
+
+def explain_output(argv: tuple[str, ...], lang: str = "en") -> tuple[int, str]:
+    """``attnlab explain ARGV --format text`` run in this process: (exit status, what it printed)."""
+    import contextlib
+    import io
+
+    from ..cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            code = main(["explain", *argv, "--format", "text", "--lang", lang])
+        except SystemExit as err:  # argparse
+            code = int(err.code or 0)
+    return code, buf.getvalue()
+
+
+def item_html(preset: ItemPreset, lang: str = "en") -> str:
+    """The item's ``attnlab explain`` output with the article's numbers marked (``data-testid="al-item"``)."""
+    import html
+
+    from .i18n import t
+
+    code, text = explain_output(preset.argv, lang)
+    body = html.escape(text.rstrip("\n"))
+    found = 0
+    for e in preset.expect:
+        esc = html.escape(e)
+        if esc in body:
+            found += 1
+            body = body.replace(esc, f'<mark data-testid="al-expect">{esc}</mark>', 1)
+    cmd = html.escape(" ".join(("attnlab explain", *preset.argv)))
+    return (
+        f'<div data-testid="al-item" data-key="{preset.key}" data-found="{found}" data-expected="{len(preset.expect)}"'
+        f' data-code="{code}">'
+        f"<p>{html.escape(t(lang, 'The article prints these numbers; attnlab computes them (marked):'))} "
+        f"<code>{cmd}</code></p>"
+        f'<pre style="white-space:pre;overflow-x:auto;font-size:12px;max-height:420px;overflow-y:auto;'
+        f'background:#f7f7f7;color:#000;padding:8px">{body}</pre></div>'
+    )
