@@ -13,7 +13,7 @@ steps, the examples' titles) come from its own catalogue, :mod:`attnlab.explain.
 
 from __future__ import annotations
 
-__all__ = ["BIGGER", "INTRO", "LANGS", "PREDICT_INTRO", "SELF_TEST_ANSWER", "ZH", "t"]
+__all__ = ["BIGGER", "INTRO", "LANGS", "LIVE_INTRO", "PREDICT_INTRO", "SELF_TEST_ANSWER", "ZH", "t"]
 
 #: The languages of the switch: code -> name shown.
 LANGS = {"en": "English", "zh": "中文"}
@@ -55,6 +55,19 @@ projected back (the live model below shows every head of every layer).
 **T² growth.** The score matrix has T × T entries: from 1,024 to 4,096 tokens the length grows 4× and the matrix
 16×. (End-to-end latency depends on batch, memory traffic and kernels; FlashAttention computes the same exact
 attention tile by tile without storing the matrix.)
+"""
+
+LIVE_INTRO = r"""
+## A live model: real attention weights
+
+Type a sentence and press **run**: SmolLM2-135M (a causal language model, 30 layers × 9 heads) runs it on attnlab's
+own NumPy Llama, from the installed GGUF file, offline; all-MiniLM-L6-v2 is a bidirectional encoder (every token
+reads every real token), run with two [PAD] positions so you can see the padding mask. Pick a layer and a head; the
+model view shows every head of every layer at once. The model loads once (about 5-10 s), then each sentence takes
+a second or two and is remembered.
+
+*Then test what the weights mean: delete each token and measure how much the prediction changes. A token can get
+much weight and matter little, and the other way round.*
 """
 
 ZH: dict[str, str] = {

@@ -257,7 +257,9 @@ def _cell(x: float, allowed: bool = True, shade_weights: bool = False, lang: str
         )
     shade = ""
     if shade_weights and math.isfinite(x) and 0 <= x <= 1:
-        shade = f"background:rgba(49,130,189,{0.08 + 0.6 * x:.3f});"
+        a = 0.08 + 0.5 * x  # blue over white, blended here so the text's contrast is what the page shows
+        r, g, b = (round(255 - a * (255 - c)) for c in (49, 130, 189))
+        shade = f"background:rgb({r},{g},{b});color:#000;"
     return f'<td data-value="{float(x)!r}" style="{shade}text-align:right;{_PAD};white-space:nowrap">{num(x)}</td>'
 
 
@@ -281,13 +283,17 @@ def matrix_html(
     m = np.asarray(m, dtype=np.float64)
     shade = allowed is not None if shade is None else shade
     ident = f' id="{table_id}" data-testid="{table_id}"' if table_id else ""
-    out = [
-        "<div style='overflow-x:auto;max-width:100%'>"
+    out = ["<div style='overflow-x:auto;max-width:100%'>"]
+    if caption:  # above the table, not a <caption>: a caption wraps to the width of a narrow (1×1) table
+        out.append(
+            f"<div class='al-caption' style='font-weight:bold;font-family:monospace;white-space:nowrap;color:#000'>"
+            f"{html.escape(caption)}</div>"
+        )
+    out.append(
         f'<table class="al-table"{ident} {attrs} '
-        'style="border-collapse:collapse;font-family:monospace;width:auto;align-self:flex-start;margin:4px 0">'
-    ]
-    if caption:
-        out.append(f"<caption style='text-align:left;font-weight:bold'>{html.escape(caption)}</caption>")
+        'style="border-collapse:collapse;font-family:monospace;width:auto;align-self:flex-start;margin:4px 0;'
+        'color:#000">'
+    )
     out.append("<tr><th></th>" + "".join(f"<th style='padding:2px 8px'>{html.escape(c)}</th>" for c in cols) + "</tr>")
     for i, r in enumerate(rows):
         cells = "".join(
@@ -365,7 +371,7 @@ def steps_html(result: LabResult, lang: str = "en") -> str:
     parts = []
     for i, step in enumerate(e.steps, 1):
         parts.append(
-            f"<h4 style='margin:10px 0 2px'>{i}. {html.escape(step.title)}: "
+            f"<h4 style='margin:10px 0 2px;color:#000'>{i}. {html.escape(step.title)}: "
             f"<code>{html.escape(step.formula)}</code></h4>"
         )
         for name, m, r, c in step.extra:
@@ -375,13 +381,13 @@ def steps_html(result: LabResult, lang: str = "en") -> str:
             parts.append(matrix_html(step.matrix, step.rows, step.cols, allowed=mask, lang=lang))
         if step.lines and step.key not in ("mask",):
             parts.append(
-                "<pre style='margin:2px 0;font-size:12px;white-space:pre;overflow-x:auto'>"
+                "<pre style='margin:2px 0;font-size:12px;white-space:pre;overflow-x:auto;color:#000'>"
                 + html.escape("\n".join(step.lines[:8]))
                 + "</pre>"
             )
         if step.note:
             parts.append(f"<div style='color:#006d2c;font-size:13px'>{html.escape(step.note)}</div>")
-    return "\n".join(parts)
+    return "<div class='al-steps' style='color:#000'>" + "\n".join(parts) + "</div>"
 
 
 def pictures_html(result: LabResult, lang: str = "en") -> str:

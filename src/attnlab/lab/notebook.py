@@ -9,12 +9,13 @@ def _():
     import marimo as mo
 
     from attnlab.lab import i18n as I
+    from attnlab.lab import live as LV
     from attnlab.lab import logic as L
     from attnlab.lab import predict as PR
     from attnlab.lab import presets as P
 
     T = I.t
-    return I, L, P, PR, T, mo
+    return I, L, LV, P, PR, T, mo
 
 
 @app.cell
@@ -46,7 +47,6 @@ def _(P, T, lang, mo):
         options=_opts,
         value=next(iter(_opts)),
         label=T(lang, "Article item (preset)"),
-        searchable=True,
         full_width=True,
     )
     preset_pick  # noqa: B018 (a marimo cell shows its last expression)
@@ -393,9 +393,127 @@ def _(I, T, lang, mo):
 
 @app.cell
 def _(T, lang, mo):
-    from attnlab import plot as _plot
+    from attnlab.lab.svg import growth_svg as _growth
 
-    mo.image(_plot.to_bytes(_plot.growth_plot(), "png", dpi=80), alt=T(lang, "T squared growth"))
+    mo.Html(
+        _growth(
+            title=T(lang, "T² score elements against the length T"),
+            caption=T(lang, "{a:,} -> {b:,} tokens: {x:g}x the length, {y:g}x the elements"),
+        )
+    )
+    return
+
+
+@app.cell
+def _(I, T, lang, mo):
+    mo.md(T(lang, I.LIVE_INTRO))
+    return
+
+
+@app.cell
+def _(T, lang, mo):
+    live_model = mo.ui.radio(
+        options={
+            T(lang, "SmolLM2-135M (causal language model)"): "smollm2",
+            T(lang, "all-MiniLM-L6-v2 (bidirectional encoder, with padding)"): "minilm",
+        },
+        value=T(lang, "SmolLM2-135M (causal language model)"),
+        inline=True,
+        label=T(lang, "model"),
+    )
+    live_text = mo.ui.text(
+        value="The cat sat on the mat because it was tired",
+        placeholder="a sentence",
+        label=T(lang, "sentence"),
+        full_width=True,
+    ).form(submit_button_label=T(lang, "run"), bordered=False)
+    mo.vstack([live_model, live_text])
+    return live_model, live_text
+
+
+@app.cell
+def _(LV, T, lang, live_model, mo):
+    _info = LV.MODELS[live_model.value]
+    live_layer = mo.ui.slider(
+        0, _info.layers - 1, value=min(3, _info.layers - 1), show_value=True, label=T(lang, "layer")
+    )
+    live_head = mo.ui.slider(0, _info.heads - 1, value=0, show_value=True, label=T(lang, "head"))
+    mo.hstack([live_layer, live_head], justify="start", gap=2)
+    return live_head, live_layer
+
+
+@app.cell
+def _(LV, T, lang, live_head, live_layer, live_model, live_text, mo):
+    _key, _text, _layer, _head = live_model.value, live_text.value, live_layer.value, live_head.value
+    if not _text:
+        mo.output.replace(
+            mo.Html(LV.status_html(_key, lang) + "<p>" + T(lang, "Type a sentence and press run.") + "</p>")
+        )
+    elif LV.cached("forward", _key, _text) is not None:
+        mo.output.replace(mo.Html(LV.live_html(LV.cached("forward", _key, _text), _layer, _head, lang)))
+    else:
+
+        def _work():
+            me = mo.current_thread()
+            LV.loader(_key).start()
+            while LV.loader(_key).status()[0] == "loading" and not me.should_exit:
+                mo.output.replace(mo.Html(LV.status_html(_key, lang)))
+                LV.loader(_key).wait_done(1.0)
+            try:
+                res = LV.run(_key, _text)
+            except Exception as err:  # shown in the page, never a traceback
+                if not me.should_exit:
+                    mo.output.replace(mo.Html(_error_box(str(err))))
+                return
+            if not me.should_exit:
+                mo.output.replace(mo.Html(LV.live_html(res, _layer, _head, lang)))
+
+        def _error_box(msg):
+            from attnlab.lab.logic import error_html
+
+            return error_html(msg, "al-live-error")
+
+        mo.output.replace(mo.Html(LV.status_html(_key, lang)))
+        mo.Thread(target=_work, daemon=True).start()
+    return
+
+
+@app.cell
+def _(T, lang, mo):
+    live_intervene = mo.ui.run_button(label=T(lang, "run the intervention (delete each token)"))
+    live_intervene  # noqa: B018 (a marimo cell shows its last expression)
+    return (live_intervene,)
+
+
+@app.cell
+def _(LV, T, lang, live_intervene, live_model, live_text, mo):
+    _key, _text = live_model.value, live_text.value
+    _done = LV.cached("intervene", _key, _text) if _text else None
+    if _done is not None:
+        mo.output.replace(mo.Html(LV.intervention_html(_done, lang)))
+    elif live_intervene.value and _text:
+
+        def _work_iv():
+            me = mo.current_thread()
+            try:
+                res = LV.run_intervention(_key, _text)
+            except Exception as err:  # shown in the page, never a traceback
+                from attnlab.lab.logic import error_html
+
+                if not me.should_exit:
+                    mo.output.replace(mo.Html(error_html(str(err), "al-live-error")))
+                return
+            if not me.should_exit:
+                mo.output.replace(mo.Html(LV.intervention_html(res, lang)))
+
+        mo.output.replace(mo.md(T(lang, "*Deleting each token and running the model again…*")))
+        mo.Thread(target=_work_iv, daemon=True).start()
+    else:
+        mo.output.replace(
+            mo.md(
+                T(lang, "*Press the button to compare the weight each token receives with the effect of deleting it.*")
+            )
+        )
     return
 
 

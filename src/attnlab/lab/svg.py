@@ -29,6 +29,7 @@ __all__ = [
     "blue",
     "contrast",
     "grid_svg",
+    "growth_svg",
     "heatmap_svg",
     "ink_for",
     "last_row_svg",
@@ -168,7 +169,7 @@ def heatmap_svg(
     for i in range(n_q):
         row = w[i]
         s = float("nan") if np.isnan(row).any() else float(np.where(ok[i], row, 0.0).sum())
-        sum_labels.append(f"Σ={num(s, 3)}")
+        sum_labels.append(f"Σ={num(round(s, 6), 3)}")  # float32 weights: 1.00000001 is written 1
     bar_x = sums_x + max(text_width(s, font) for s in sum_labels) + 12
     has_nan = bool(np.isnan(w).any())
     legend_items = [legend[1]] + ([legend[2]] if has_nan else [])
@@ -397,5 +398,40 @@ def grid_svg(
             f'<rect x="{left + hj * (size_k + pad) - 1.5}" y="{top + li * (size_q + pad) - 1.5}" '
             f'width="{size_k + 3}" height="{size_q + 3}" fill="none" stroke="#d94801" stroke-width="2"/>'
         )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def growth_svg(
+    lengths: tuple[int, ...] = (1024, 2048, 4096),
+    *,
+    title: str = "T² score elements against the length T",
+    caption: str = "{a:,} -> {b:,} tokens: {x:g}x the length, {y:g}x the elements",
+    testid: str = "al-growth",
+) -> str:
+    """Bars of T² for each length T (the article's point: 1,024 -> 4,096 tokens is 4x the length, 16x the
+    elements), with the exact counts written on them."""
+    ts = [int(x) for x in lengths]
+    top_v = max(ts) ** 2
+    bw, gap, h = 90, 30, 160
+    labels = [f"{x * x:,}" for x in ts]
+    a, b = ts[0], ts[-1]
+    cap = caption.format(a=a, b=b, x=b / a, y=(b / a) ** 2)
+    width = max(20 + len(ts) * (bw + gap), 8 + text_width(title, 12, bold=True) + 8, 8 + text_width(cap, 11) + 8)
+    top = 24 + 20
+    height = top + h + 44
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" data-testid="{testid}" role="img" '
+        f'aria-label="{html.escape(title)}" style="max-width:none;overflow:visible">',
+        _text(8, 16, title, size=12, bold=True),
+    ]
+    for i, (x, lab) in enumerate(zip(ts, labels, strict=True)):
+        bh = max(2.0, h * x * x / top_v)
+        x0 = 20 + i * (bw + gap)
+        out.append(f'<rect x="{x0}" y="{top + h - bh:.1f}" width="{bw}" height="{bh:.1f}" fill="#3182bd"/>')
+        out.append(_text(x0 + bw / 2, top + h - bh - 5, lab, size=11, anchor="middle"))
+        out.append(_text(x0 + bw / 2, top + h + 16, f"T = {x:,}", size=11, anchor="middle"))
+    out.append(_text(8, top + h + 36, cap, size=11))
     out.append("</svg>")
     return "".join(out)
