@@ -18,6 +18,7 @@ import pytest
 from playwright.sync_api import Page
 from test_lab_browser import CHROMIUM, browser, lab, table_values  # noqa: F401  (fixtures, reused)
 
+from attnlab.lab import i18n as I
 from attnlab.lab import logic, presets, svg
 from attnlab.lab.logic import compute
 
@@ -224,11 +225,40 @@ ALLOWED_LATIN = {
     "inf", "float", "lse", "sqrt", "d_k", "d_v", "d_model", "d_head", "W_O", "W_Q", "W_K", "W_V", "MultiheadAttention",
     "nn", "masked_fill", "True", "False", "is_causal", "bottom_right", "top_left", "tiled", "mistake", "causal",
     "bias", "shift", "temperature", "lang", "format", "text", "backward", "positions", "dropout", "seed", "MiB",
-    "GiB", "GQA", "MHA", "MQA", "RoPE", "all", "Ġ", "run", "English",
+    "GiB", "GQA", "MHA", "MQA", "RoPE", "all", "run", "English", "Language", "MaskedRowError",
+    # words the Chinese articles themselves write in Latin letters
+    "Attention", "token", "batch", "Notebook", "Self", "Cross", "Softmax", "logits", "Var", "cache",
+    # symbols of the formulas (S · scale = S / sqrt(2))
+    "scale",
 }  # fmt: skip
 
 
+DEEP_TEXT_JS = """
+() => {  // every text a person can see, shadow roots (marimo's widgets and their labels) included
+  const out = [];
+  const walk = (node) => {
+    for (const n of node.childNodes) {
+      if (n.nodeType === 3) { if (n.textContent.trim()) out.push(n.textContent.trim()); continue; }
+      if (n.nodeType !== 1) continue;
+      const tag = n.tagName;
+      if (tag === 'SCRIPT' || tag === 'STYLE' || tag === 'TEMPLATE' || tag === 'NOSCRIPT') continue;
+      const st = getComputedStyle(n);
+      if (st.display === 'none' || st.visibility === 'hidden') continue;
+      if (tag === 'INPUT' || tag === 'TEXTAREA') { if (n.placeholder && !n.value) out.push(n.placeholder); }
+      if (n.shadowRoot) walk(n.shadowRoot);
+      walk(n);
+    }
+  };
+  walk(document.body);
+  return out.join('\\n');
+}
+"""
+
+
 def english_words(text: str) -> list[str]:
+    text = re.sub(r"\b\w+(?:\.\w+)+", " ", text)  # dotted code names: attnlab.masks.from_blocked
+    text = re.sub(r"attnlab explain[ \w\-.,]*", " ", text)  # commands
+    text = re.sub(r"\b\w*_\w*\b", " ", text)  # formula symbols: A_ij, n_q, max_j
     words = re.findall(r"[A-Za-z][A-Za-z_]{2,}", text)
     return sorted({w for w in words if w not in ALLOWED_LATIN and not re.fullmatch(r"[qkvdhL]\d+|tok\d+", w)})
 
@@ -236,15 +266,24 @@ def english_words(text: str) -> list[str]:
 def test_the_chinese_view_leaves_no_english(page, tmp_path):
     page.locator("select").first.select_option(label="中文")
     page.wait_for_selector("text=揭晓")
-    page.wait_for_selector("#al-weights")
-    for i in range(4):
-        page.get_by_role("switch").nth(i).click()  # reveal: the "predict first" messages
-    page.get_by_role("switch").nth(4).click()
-    page.wait_for_selector("[data-testid='al-feedback']")
-    text = page.locator("body").inner_text()
+    p = presets.ITEM_PRESETS["item-00"]  # the one-query example, with explain's output in Chinese
+    preset_select(page).select_option(label=p.label("zh"))
+    page.wait_for_selector("[data-testid='al-item'][data-key='item-00']")
+    page.get_by_text(I.t("zh", "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)")).click()
+    page.wait_for_selector(".al-steps")
+    page.get_by_text(I.t("zh", "the weights get sharper"), exact=True).click()  # a committed, wrong prediction
+    page.get_by_role("switch").first.click()
+    page.wait_for_selector("[data-testid='al-feedback'][data-verdict='wrong']")
+    for i in range(1, 6):
+        page.get_by_role("switch").nth(i).click()  # revealed without a prediction: "predict first"
+    page.wait_for_function("document.querySelectorAll(\"[data-testid='al-feedback']\").length === 6")
+    text = page.evaluate(DEEP_TEXT_JS)
+    missing = [w for w in ("揭晓", "查询", "键", "值", "因果遮罩", "温度") if w not in text]
+    assert missing == [], missing
     left = english_words(text)
     shot(page, tmp_path, "lab-zh")
-    assert left == [], left
+    where = {w: text[max(0, text.find(w) - 50) : text.find(w) + 50] for w in left}
+    assert left == [], "\n".join(f"{w}: {c!r}" for w, c in where.items())
 
 
 def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):

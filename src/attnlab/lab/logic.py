@@ -657,7 +657,11 @@ def masked_row_trap(lang: str = "en") -> tuple[dict[str, object], str]:
     res["zero"] = np.asarray(setup.trace(masked_rows="zero").weights)
     allowed = np.asarray(setup.trace(masked_rows="zero").allowed)
     rows = setup.qlabels
-    raised = str(res["raise"]) if lang == "en" else t(lang, "(attnlab's message) {msg}", msg=res["raise"])
+    raised = (
+        str(res["raise"])
+        if lang == "en"
+        else t(lang, "MaskedRowError: query row {r} may attend to no key at all.", r=rows[0])
+    )
     return res, (
         "<p>"
         + html.escape(t(lang, TRAP_NOTE))

@@ -75,7 +75,7 @@ def _(L, T, lang, mo, start):
     v_text = mo.ui.text_area(
         value=start.v, placeholder="rows of V", label=T(lang, "V (values)"), rows=5, full_width=True
     )
-    tokens = mo.ui.text(value=start.tokens, placeholder="I like green cats", label=T(lang, "token labels"))
+    tokens = mo.ui.text(value=start.tokens, placeholder=T(lang, "I like green cats"), label=T(lang, "token labels"))
     mo.vstack(
         [
             mo.hstack([q_text, k_text, v_text], widths="equal", gap=1),
