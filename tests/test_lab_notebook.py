@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import urllib.request
+from pathlib import Path
 
 import marimo as mo
 import numpy as np
@@ -279,11 +280,46 @@ def test_pictures_are_wide_enough_for_their_text_and_every_text_contrasts(n):
             assert svg.contrast(fill, bg) >= 4.5, (fill, bg)
 
 
-def test_chinese_words_for_every_lab_string():
-    assert i18n.t("zh", "reveal") == "揭晓"
-    assert i18n.t("en", "reveal") == "reveal"
+def _lab_strings() -> list[str]:
+    """Every literal the lab passes to its translation function ``t``/``T`` (and the constants it passes)."""
+    import ast
+
+    out = []
+    for f in sorted(Path(logic.__file__).parent.glob("*.py")):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        consts = {
+            n.targets[0].id: n.value.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and isinstance(n.value, ast.Constant)
+            and isinstance(n.value.value, str)
+        }
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("t", "T") and len(n.args) > 1:
+                a = n.args[1]
+                if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                    out.append(a.value)
+                elif isinstance(a, ast.Name) and a.id in consts:
+                    out.append(consts[a.id])
     for q in predict.QUESTIONS.values():
-        assert q.text in i18n.ZH and all(words in i18n.ZH for _, words in q.options), q.id
+        out += [q.text, *(w for _, w in q.options)]
+    for p in presets.ITEM_PRESETS.values():
+        out += [p.section, p.what]
+    out += [i18n.INTRO, i18n.PREDICT_INTRO, i18n.SELF_TEST_ANSWER, i18n.BIGGER, i18n.LIVE_INTRO]
+    return out
+
+
+def test_chinese_words_for_every_lab_string():
+    assert i18n.t("zh", "reveal") == "揭晓" and i18n.t("en", "reveal") == "reveal"
+    strings = _lab_strings()
+    assert len(strings) > 200
+    words = re.compile(r"[A-Za-z]{3,}")
+    missing = [s for s in strings if words.search(s.replace("FlashAttention", "")) and s not in i18n.ZH]
+    assert missing == []
+    for en, zh in i18n.ZH.items():  # the same {fields} in both languages
+        assert sorted(re.findall(r"\{(\w+)", en)) == sorted(re.findall(r"\{(\w+)", zh)), en
 
 
 def test_server_command_is_local_and_headless():
