@@ -346,3 +346,63 @@ def test_lab_command_prints_the_url(capsys):
     assert main(["lab", "--exit-when-ready"]) == 0
     out = capsys.readouterr().out
     assert re.match(r"attnlab lab: serving notebook.py at http://127\.0\.0\.1:\d+/ ", out)
+
+
+def test_live_loader_loads_once_in_the_background_and_says_what_it_does():
+    import threading
+
+    from attnlab.lab import live
+
+    gate = threading.Event()
+    calls = []
+
+    def slow(key):
+        calls.append(key)
+        gate.wait(10)
+        return "MODEL"
+
+    ld = live.Loader("smollm2", slow)
+    assert ld.status()[0] == "idle"
+    ld.start()
+    ld.start()
+    assert ld.status()[0] == "loading"
+    gate.set()
+    assert ld.wait(10) == "MODEL" and ld.status()[0] == "ready" and calls == ["smollm2"]
+
+    def broken(key):
+        raise FileNotFoundError("no GGUF file")
+
+    bad = live.Loader("smollm2", broken)
+    with pytest.raises(RuntimeError, match="no GGUF file"):
+        bad.wait(10)
+    assert bad.status()[0] == "error"
+
+
+def test_live_views_of_a_result():
+    from types import SimpleNamespace
+
+    from attnlab.lab import live
+
+    n, L, h = 4, 2, 3
+    rng = np.random.default_rng(0)
+    allowed = np.tril(np.ones((n, n), dtype=bool))
+    w = np.where(allowed, rng.random((L, h, n, n)), 0.0)
+    w /= w.sum(-1, keepdims=True)
+    r = live.LiveResult("SmolLM2-135M", "a b c d", ("a", "Ġb", "Ġc", "Ġd"), w, allowed, 0.5)
+    page = live.live_html(r, 1, 2, "en")
+    assert 'data-testid="al-live-heatmap"' in page and 'data-layers="2" data-heads="3"' in page
+    assert "·b" in page and "layer 1, head 2" in page
+    assert page.count('data-kind="masked"') == n * (n - 1) // 2  # the causal mask of the heatmap
+    assert "第 1 层" in live.live_html(r, 1, 2, "zh")
+    res = SimpleNamespace(
+        mean_attention=lambda: np.array([0.6, 0.3, 0.1]),
+        effect=np.array([0.1, 0.5, 0.2]),
+        tokens=("x", "y", "z", "t"),
+        sources=(0, 1, 2),
+        correlation=lambda: 0.5,
+        effect_name="KL",
+        target_label="log p('t')",
+    )
+    iv = live.intervention_html(res)
+    assert "(x) is not the one whose deletion changes the result most (y)" in iv
+    assert 'data-rho="0.5000"' in iv
