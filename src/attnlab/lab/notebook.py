@@ -69,16 +69,18 @@ def _(P, item, lang, mo):
 @app.cell
 def _(L, T, lang, mo, start):
     q_text = mo.ui.text_area(
-        value=start.q, placeholder="rows of Q", label=T(lang, "Q (queries)"), rows=5, full_width=True
+        value=start.q, placeholder="rows of Q", label=T(lang, "Q (queries)"), rows=4, full_width=True
     )
-    k_text = mo.ui.text_area(value=start.k, placeholder="rows of K", label=T(lang, "K (keys)"), rows=5, full_width=True)
+    k_text = mo.ui.text_area(value=start.k, placeholder="rows of K", label=T(lang, "K (keys)"), rows=4, full_width=True)
     v_text = mo.ui.text_area(
-        value=start.v, placeholder="rows of V", label=T(lang, "V (values)"), rows=5, full_width=True
+        value=start.v, placeholder="rows of V", label=T(lang, "V (values)"), rows=4, full_width=True
     )
     tokens = mo.ui.text(value=start.tokens, placeholder=T(lang, "I like green cats"), label=T(lang, "token labels"))
     mo.vstack(
         [
-            mo.hstack([q_text, k_text, v_text], widths="equal", gap=1),
+            q_text,  # one above the other, full width: a row of 16 numbers fits on one line
+            k_text,
+            v_text,
             tokens,
             mo.md(
                 T(
