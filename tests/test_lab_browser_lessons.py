@@ -220,6 +220,24 @@ def test_the_nan_policy_is_drawn_as_nan_and_notes_are_readable(page, tmp_path):
     shot(page, tmp_path, "lab-nan", full=False)
 
 
+LABEL_LINES_JS = """
+ls => ls.filter(l => l.offsetParent && l.innerText.trim()).map(l => {
+  const rg = document.createRange(); rg.selectNodeContents(l);
+  const tops = new Set(Array.from(rg.getClientRects()).filter(r => r.width > 0 && r.height > 4)
+                       .map(r => Math.round(r.top / 4)));
+  return [l.innerText.trim().slice(0, 60), tops.size]; })
+"""
+
+
+@pytest.mark.parametrize("language", ["English", "中文"])
+def test_control_labels_stay_on_one_line(page, language):
+    page.locator("select").first.select_option(label=language)
+    page.wait_for_selector("text=揭晓" if language == "中文" else "text=reveal")
+    lines = page.locator("label").evaluate_all(LABEL_LINES_JS)  # marimo's labels, inside its shadow roots
+    assert len(lines) > 30
+    assert [x for x in lines if x[1] > 1] == []
+
+
 ALLOWED_LATIN = {
     # symbols, code identifiers and names the articles write in Latin letters too
     "softmax", "exp", "nan", "NaN", "raise", "zero", "attnlab", "explain", "FlashAttention", "PyTorch", "SDPA",
