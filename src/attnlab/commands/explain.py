@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             msg = tr("cli.core_message", lang, msg=msg)
         if isinstance(err, MaskedRowError):
             msg += tr("cli.masked_rows_hint", lang)
-        return _error(msg, 1, lang)
+        return _error(msg, 2, lang)  # a usage error: one line, exit status 2 (as every attnlab command)
     fmt = args.format
     if fmt == "auto":
         fmt = "text"
