@@ -78,8 +78,7 @@ def test_every_article_item_is_a_preset_with_the_articles_numbers(page):
         sel.select_option(label=p.label())
         item = page.wait_for_selector(f"[data-testid='al-item'][data-key='{p.key}']")
         found, expected = int(item.get_attribute("data-found")), int(item.get_attribute("data-expected"))
-        if p.argv[:2] != ("one-query", "--causal"):  # explain's CLI spelling of that item (see the report)
-            assert found == expected, (p.key, p.argv, item.inner_text()[:400])
+        assert found == expected, (p.key, p.argv, item.inner_text()[:400])
         if p.state is not None:
             r = compute(p.state)
             page.wait_for_function(

@@ -213,8 +213,7 @@ def test_every_item_of_the_articles_is_a_preset_that_shows_the_articles_numbers(
             assert r.ok, (p.key, p.argv, r.message)
         html = presets.item_html(p)
         found = int(re.search(r'data-found="(\d+)"', html).group(1))
-        if p.argv[:2] != ("one-query", "--causal"):  # the CLI spelling of that item is explain's (see the report)
-            assert found == len(p.expect), (p.argv, p.expect)
+        assert found == len(p.expect), (p.argv, p.expect)
     ex = {name: compute(pr.state) for name, pr in presets.PRESETS.items()}
     np.testing.assert_allclose(ex["weighted-average"].weights, [[0.6, 0.3, 0.1]], atol=1e-15)
     np.testing.assert_allclose(ex["weighted-average"].output, [[6.5, 3.5]], atol=1e-13)
