@@ -404,4 +404,8 @@ def test_live_views_of_a_result():
     )
     iv = live.intervention_html(res)
     assert "(x) is not the one whose deletion changes the result most (y)" in iv
+    zh = live.intervention_html(
+        SimpleNamespace(**{**vars(res), "target_label": "log p(',') of the next token after position 3 ('t')"}), "zh"
+    )
+    assert "位置 3（&#x27;t&#x27;）之后下一个 token 为 &#x27;,&#x27; 的 log p" in zh and "不是" in zh
     assert 'data-rho="0.5000"' in iv

@@ -183,6 +183,8 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "also": "也是",
         "not": "不是",
         "Measured on: {what}": "测量对象：{what}",
+        "log p({y}) of the next token after position {i} ({tok})": "位置 {i}（{tok}）之后下一个 token 为 {y} 的 log p",
+        "the sentence embedding (1 - cosine similarity)": "句向量（1 - 余弦相似度）",
         "layer {i}": "第 {i} 层",
         # ---- notebook
         "(your own inputs: the articles' four positions)": "（你自己的输入：文章中的四个位置）",

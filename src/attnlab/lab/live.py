@@ -350,6 +350,20 @@ def live_html(r: LiveResult, layer: int, head: int, lang: str = "en") -> str:
     )
 
 
+def _target_words(label: str, lang: str) -> str:
+    """:attr:`InterventionResult.target_label` in ``lang`` (it is written in English by the models module)."""
+    import re
+
+    if lang == "en":
+        return label
+    m = re.fullmatch(r"log p\((.*)\) of the next token after position (\d+) \((.*)\)", label)
+    if m:
+        return t(lang, "log p({y}) of the next token after position {i} ({tok})", y=m[1], i=m[2], tok=m[3])
+    if label.startswith("the sentence embedding"):
+        return t(lang, "the sentence embedding (1 - cosine similarity)")
+    return label
+
+
 def intervention_html(res: Any, lang: str = "en") -> str:
     """Weight received vs effect of deleting each token, as a table and the rank correlation, in words."""
     att = res.mean_attention()
@@ -381,7 +395,7 @@ def intervention_html(res: Any, lang: str = "en") -> str:
     )
     return (
         f'<div data-testid="al-intervention" data-rho="{rho:.4f}">'
-        f"<p>{html.escape(t(lang, 'Measured on: {what}', what=res.target_label))}</p>"
+        f"<p>{html.escape(t(lang, 'Measured on: {what}', what=_target_words(res.target_label, lang)))}</p>"
         f"<table style='border-collapse:collapse;font-family:monospace'>{head}{''.join(rows)}</table>"
         f"<p>{html.escape(words)}</p></div>"
     )
