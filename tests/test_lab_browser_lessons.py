@@ -258,7 +258,7 @@ ALLOWED_LATIN = {
     # words the Chinese articles themselves write in Latin letters
     "Attention", "token", "batch", "Notebook", "Self", "Cross", "Softmax", "logits", "Var", "cache",
     # symbols of the formulas (S · scale = S / sqrt(2))
-    "scale",
+    "scale", "log",
 }  # fmt: skip
 
 
@@ -353,6 +353,20 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     assert "Paris" in iv.inner_text() and "KL" in iv.inner_text()
     page.locator("[data-testid='al-live']").scroll_into_view_if_needed()
     shot(page, tmp_path, "lab-live", full=False)
+    # the same in Chinese: every word but the sentence's own tokens
+    page.locator("select").first.select_option(label="中文")
+    page.wait_for_selector("text=揭晓")
+    page.get_by_role("button", name="run", exact=True).click()
+    page.wait_for_selector("[data-testid='al-live'][data-n='10']")
+    page.get_by_role("button", name=I.t("zh", "run the intervention (delete each token)")).click()
+    page.wait_for_selector("[data-testid='al-intervention']", timeout=60_000)
+    shown = " ".join(
+        page.locator(f"[data-testid='{x}']").inner_text() for x in ("al-live", "al-intervention")
+    ) + " ".join(page.locator("[data-testid='al-live'] svg").evaluate_all("ss => ss.map(s => s.textContent)"))
+    sentence = set("The cat sat on the mat because it was tired".split())
+    assert [w for w in english_words(shown) if w not in sentence] == []
+    page.locator("[data-testid='al-live']").scroll_into_view_if_needed()
+    shot(page, tmp_path, "lab-live-zh", full=False)
     with capsys.disabled():
         print(
             f"\nlab live model (SmolLM2-135M, {os.cpu_count()} CPUs): first heatmap {first:.1f} s after run "
