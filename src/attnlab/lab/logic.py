@@ -396,7 +396,8 @@ def pictures_html(result: LabResult, lang: str = "en") -> str:
         return ""
     st = result.setup
     return (
-        "<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
+        f"<div data-testid='al-pictures' {_state_attrs(result.state)} "
+        "style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
         + heatmap_svg(
             result.weights,
             result.allowed,

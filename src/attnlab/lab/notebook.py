@@ -192,13 +192,16 @@ def _(
 
 @app.cell
 def _(L, T, lang, mo, result):
-    mo.vstack([mo.md("## " + T(lang, "Weights and output")), mo.Html(L.result_html(result, lang))])
-    return
-
-
-@app.cell
-def _(L, T, lang, mo, result):
-    mo.Html(L.pictures_html(result, lang)) if result.ok else mo.md(T(lang, "*(no picture until the inputs are fixed)*"))
+    # One cell for the numbers and the pictures, so both arrive with the same update.
+    mo.vstack(
+        [
+            mo.md("## " + T(lang, "Weights and output")),
+            mo.Html(L.result_html(result, lang)),
+            mo.Html(L.pictures_html(result, lang))
+            if result.ok
+            else mo.md(T(lang, "*(no picture until the inputs are fixed)*")),
+        ]
+    )
     return
 
 
