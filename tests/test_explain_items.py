@@ -136,7 +136,7 @@ def test_backward_cli_with_a_given_grad_out(capsys):
     # dV = Aᵀ G_O = Aᵀ for G_O = I
     assert "dV[k0] = 0.6698×[1, 0] + 0.3302×[0, 1] = [0.6698, 0.3302]" in out
     code, _, err = run(capsys, "2x2", "--backward", "--grad-out", "1,0")
-    assert code == 1 and "d_out: shape (1, 2)" in err
+    assert code == 2 and "d_out: shape (1, 2)" in err
 
 
 def test_dropout_row_sums_and_expectation():
@@ -163,7 +163,7 @@ def test_causal_one_query_is_a_decoding_query_and_cross_causal_names_the_cli_opt
     assert s.causal == "bottom_right"
     np.testing.assert_array_equal(s.trace().allowed, masks.causal(1, 2, align="bottom_right"))
     code, _, err = run(capsys, "cross", "--causal")
-    assert code == 1 and "--causal-align top_left or --causal-align bottom_right" in err
+    assert code == 2 and "--causal-align top_left or --causal-align bottom_right" in err
     assert "causal='top_left'" not in err
     code, out, _ = run(capsys, "cross", "--causal-align", "top_left", "--format", "text")
     assert code == 0 and "■ ⬚ ⬚" in out

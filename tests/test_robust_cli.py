@@ -173,7 +173,7 @@ def test_explain_bad_files_and_sources(files):
     # a library message that draws masks (several lines) becomes a one-line option error on the command line
     assert_usage_error(
         ["explain", "--q", "1,0;0,1;1,1", "--k", "1,0;0,1", "--v", "1;2", "--causal"],
-        "--causal: needs as many queries as keys, got n_q=3, n_k=2",
+        "on the command line: --causal-align top_left or --causal-align bottom_right",
     )
 
 

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from ..argtypes import int_type
+from ..argtypes import int_type, probability
 from ..explain.args import add_input_arguments, examples_listing
 
 NAME = "explain"
@@ -77,11 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     o.add_argument(
         "--dropout",
-        type=float,
+        type=probability,
         metavar="P",
         help="article 001 §18: inverted dropout on the weights with drop probability P; shows the row sums after it",
     )
-    o.add_argument("--seed", type=int, default=0, help="--dropout: seed of the dropout mask (default 0)")
+    o.add_argument(
+        "--seed", type=int_type(minimum=0), default=0, help="--dropout: seed of the dropout mask (default 0)"
+    )
     o.add_argument(
         "--positions",
         action="store_true",
@@ -89,23 +91,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Options that do not fit together, before anything is computed."""
-    from ..errors import OptionError
-
-    if args.list or args.positions:
-        return
-    if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
-        raise OptionError("give a named example (see --list) or your matrices with --q, --k and --v")
-    if args.tiled is not None and args.mistake:
-        raise OptionError("--tiled and --mistake: give one of them")
+def _lang(args: argparse.Namespace) -> str:
+    return getattr(args, "lang", "en") or "en"
 
 
-def _error(msg: str, code: int = 1, lang: str = "en") -> int:
+def _modes(args: argparse.Namespace) -> list[str]:
+    flags = (
+        ("--tiled", args.tiled is not None),
+        ("--mistake", bool(args.mistake)),
+        ("--backward", bool(args.backward)),
+        ("--dropout", args.dropout is not None),
+    )
+    return [f for f, on in flags if on]
+
+
+def _error(msg: str, lang: str) -> int:
     from ..explain.i18n import tr
 
-    sys.stderr.write(tr("cli.error", lang, prog="attnlab explain", msg=msg) + "\n")
-    return code
+    sys.stdout.flush()
+    line = " ".join(part.strip() for part in msg.splitlines() if part.strip())
+    sys.stderr.write(tr("cli.error", lang, prog="attnlab explain", msg=line) + "\n")
+    return 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from ..explain.args import setup_from_args
     from ..explain.i18n import tr
 
-    lang = getattr(args, "lang", "en") or "en"
+    lang = _lang(args)
     if args.list:
         sys.stdout.write(examples_listing(lang))
         return 0
@@ -124,54 +130,45 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(permutation_demo().text() + "\n")
         return 0
     if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
-        return _error(tr("cli.need_input", lang), 2, lang)
-    backward = bool(getattr(args, "backward", False))
-    drop = getattr(args, "dropout", None)
+        return _error(tr("cli.need_input", lang), lang)
+    modes = _modes(args)
+    if len(modes) > 1:
+        return _error(tr("cli.one_of", lang, a=modes[0], b=modes[1]), lang)
     try:
         setup = setup_from_args(args)
         names = list(dict.fromkeys(n for m in (args.mistake or ()) for n in (_MISTAKES if m == "all" else (m,))))
-        flags = (
-            ("--tiled", args.tiled is not None),
-            ("--mistake", bool(names)),
-            ("--backward", backward),
-            ("--dropout", drop is not None),
-        )
-        modes = [f for f, on in flags if on]
         if isinstance(setup, str):
             if modes:
-                flag = "--mistake" if names else modes[0]
-                return _error(tr("cli.needs_qk", lang, flag=flag, name=setup), 2, lang)
+                return _error(tr("cli.needs_qk", lang, flag=modes[0], name=setup), lang)
             e = explain_example(setup, lang=lang)
             mistakes = []
-        elif len(modes) > 1:
-            return _error(tr("cli.one_of", lang, a=modes[0], b=modes[1]), 2, lang)
         elif args.tiled is not None:
             e = explain_online(setup, args.tiled, lang=lang)
             mistakes = []
-        elif backward:
+        elif args.backward:
             from ..explain.inputs import load_matrix
             from ..explain.lessons import explain_backward
 
             g = None if args.grad_out is None else load_matrix(args.grad_out, "--grad-out")
             e = explain_backward(setup, g, lang=lang)
             mistakes = []
-        elif drop is not None:
+        elif args.dropout is not None:
             from ..explain.lessons import explain_dropout
 
-            e = explain_dropout(setup, drop, seed=args.seed, lang=lang)
+            e = explain_dropout(setup, args.dropout, seed=args.seed, lang=lang)
             mistakes = []
         else:
             e = explain_setup(setup, lang=lang)
             mistakes = [compare(setup, n, heads=args.heads, lang=lang) for n in names]
-    except (AttnlabError, ValueError, KeyError, FileNotFoundError) as err:
-        msg = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    except AttnlabError as err:  # one line, exit 2 (cli.main's convention), in the user's language
+        msg = str(err)
         if isinstance(err, MaskError) and "pass causal='top_left'" in msg:  # the CLI spelling, not Python's
             msg = msg.split("  pass causal='top_left'")[0] + "  " + tr("cli.causal_hint", lang)
         if lang != "en":
             msg = tr("cli.core_message", lang, msg=msg)
         if isinstance(err, MaskedRowError):
             msg += tr("cli.masked_rows_hint", lang)
-        return _error(msg, 2, lang)  # a usage error: one line, exit status 2 (as every attnlab command)
+        return _error(msg, lang)
     fmt = args.format
     if fmt == "auto":
         fmt = "text"

@@ -160,15 +160,9 @@ def read_source(flag: str, source: str, load: Callable[..., Any], *args: Any, **
         raise OptionError(f"{flag}: cannot read {source!r}: {err}") from None
 
 
-def _check_sizes(args: argparse.Namespace, n_q: int, n_k: int, aligned: bool = False) -> None:
+def _check_sizes(args: argparse.Namespace, n_q: int, n_k: int) -> None:
     if args.padding is not None and args.padding > n_k:
         raise OptionError(f"--padding: expected an int in [0, {n_k}] (n_k = {n_k} keys), got {args.padding}")
-    if getattr(args, "causal_align", None) is not None or aligned:  # the alignment says where the diagonal is
-        return
-    if args.causal and n_q != n_k:
-        raise OptionError(
-            f"--causal: needs as many queries as keys, got n_q={n_q}, n_k={n_k}; give the mask you mean with --mask"
-        )
 
 
 def setup_from_args(args: argparse.Namespace) -> Any:
@@ -208,7 +202,7 @@ def setup_from_args(args: argparse.Namespace) -> Any:
             raise ShapeError(f"EXAMPLE: {err.args[0]}") from None
         if ex.q is None:
             return args.example
-        _check_sizes(args, int(np.shape(ex.q)[0]), int(np.shape(ex.k)[0]), getattr(ex, "align", None) is not None)
+        _check_sizes(args, int(np.shape(ex.q)[0]), int(np.shape(ex.k)[0]))
         if bias is not None:
             options["bias"] = bias
         if options["masked_rows"] == "raise":  # the default: keep the example's own policy (all-masked: nan)

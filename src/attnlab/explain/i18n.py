@@ -189,6 +189,12 @@ _M.update(
             "（不减最大值：exp({x}) = inf，溢出（float64 超过 {lim} 就溢出）；inf / inf = nan：这一行的权重全部变成 "
             "nan）",
         ),
+        "step.exp.underflow": (
+            "(without subtracting the max: every exp of this row underflows to 0 (float64 exp is 0 below {lim}); "
+            "0 / 0 = nan: every weight of this row would be nan)",
+            "（不减最大值：这一行的每个 exp 都下溢为 0（float64 的 exp 低于 {lim} 就是 0）；0 / 0 = nan：这一行的权重全部变成 "
+            "nan）",
+        ),
         "step.exp.note": (
             "The largest legal entry of each row becomes exp(0) = 1; masked entries are exactly 0.",
             "每行最大的合法项变成 exp(0) = 1；被屏蔽的项恰好为 0。",

@@ -264,6 +264,7 @@ def _softmax_steps(
         for i, r in enumerate(rows)
     )
     limit = math.log(float(np.finfo(np.float64).max))  # exp(x) is inf above 709.78
+    low = math.log(float(np.finfo(np.float64).smallest_subnormal))  # exp(x) is 0 below -744.44
     exp_lines = []
     for i, r in enumerate(rows):
         if empty[i]:
@@ -278,6 +279,8 @@ def _softmax_steps(
                 exp_lines.append(
                     "    " + tr("step.exp.overflow", lang, x=num(big.max()), lim=num(limit, 2), n=int(big.size))
                 )
+            elif legal.max() < low:  # every exp underflows: 0 / 0
+                exp_lines.append("    " + tr("step.exp.underflow", lang, lim=num(low, 2)))
             else:
                 raw = np.exp(legal)
                 exp_lines.append(
