@@ -321,32 +321,6 @@ def test_chinese_words_for_every_lab_string():
         assert sorted(re.findall(r"\{(\w+)", en)) == sorted(re.findall(r"\{(\w+)", zh)), en
 
 
-def test_server_command_is_local_and_headless():
-    cmd = command(8123)
-    assert cmd[1:4] == ["-m", "marimo", "run"] and str(NOTEBOOK) in cmd
-    assert cmd[-5:] == ["--headless", "--host", "127.0.0.1", "--port", "8123"]
-    assert "--skip-update-check" in command(1, edit=True)
-    assert 1024 <= free_port() <= 65535
-
-
-def test_lab_server_starts_answers_on_localhost_and_stops():
-    with start() as lab:
-        lab.wait_ready(60)
-        assert lab.url.startswith(f"http://{HOST}:")
-        with urllib.request.urlopen(lab.url, timeout=10) as r:
-            page = r.read().decode()
-        assert r.status == 200 and "<script" in page
-        assert "https://cdn" not in page and "unpkg.com" not in page and "jsdelivr" not in page
-        assert lab.process.poll() is None
-    assert lab.process.poll() is not None
-
-
-def test_lab_command_prints_the_url(capsys):
-    assert main(["lab", "--exit-when-ready"]) == 0
-    out = capsys.readouterr().out
-    assert re.match(r"attnlab lab: serving notebook.py at http://127\.0\.0\.1:\d+/ ", out)
-
-
 def test_live_loader_loads_once_in_the_background_and_says_what_it_does():
     import threading
 
@@ -409,3 +383,29 @@ def test_live_views_of_a_result():
     )
     assert "位置 3（&#x27;t&#x27;）之后下一个 token 为 &#x27;,&#x27; 的 log p" in zh and "不是" in zh
     assert 'data-rho="0.5000"' in iv
+
+
+def test_server_command_is_local_and_headless():
+    cmd = command(8123)
+    assert cmd[1:4] == ["-m", "marimo", "run"] and str(NOTEBOOK) in cmd
+    assert cmd[-5:] == ["--headless", "--host", "127.0.0.1", "--port", "8123"]
+    assert "--skip-update-check" in command(1, edit=True)
+    assert 1024 <= free_port() <= 65535
+
+
+def test_lab_server_starts_answers_on_localhost_and_stops():
+    with start() as lab:
+        lab.wait_ready(60)
+        assert lab.url.startswith(f"http://{HOST}:")
+        with urllib.request.urlopen(lab.url, timeout=10) as r:
+            page = r.read().decode()
+        assert r.status == 200 and "<script" in page
+        assert "https://cdn" not in page and "unpkg.com" not in page and "jsdelivr" not in page
+        assert lab.process.poll() is None
+    assert lab.process.poll() is not None
+
+
+def test_lab_command_prints_the_url(capsys):
+    assert main(["lab", "--exit-when-ready"]) == 0
+    out = capsys.readouterr().out
+    assert re.match(r"attnlab lab: serving notebook.py at http://127\.0\.0\.1:\d+/ ", out)
