@@ -35,6 +35,8 @@ def _(lang_pick):
 
 @app.cell
 def _(I, T, lang, mo):
+    # Compute attention by hand: Q, K, V and the causal mask
+    # (the page's words, English and Chinese, are in attnlab.lab.i18n: INTRO, PREDICT_INTRO, ...)
     mo.md(T(lang, I.INTRO))
     return
 
