@@ -125,6 +125,10 @@ def test_result_html_carries_exact_values_and_settings():
 def test_bad_input_is_a_message_not_an_exception(state, message):
     r = compute(state)
     assert not r.ok and message in r.message
+    zh = compute(state, "zh").message  # in Chinese: every one of these is a known message
+    assert not re.search(
+        r"[A-Za-z]{4,}", re.sub(r"attnlab explain|sqrt|softmax|token|zero|raise|FlashAttention", "", zh)
+    ), zh
     html = logic.result_html(r)
     assert 'data-testid="al-input-error"' in html and "Traceback" not in html
     assert logic.pictures_html(r) == "" and logic.heatmap_png(r) is None

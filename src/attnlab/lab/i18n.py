@@ -14,7 +14,7 @@ steps, the examples' titles) come from its own catalogue, :mod:`attnlab.explain.
 
 from __future__ import annotations
 
-__all__ = ["BIGGER", "INTRO", "LANGS", "LIVE_INTRO", "PREDICT_INTRO", "SELF_TEST_ANSWER", "ZH", "t"]
+__all__ = ["BIGGER", "INTRO", "LANGS", "LIVE_INTRO", "PREDICT_INTRO", "SELF_TEST_ANSWER", "ZH", "message", "t"]
 
 #: The languages of the switch: code -> name shown.
 LANGS = {"en": "English", "zh": "中文"}
@@ -319,3 +319,63 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "dropout: the row sums after inverted dropout": "dropout：倒置 dropout（除以 1 - p）之后的行和",
     }
 )
+
+
+#: The messages a learner's input can produce (the lab's own and :func:`attnlab.explain.inputs.parse_matrix`'s),
+#: as patterns of the English text and their Chinese; :func:`message` uses them.
+MESSAGES_ZH: tuple[tuple[str, str], ...] = (
+    (
+        r"(\w+): '(.*)' at row (\d+), column (\d+) is not a finite number",
+        "{0}：第 {2} 行第 {3} 列的 '{1}' 不是有限的数",
+    ),
+    (r"(\w+): '(.*)' at row (\d+), column (\d+) is not a number", "{0}：第 {2} 行第 {3} 列的 '{1}' 不是数字"),
+    (r"(\w+): empty matrix.*", "{0}：矩阵为空；至少需要一行、每行至少一个数字"),
+    (
+        r"(\w+): ragged matrix: row (\d+) has (\d+) number\(s\) but row 0 has (\d+).*",
+        "{0}：各行长度不一：第 {1} 行有 {2} 个数字，第 0 行有 {3} 个；每行需要同样的长度",
+    ),
+    (
+        r"(\w+): (\d+)×(\d+) is larger than the lab allows \((\d+) rows × (\d+) columns\).*",
+        "{0}：{1}×{2} 超出了实验室的上限（{3} 行 × {4} 列）；更大的输入请用 attnlab explain 或库函数",
+    ),
+    (
+        r"K: rows have (\d+) number\(s\) but Q's have (\d+).*",
+        "K：每行有 {0} 个数字，而 Q 的每行有 {1} 个；q·k 需要相同长度",
+    ),
+    (r"V: (\d+) row\(s\) but K has (\d+).*", "V：有 {0} 行，而 K 有 {1} 行；每个键需要一行值"),
+    (
+        r"causal: (\d+) queries but only (\d+) keys.*",
+        "因果遮罩：{0} 个查询但只有 {1} 个键；因果查询必须是键的位置之一（查询比键少是解码：最后一个查询看到所有键）",
+    ),
+    (r"padding: (\d+) padded key\(s\) but there are only (\d+) keys", "填充：{0} 个填充的键，但只有 {1} 个键"),
+    (r"value row: (-?\d+) is not a key position \(0 … (\d+)\)", "值的行号：{0} 不是键的位置（0 … {1}）"),
+    (r"(v\d+): expected one row of (\d+) number\(s\), got (\d+)×(\d+)", "{0}：需要一行 {1} 个数字，实际是 {2}×{3}"),
+    (r"tokens: (\d+) token\(s\) for (\d+) positions.*", "token 标签：{0} 个 token 对应 {1} 个位置（标签用于自注意力）"),
+    (r"scale: expected one positive number.*", "缩放：需要一个正数（空着：1/sqrt(d_k)）"),
+    (
+        r"bias: (\d+)×(\d+), expected one number per key \(1×(\d+)\) or one row per query \((\d+)×(\d+)\)",
+        "偏置：{0}×{1}，需要每个键一个数（1×{2}）或每个查询一行（{3}×{4}）",
+    ),
+    (
+        r"mask: (\d+)×(\d+), expected (\d+)×(\d+) .* or 1×(\d+)",
+        "遮罩：{0}×{1}，需要 {2}×{3}（每个查询一行，每个键一列）或 1×{4}",
+    ),
+    (
+        r"mask: '(.*)' at row (\d+), column (\d+) is not a mask entry.*",
+        "遮罩：第 {1} 行第 {2} 列的 '{0}' 不是遮罩项；请用 1/0",
+    ),
+)
+
+
+def message(lang: str, text: str) -> str:
+    """A message about the learner's input in ``lang``: a known pattern in Chinese, else attnlab's own words
+    marked as such."""
+    import re
+
+    if lang != "zh":
+        return text
+    for pattern, zh in MESSAGES_ZH:
+        m = re.fullmatch(pattern, text, flags=re.S)
+        if m:
+            return zh.format(*m.groups())
+    return ZH["(attnlab's message) {msg}"].format(msg=text)

@@ -27,7 +27,7 @@ from ..errors import AttnlabError, MaskedRowError
 from ..explain import Explanation, Setup, compare, explain_setup
 from ..explain.fmt import num, vec
 from ..explain.inputs import parse_mask, parse_matrix
-from .i18n import t
+from .i18n import message, t
 from .svg import heatmap_svg, last_row_svg
 
 __all__ = [
@@ -227,8 +227,7 @@ def compute(state: LabState, lang: str = "en") -> LabResult:
         rows = ", ".join(str(r[-1]) for r in err.rows)
         return LabResult(False, t(lang, MASKED_ROW_MESSAGE, rows=rows), state)
     except (AttnlabError, ValueError) as err:
-        msg = str(err)
-        return LabResult(False, msg if lang == "en" else t(lang, "(attnlab's message) {msg}", msg=msg), state)
+        return LabResult(False, message(lang, str(err)), state)
     return LabResult(True, "", state, e, setup)
 
 
