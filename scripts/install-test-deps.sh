@@ -10,6 +10,11 @@ if ! [ -x /usr/bin/chromium ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
 fi
+# A CJK font, so the lab's Chinese view renders (tests/test_lab_browser_lessons.py screenshots it).
+if ! fc-list :lang=zh | grep -q .; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq fonts-wqy-microhei >/dev/null
+fi
 
 python -m pip install --quiet -c constraints.txt -e ".[dev]"
 

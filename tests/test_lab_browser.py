@@ -107,8 +107,8 @@ def temperature_slider(page: Page):
 
 def test_page_loads_with_the_articles_example_and_no_outside_requests(page):
     w = table_values(page, "al-weights")
-    _, ref = reference_attention(Q, K, V)
-    np.testing.assert_allclose(w, ref, atol=1e-12)
+    _, ref = reference_attention(Q, K, V, allowed=masks.causal(4))  # article 000's four positions, causal
+    masked_equal(w, ref, masks.causal(4))
     page.wait_for_selector("[data-testid='al-heatmap']")
     assert "Traceback" not in page.content()
     ARTIFACTS.mkdir(exist_ok=True)
@@ -122,17 +122,17 @@ def test_temperature_slider_and_causal_toggle_change_the_weights_to_the_right_nu
     slider.focus()
     for _ in range(10):  # 1.0 -> 2.0 in steps of 0.1
         page.keyboard.press("ArrowRight")
-    page.wait_for_selector("#al-weights[data-temperature='2']")
-    _, ref = reference_attention(Q, K, V, temperature=2.0)
-    np.testing.assert_allclose(table_values(page, "al-weights"), ref, atol=1e-12)
-
-    page.get_by_role("checkbox").first.click()
     page.wait_for_selector("#al-weights[data-causal='true'][data-temperature='2']")
     allowed = masks.causal(4)
     _, ref = reference_attention(Q, K, V, allowed=allowed, temperature=2.0)
     shown = table_values(page, "al-weights")
     masked_equal(shown, ref, allowed)
     np.testing.assert_allclose(shown[0, 0], 1.0)  # one legal key: [1, 0, 0, 0] at any temperature
+
+    page.get_by_role("checkbox").first.click()  # the lab opens causal: this switches the mask off
+    page.wait_for_selector("#al-weights[data-causal='false'][data-temperature='2']")
+    _, ref = reference_attention(Q, K, V, temperature=2.0)
+    np.testing.assert_allclose(table_values(page, "al-weights"), ref, atol=1e-12)
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "lab-causal-T2.png"), full_page=False)
 
@@ -146,10 +146,10 @@ def test_editing_a_value_changes_the_output_but_not_the_weights(page):
     page.wait_for_selector("#al-output[data-value-text='100, 0']")
     v = V.copy()
     v[0] = [100, 0]
-    out, ref_w = reference_attention(Q, K, v)
+    out, ref_w = reference_attention(Q, K, v, allowed=masks.causal(4))
     w1, o1 = table_values(page, "al-weights"), table_values(page, "al-output")
     np.testing.assert_array_equal(w1, w0)
-    np.testing.assert_allclose(w1, ref_w, atol=1e-12)
+    masked_equal(w1, ref_w, masks.causal(4))
     np.testing.assert_allclose(o1, out, atol=1e-10)
     assert np.abs(o1 - o0).max() > 10
 
@@ -165,8 +165,7 @@ def test_bad_input_gives_a_message_in_the_page_never_a_traceback(page):
     page.wait_for_selector("[data-testid='al-input-error']:has-text('ragged')")
     q_box.fill("1, 0\n0, 1\n1, 1\n1, -1")
     q_box.blur()
-    page.wait_for_selector("#al-weights")
-    page.get_by_role("checkbox").first.click()  # causal
+    page.wait_for_selector("#al-weights[data-causal='true']")  # the lab opens causal
     page.get_by_text("left", exact=True).click()  # padding on the left ...
     pad = page.locator("input[aria-label*='padded keys']")
     pad.fill("1")
@@ -195,8 +194,8 @@ def test_slider_to_weights_latency_for_8x8_inputs(page, capsys):
         page.keyboard.press("ArrowRight")
         page.wait_for_selector(f"#al-weights[data-temperature='{logic.num(t)}']")
         times.append((time.perf_counter() - start_t) * 1000)
-    _, ref = reference_attention(q, k, v, temperature=1.8)
-    np.testing.assert_allclose(table_values(page, "al-weights"), ref, atol=1e-12)
+    _, ref = reference_attention(q, k, v, allowed=masks.causal(8), temperature=1.8)
+    masked_equal(table_values(page, "al-weights"), ref, masks.causal(8))
     line = (
         f"lab latency, slider change -> updated 8x8 weights: median {statistics.median(times):.0f} ms, "
         f"max {max(times):.0f} ms over {len(times)} changes (goal < 200 ms)"

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import marimo as mo
 import numpy as np
@@ -18,8 +19,9 @@ from procs import descendants, kill_all, serving, wait_gone, with_default_sigint
 from reference import reference_attention
 
 from attnlab import masks
+from attnlab.articles import ITEMS
 from attnlab.cli import main
-from attnlab.lab import NOTEBOOK, logic
+from attnlab.lab import NOTEBOOK, i18n, logic, predict, presets, svg
 from attnlab.lab.logic import LabState, compute
 from attnlab.lab.notebook import app
 from attnlab.lab.server import HOST, command, free_port, start
@@ -40,6 +42,9 @@ def controls(**values):
         "shift": 0,
         "value_row": 0,
         "value_text": "",
+        "bias": "",
+        "mask_text": "",
+        "scale": "",
     }
     v.update(values)
     return {
@@ -51,6 +56,9 @@ def controls(**values):
         "shift": mo.ui.slider(-20, 120, step=1, value=v["shift"]),
         "value_row": mo.ui.number(start=0, stop=7, value=v["value_row"]),
         "value_text": mo.ui.text(value=v["value_text"]),
+        "bias": mo.ui.text(value=v["bias"]),
+        "mask_text": mo.ui.text_area(value=v["mask_text"]),
+        "scale": mo.ui.text(value=v["scale"]),
     }
 
 
@@ -65,8 +73,8 @@ def data_values(html: str, table: str) -> np.ndarray:
 def test_notebook_runs_as_python_with_the_articles_example():
     outputs, defs = app.run()
     r = defs["result"]
-    assert r.ok
-    out, w = reference_attention(Q, K, V)
+    assert r.ok and r.state.causal  # the lab opens on article 000's four positions, under the causal mask
+    out, w = reference_attention(Q, K, V, allowed=masks.causal(4))
     np.testing.assert_allclose(r.weights, w, atol=1e-12)
     np.testing.assert_allclose(r.output, out, atol=1e-12)
     assert len(outputs) >= 15
@@ -105,10 +113,13 @@ def test_result_html_carries_exact_values_and_settings():
         (LabState(q="1, x", k="1, 0", v="1"), "Q: 'x' at row 0, column 1 is not a number"),
         (LabState(q="1, 0\n1", k="1, 0", v="1"), "Q: ragged matrix: row 1 has 1 number(s) but row 0 has 2"),
         (LabState(q="", k="1", v="1"), "Q: empty matrix"),
-        (LabState(q="\n".join(["1, 0"] * 9), k="1, 0", v="1"), "Q: 9×2 is larger than the lab allows (8 rows × 8"),
+        (LabState(q="\n".join(["1, 0"] * 33), k="1, 0", v="1"), "Q: 33×2 is larger than the lab allows (32 rows"),
         (LabState(q="1, 0", k="1, 0, 0", v="1"), "K: rows have 3 number(s) but Q's have 2"),
         (LabState(q="1, 0", k="1, 0", v="1\n2"), "V: 2 row(s) but K has 1"),
-        (LabState(q="1, 0", k="1, 0\n0, 1", v="1\n2", causal=True), "causal: Q has 1 rows and K has 2"),
+        (LabState(q="1, 0\n0, 1", k="1, 0", v="1", causal=True), "causal: 2 queries but only 1 keys"),
+        (LabState(q="1", k="1\n2", v="1\n2", bias="1, 2, 3"), "bias: 1×3, expected one number per key (1×2)"),
+        (LabState(q="1", k="1\n2", v="1\n2", mask="1 0 1"), "mask: 1×3, expected 1×2"),
+        (LabState(q="1", k="1", v="1", scale="-1"), "scale: expected one positive number"),
         (LabState(q="1", k="1", v="1", padded=2), "padding: 2 padded key(s) but there are only 1 keys"),
         (LabState(q="1", k="1", v="1, 2", value_text="1"), "v0: expected one row of 2 number(s), got 1×1"),
         (LabState(q="1", k="1", v="1", value_row=3, value_text="1"), "value row: 3 is not a key position"),
@@ -120,6 +131,10 @@ def test_result_html_carries_exact_values_and_settings():
 def test_bad_input_is_a_message_not_an_exception(state, message):
     r = compute(state)
     assert not r.ok and message in r.message
+    zh = compute(state, "zh").message  # in Chinese: every one of these is a known message
+    assert not re.search(
+        r"[A-Za-z]{4,}", re.sub(r"attnlab explain|sqrt|softmax|token|zero|raise|FlashAttention", "", zh)
+    ), zh
     html = logic.result_html(r)
     assert 'data-testid="al-input-error"' in html and "Traceback" not in html
     assert logic.pictures_html(r) == "" and logic.heatmap_png(r) is None
@@ -180,15 +195,204 @@ def test_experiments_with_bad_inputs_say_so():
     assert "needs V with 2 columns" in logic.exp_value(LabState(q="1", k="1", v="1"))[2]
 
 
-def test_reveal_needs_a_prediction_first():
-    assert "RESULT" not in logic.reveal(None, "a", "RESULT") and "Make a prediction first" in logic.reveal("", "a", "x")
-    assert logic.reveal("a", "a", "RESULT").endswith("RESULT")
+def test_a_prediction_is_locked_at_the_reveal_and_counted():
+    book = predict.Book()
+    book = predict.commit(book, "shift", None, True)  # revealed without a prediction: nothing is locked
+    assert book.entries == {} and 'data-verdict="none"' in predict.feedback_html(book, "shift", None)
+    book = predict.commit(book, "shift", "sharper", False)  # picked but not revealed: not locked yet
+    assert book.entries == {}
+    book = predict.commit(book, "shift", "sharper", True)
+    book = predict.commit(book, "shift", "same", True)  # switched to the right answer after the reveal
+    fb = predict.feedback_html(book, "shift", "same")
+    assert 'data-verdict="wrong-changed"' in fb and "right" not in fb.split("data-verdict")[1].split(">")[0]
+    assert "Your prediction was right" not in fb and "You changed your answer" in fb
+    assert predict.score(book) == (0, 1)
+    book = predict.commit(book, "temperature", "flatter", True)
+    assert predict.score(book) == (1, 2)
+    assert 'data-right="1" data-total="2"' in predict.score_html(book)
+    assert 'data-verdict="right"' in predict.feedback_html(book, "temperature", "flatter")
+    for q in predict.QUESTIONS.values():  # every question's right answer is one of its options
+        assert q.correct in dict(q.options)
 
 
-def test_prediction_feedback():
-    assert "Make a prediction first" in logic.prediction_feedback(None, "a")
-    assert "right" in logic.prediction_feedback("a", "a")
-    assert "Not quite" in logic.prediction_feedback("b", "a")
+def test_every_item_of_the_articles_is_a_preset_that_shows_the_articles_numbers():
+    assert len(presets.ITEM_PRESETS) == len(ITEMS) >= 40
+    for p in presets.ITEM_PRESETS.values():
+        if p.state is not None:
+            r = compute(p.state)
+            assert r.ok, (p.key, p.argv, r.message)
+        html = presets.item_html(p)
+        found = int(re.search(r'data-found="(\d+)"', html).group(1))
+        assert found == len(p.expect), (p.argv, p.expect)
+    ex = {name: compute(pr.state) for name, pr in presets.PRESETS.items()}
+    np.testing.assert_allclose(ex["weighted-average"].weights, [[0.6, 0.3, 0.1]], atol=1e-15)
+    np.testing.assert_allclose(ex["weighted-average"].output, [[6.5, 3.5]], atol=1e-13)
+    np.testing.assert_allclose(ex["saturation"].weights[0], [0.2689414, 0.7310586], atol=1e-7)
+    np.testing.assert_allclose(ex["saturation"].weights[1], [4.539787e-05, 0.9999546], atol=1e-9)
+    np.testing.assert_allclose(ex["one-query"].output, [[6.6976, 6.6048]], atol=1e-4)
+    np.testing.assert_allclose(ex["mask-order"].weights, [[1.0, 0.0]])
+    assert np.isnan(ex["all-masked"].weights[0]).all()
+
+
+def test_one_query_with_the_causal_mask_is_a_decoding_query():
+    r = compute(LabState(q="1, 0", k="1, 0\n0, 1", v="10, 0\n0, 20", causal=True))
+    assert r.ok
+    _, w = reference_attention([[1.0, 0]], np.eye(2), [[10, 0], [0, 20]])
+    np.testing.assert_allclose(r.weights, w, atol=1e-12)  # the last (only) query sees every key
+    r = compute(LabState(q="1, 0\n0, 1", k="1, 0\n0, 1\n1, 1", v="1\n2\n3", causal=True))
+    np.testing.assert_array_equal(r.allowed, masks.causal(2, 3, align="bottom_right"))
+
+
+def test_per_key_bias_changes_the_weights():
+    base = logic.with_state(logic.DEFAULT, bias="0, 1, 2, 3")
+    r = compute(base)
+    _, ref = reference_attention(Q, K, V, allowed=masks.causal(4), bias=np.array([[0.0, 1, 2, 3]]))
+    np.testing.assert_allclose(r.weights, ref, atol=1e-12)
+    d, html = logic.exp_bias(logic.DEFAULT)
+    assert d > 0.1 and "al-bias-diff" in html
+    d_same, _ = logic.exp_bias(logic.DEFAULT, (5.0, 5.0, 5.0, 5.0))  # the same bias on every column: no change
+    assert d_same < 1e-12
+
+
+def test_nan_policy_is_drawn_as_nan_not_as_masked():
+    r = compute(LabState(q="1, 0\n0, 1", k="1, 0\n0, 1", v="1\n2", mask="0 0\n1 1", masked_rows="nan"))
+    assert r.ok and np.isnan(r.weights[0]).all()
+    html = logic.result_html(r)
+    assert "row sums: NaN, 1" in html and html.count('data-value="nan"') == 3  # two weights, one output
+    pic = logic.pictures_html(r)
+    assert pic.count(f'fill="{svg.NAN_FILL}"') >= 3  # two NaN cells and the legend entry
+    assert "Σ=nan" in pic and "NaN: no legal key" in pic
+    hm = pic.split('data-testid="al-last-row"')[0]
+    assert 'data-kind="masked"' not in hm  # the NaN row is not drawn as masked
+
+
+def test_a_masked_key_is_never_a_full_height_bar():
+    r = compute(LabState(q="1\n1", k="1\n2", v="1\n2", causal=True, padded=1))
+    bars = logic.pictures_html(r).split('data-testid="al-last-row"')[1]
+    stub = re.search(r'<rect[^>]*height="(\d+)"[^>]*data-kind="masked"', bars)
+    assert stub and int(stub.group(1)) <= 10
+
+
+@pytest.mark.parametrize("n", [1, 2, 8, 32])
+def test_pictures_are_wide_enough_for_their_text_and_every_text_contrasts(n):
+    rng = np.random.default_rng(n)
+    w = rng.dirichlet(np.ones(n), size=n)
+    allowed = np.tril(np.ones((n, n), dtype=bool))
+    labels = tuple(f"tok{i}" for i in range(n))
+    for pic in (
+        svg.heatmap_svg(np.where(allowed, w, 0), allowed, labels, labels),
+        svg.last_row_svg(w, allowed, labels, labels[-1]),
+    ):
+        width = float(re.search(r'width="([\d.]+)"', pic).group(1))
+        assert width >= svg.text_width("weights A: rows = queries, columns = keys", 12) or "last query" in pic
+        for fill, bg in re.findall(r'fill="([^"]+)" data-bg="([^"]+)"', pic):
+            assert svg.contrast(fill, bg) >= 4.5, (fill, bg)
+
+
+def _lab_strings() -> list[str]:
+    """Every literal the lab passes to its translation function ``t``/``T`` (and the constants it passes)."""
+    import ast
+
+    out = []
+    for f in sorted(Path(logic.__file__).parent.glob("*.py")):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        consts = {
+            n.targets[0].id: n.value.value
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name)
+            and isinstance(n.value, ast.Constant)
+            and isinstance(n.value.value, str)
+        }
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("t", "T") and len(n.args) > 1:
+                a = n.args[1]
+                if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                    out.append(a.value)
+                elif isinstance(a, ast.Name) and a.id in consts:
+                    out.append(consts[a.id])
+    for q in predict.QUESTIONS.values():
+        out += [q.text, *(w for _, w in q.options)]
+    for p in presets.ITEM_PRESETS.values():
+        out += [p.section, p.what]
+    out += [i18n.INTRO, i18n.PREDICT_INTRO, i18n.SELF_TEST_ANSWER, i18n.BIGGER, i18n.LIVE_INTRO]
+    return out
+
+
+def test_chinese_words_for_every_lab_string():
+    assert i18n.t("zh", "reveal") == "揭晓" and i18n.t("en", "reveal") == "reveal"
+    strings = _lab_strings()
+    assert len(strings) > 200
+    words = re.compile(r"[A-Za-z]{3,}")
+    missing = [s for s in strings if words.search(s.replace("FlashAttention", "")) and s not in i18n.ZH]
+    assert missing == []
+    for en, zh in i18n.ZH.items():  # the same {fields} in both languages
+        assert sorted(re.findall(r"\{(\w+)", en)) == sorted(re.findall(r"\{(\w+)", zh)), en
+
+
+def test_live_loader_loads_once_in_the_background_and_says_what_it_does():
+    import threading
+
+    from attnlab.lab import live
+
+    gate = threading.Event()
+    calls = []
+
+    def slow(key):
+        calls.append(key)
+        gate.wait(10)
+        return "MODEL"
+
+    ld = live.Loader("smollm2", slow)
+    assert ld.status()[0] == "idle"
+    ld.start()
+    ld.start()
+    assert ld.status()[0] == "loading"
+    gate.set()
+    assert ld.wait(10) == "MODEL" and ld.status()[0] == "ready" and calls == ["smollm2"]
+
+    def broken(key):
+        raise FileNotFoundError("no GGUF file")
+
+    bad = live.Loader("smollm2", broken)
+    with pytest.raises(RuntimeError, match="no GGUF file"):
+        bad.wait(10)
+    assert bad.status()[0] == "error"
+
+
+def test_live_views_of_a_result():
+    from types import SimpleNamespace
+
+    from attnlab.lab import live
+
+    n, L, h = 4, 2, 3
+    rng = np.random.default_rng(0)
+    allowed = np.tril(np.ones((n, n), dtype=bool))
+    w = np.where(allowed, rng.random((L, h, n, n)), 0.0)
+    w /= w.sum(-1, keepdims=True)
+    r = live.LiveResult("SmolLM2-135M", "a b c d", ("a", "Ġb", "Ġc", "Ġd"), w, allowed, 0.5)
+    page = live.live_html(r, 1, 2, "en")
+    assert 'data-testid="al-live-heatmap"' in page and 'data-layers="2" data-heads="3"' in page
+    assert "·b" in page and "layer 1, head 2" in page
+    assert page.count('data-kind="masked"') == n * (n - 1) // 2  # the causal mask of the heatmap
+    assert "第 1 层" in live.live_html(r, 1, 2, "zh")
+    res = SimpleNamespace(
+        mean_attention=lambda: np.array([0.6, 0.3, 0.1]),
+        effect=np.array([0.1, 0.5, 0.2]),
+        tokens=("x", "y", "z", "t"),
+        sources=(0, 1, 2),
+        correlation=lambda: 0.5,
+        effect_name="KL",
+        target_label="log p('t')",
+    )
+    iv = live.intervention_html(res)
+    assert "(x) is not the one whose deletion changes the result most (y)" in iv
+    zh = live.intervention_html(
+        SimpleNamespace(**{**vars(res), "target_label": "log p(',') of the next token after position 3 ('t')"}), "zh"
+    )
+    assert "位置 3（&#x27;t&#x27;）之后下一个 token 为 &#x27;,&#x27; 的 log p" in zh and "不是" in zh
+    assert 'data-rho="0.5000"' in iv
 
 
 def test_server_command_is_local_and_headless():

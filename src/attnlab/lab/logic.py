@@ -9,6 +9,9 @@ typed into a box, slider values) and never raises on bad input: :func:`compute` 
 (True, [[0.6698, 0.3302]])
 >>> compute(LabState(q="1, x", k="1, 0", v="1")).message
 "Q: 'x' at row 0, column 1 is not a number"
+
+The pictures are in :mod:`attnlab.lab.svg`, the predictions and score in :mod:`attnlab.lab.predict`, one preset per
+worked example of the articles in :mod:`attnlab.lab.presets`, the Chinese words in :mod:`attnlab.lab.i18n`.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .. import masks
 from ..errors import AttnlabError, MaskedRowError
 from ..explain import Explanation, Setup, compare, explain_setup
 from ..explain.fmt import num, vec
-from ..explain.inputs import parse_matrix
+from ..explain.inputs import parse_mask, parse_matrix
+from .i18n import message, t
+from .svg import heatmap_svg, last_row_svg
 
 __all__ = [
     "DEFAULT",
@@ -33,6 +39,7 @@ __all__ = [
     "LabState",
     "compute",
     "error_html",
+    "exp_bias",
     "exp_shift",
     "exp_temperature",
     "exp_value",
@@ -43,16 +50,17 @@ __all__ = [
     "mask_conventions",
     "masked_row_trap",
     "matrix_html",
+    "num",
     "pictures_html",
-    "prediction_feedback",
     "result_html",
-    "reveal",
+    "setup_of",
     "steps_html",
+    "with_state",
 ]
 
 #: Bounds that keep the page responsive: at most MAX_N positions and MAX_D features per vector.
-MAX_N = 8
-MAX_D = 8
+MAX_N = 32
+MAX_D = 16
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,11 @@ class LabState:
     """The learner's inputs: Q, K, V as typed text and the settings of the controls.
 
     ``padded`` is the number of padding key positions (0 = none), at the end (``padding_side="right"``) or the
-    start. ``value_row``/``value_text`` replace one value vector (``"100, 0"``) without retyping V.
+    start. ``value_row``/``value_text`` replace one value vector (``"100, 0"``) without retyping V. ``bias`` is
+    one number per key (``"0, 0, 5, 0"``, added to that key's column of scores, as the self-test's second half
+    asks) or a full ``[n_q, n_k]`` matrix; ``mask`` rows of 1/0 (1 = may attend); ``scale`` a number (empty:
+    1/√d_k). ``causal`` with fewer queries than keys is a decoding query: the mask is aligned bottom-right (the
+    last query is the newest token and sees every key).
     """
 
     q: str
@@ -75,10 +87,13 @@ class LabState:
     value_row: int = 0
     value_text: str = ""
     tokens: str = ""
+    bias: str = ""
+    mask: str = ""
+    scale: str = ""
 
 
-#: The four-position example of article 000 (also ``attnlab explain causal-4``).
-DEFAULT = LabState(q="1, 0\n0, 1\n1, 1\n1, -1", k="1, 0\n0, 1\n1, 1\n-1, 1", v="1, 0\n0, 1\n1, 1\n2, 0")
+#: The four-position example of article 000 under its causal mask (``attnlab explain causal-4``): the lab opens here.
+DEFAULT = LabState(q="1, 0\n0, 1\n1, 1\n1, -1", k="1, 0\n0, 1\n1, 1\n-1, 1", v="1, 0\n0, 1\n1, 1\n2, 0", causal=True)
 
 #: Four 2-D query/key pairs for the mask-and-temperature experiment (the rows of DEFAULT's Q and K).
 FOUR_PAIRS = (np.array([[1.0, 0], [0, 1], [1, 1], [1, -1]]), np.array([[1.0, 0], [0, 1], [1, 1], [-1, 1]]))
@@ -137,8 +152,27 @@ def setup_of(state: LabState) -> Setup:
         v = v.copy()
         v[row] = new[0]
     n_q, n_k = q.shape[0], k.shape[0]
-    if state.causal and n_q != n_k:
-        raise AttnlabError(f"causal: Q has {n_q} rows and K has {n_k}; the causal mask here needs n_q = n_k")
+    fields = Setup.__dataclass_fields__
+    causal: bool | str = bool(state.causal)
+    user_mask = None
+    if state.mask.strip():
+        user_mask = parse_mask(state.mask, "mask")
+        if user_mask.shape not in ((n_q, n_k), (1, n_k)):
+            raise AttnlabError(
+                f"mask: {user_mask.shape[0]}×{user_mask.shape[1]}, expected {n_q}×{n_k} (one row per query, one "
+                f"column per key) or 1×{n_k}"
+            )
+    if causal and n_q != n_k:
+        if n_q > n_k:
+            raise AttnlabError(
+                f"causal: {n_q} queries but only {n_k} keys; a causal query must be one of the key positions "
+                f"(fewer queries than keys is decoding: the last query sees every key)"
+            )
+        causal = "bottom_right"
+        if "bias" not in fields:  # an explain without aligned causal masks: the same mask, given explicitly
+            dec = masks.causal(n_q, n_k, align="bottom_right")
+            user_mask = dec if user_mask is None else (user_mask & dec)
+            causal = False
     padded = int(state.padded)
     if not 0 <= padded <= n_k:
         raise AttnlabError(f"padding: {padded} padded key(s) but there are only {n_k} keys")
@@ -148,39 +182,61 @@ def setup_of(state: LabState) -> Setup:
         if len(toks) != n_k or n_q != n_k:
             raise AttnlabError(f"tokens: {len(toks)} token(s) for {n_k} positions (tokens label self-attention)")
         labels = toks
+    scale = None
+    if state.scale.strip():
+        sc = parse_matrix(state.scale, "scale")
+        if sc.shape != (1, 1) or not sc[0, 0] > 0:
+            raise AttnlabError(f"scale: expected one positive number (empty: 1/sqrt(d_k)), got {state.scale!r}")
+        scale = float(sc[0, 0])
+    extra: dict[str, object] = {}
+    if state.bias.strip():
+        b = parse_matrix(state.bias, "bias")
+        if b.shape not in ((1, n_k), (n_q, n_k)):
+            raise AttnlabError(
+                f"bias: {b.shape[0]}×{b.shape[1]}, expected one number per key (1×{n_k}) or one row per query "
+                f"({n_q}×{n_k})"
+            )
+        if "bias" not in fields:
+            raise AttnlabError("bias: this attnlab's explain has no per-key bias (attnlab.explain.Setup.bias)")
+        extra["bias"] = b
     return Setup(
         q,
         k,
         v,
-        causal=bool(state.causal),
+        mask=user_mask,
+        causal=causal,
         padding=None if padded == 0 else n_k - padded,
         padding_side=state.padding_side,
         temperature=float(state.temperature),
         shift=float(state.shift),
+        scale=scale,
         masked_rows=state.masked_rows,
         query_labels=labels,
         key_labels=labels,
         title="Your attention",
+        **extra,
     )
 
 
-def compute(state: LabState) -> LabResult:
-    """Explain ``state``; a message instead of an exception for anything the learner typed or set."""
+def compute(state: LabState, lang: str = "en") -> LabResult:
+    """Explain ``state`` (text in ``lang``); a message instead of an exception for anything the learner typed."""
     try:
         setup = setup_of(state)
-        e = explain_setup(setup)
+        e = explain_setup(setup, lang=lang)
     except MaskedRowError as err:
         rows = ", ".join(str(r[-1]) for r in err.rows)
-        return LabResult(
-            False,
-            f"Query row(s) {rows} may attend to no key at all (every key is masked), so softmax would divide 0 by 0. "
-            f"This is the fully-masked-row trap: padding AND causal often empties a row. Switch 'fully masked rows' "
-            f"to 'zero' (FlashAttention's choice) or 'nan' (what naive code gives) to see it.",
-            state,
-        )
+        return LabResult(False, t(lang, MASKED_ROW_MESSAGE, rows=rows), state)
     except (AttnlabError, ValueError) as err:
-        return LabResult(False, str(err), state)
+        return LabResult(False, message(lang, str(err)), state)
     return LabResult(True, "", state, e, setup)
+
+
+#: What the page says when a row has no legal key under the ``raise`` policy.
+MASKED_ROW_MESSAGE = (
+    "Query row(s) {rows} may attend to no key at all (every key is masked), so softmax would divide 0 by 0. This is "
+    "the fully-masked-row trap: padding AND causal often empties a row. Switch 'fully masked rows' to 'zero' "
+    "(FlashAttention's choice) or 'nan' (what naive code gives) to see it."
+)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -190,15 +246,20 @@ def compute(state: LabState) -> LabResult:
 _PAD = "padding:2px 8px"
 
 
-def _cell(x: float, allowed: bool = True, shade_weights: bool = False) -> str:
+def _cell(x: float, allowed: bool = True, shade_weights: bool = False, lang: str = "en") -> str:
+    if math.isnan(x):  # a row with no legal key under the 'nan' policy: NaN, never "masked"
+        return f'<td data-value="nan" style="background:#fcbba1;color:#a50f15;{_PAD};text-align:right">NaN</td>'
     if not allowed:
-        if math.isnan(x):  # a row with no legal key under the 'nan' policy: show the NaN, not "masked"
-            return f'<td data-value="nan" style="background:#fcbba1;color:#a50f15;{_PAD};text-align:right">nan</td>'
-        return f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#777;{_PAD}">masked</td>'
+        return (
+            f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#444;{_PAD}">'
+            f"{html.escape(t(lang, 'masked'))}</td>"
+        )
     shade = ""
     if shade_weights and math.isfinite(x) and 0 <= x <= 1:
-        shade = f"background:rgba(49,130,189,{0.08 + 0.6 * x:.3f});"
-    return f'<td data-value="{float(x)!r}" style="{shade}text-align:right;padding:2px 8px">{num(x)}</td>'
+        a = 0.08 + 0.5 * x  # blue over white, blended here so the text's contrast is what the page shows
+        r, g, b = (round(255 - a * (255 - c)) for c in (49, 130, 189))
+        shade = f"background:rgb({r},{g},{b});color:#000;"
+    return f'<td data-value="{float(x)!r}" style="{shade}text-align:right;{_PAD};white-space:nowrap">{num(x)}</td>'
 
 
 def matrix_html(
@@ -211,28 +272,34 @@ def matrix_html(
     caption: str = "",
     attrs: str = "",
     shade: bool | None = None,
+    lang: str = "en",
 ) -> str:
     """An HTML table of ``m [r, c]``; each cell carries its exact value in ``data-value`` (tests read it).
 
     Cells are shaded by value when ``shade`` (default: when a mask is given, i.e. for weights); masked cells are
-    grey and say "masked".
+    grey and say "masked"; NaN cells are red and say "NaN". Wide tables scroll inside their box.
     """
     m = np.asarray(m, dtype=np.float64)
     shade = allowed is not None if shade is None else shade
     ident = f' id="{table_id}" data-testid="{table_id}"' if table_id else ""
-    out = [
+    out = ["<div style='overflow-x:auto;max-width:100%'>"]
+    if caption:  # above the table, not a <caption>: a caption wraps to the width of a narrow (1×1) table
+        out.append(
+            f"<div class='al-caption' style='font-weight:bold;font-family:monospace;white-space:nowrap;color:#000'>"
+            f"{html.escape(caption)}</div>"
+        )
+    out.append(
         f'<table class="al-table"{ident} {attrs} '
-        'style="border-collapse:collapse;font-family:monospace;width:auto;align-self:flex-start;margin:4px 0">'
-    ]
-    if caption:
-        out.append(f"<caption style='text-align:left;font-weight:bold'>{html.escape(caption)}</caption>")
+        'style="border-collapse:collapse;font-family:monospace;width:auto;align-self:flex-start;margin:4px 0;'
+        'color:#000">'
+    )
     out.append("<tr><th></th>" + "".join(f"<th style='padding:2px 8px'>{html.escape(c)}</th>" for c in cols) + "</tr>")
     for i, r in enumerate(rows):
         cells = "".join(
-            _cell(m[i, j], True if allowed is None else bool(allowed[i, j]), shade) for j in range(m.shape[1])
+            _cell(m[i, j], True if allowed is None else bool(allowed[i, j]), shade, lang) for j in range(m.shape[1])
         )
         out.append(f"<tr><th style='padding:2px 8px'>{html.escape(r)}</th>{cells}</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "".join(out)
 
 
@@ -240,31 +307,31 @@ def error_html(message: str, testid: str = "al-error") -> str:
     """A message box for the page (bad input, masked rows): never a traceback."""
     return (
         f'<div class="al-error" data-testid="{testid}" style="border-left:4px solid #e34a33;background:#fff5f0;'
-        f'padding:8px 12px;margin:6px 0">⚠ {html.escape(message)}</div>'
+        f'color:#000;padding:8px 12px;margin:6px 0">⚠ {html.escape(message)}</div>'
     )
 
 
 def _state_attrs(s: LabState) -> str:
     return (
         f'data-temperature="{num(s.temperature)}" data-causal="{str(bool(s.causal)).lower()}" '
-        f'data-shift="{num(s.shift)}" data-padded="{int(s.padded)}" data-value-text="{html.escape(s.value_text)}"'
+        f'data-shift="{num(s.shift)}" data-padded="{int(s.padded)}" data-value-text="{html.escape(s.value_text)}" '
+        f'data-bias="{html.escape(s.bias)}" data-masked-rows="{html.escape(s.masked_rows)}"'
     )
 
 
-def result_html(result: LabResult) -> str:
-    """The weights (table id ``al-weights``) with row sums, and the output (``al-output``); or the error message.
-
-    Both tables carry the settings they were computed with (``data-temperature``, ``data-causal``, ...).
-    """
+def result_html(result: LabResult, lang: str = "en") -> str:
+    """The weights (table id ``al-weights``) with row sums (``al-row-sums``; NaN on a NaN row), and the output
+    (``al-output``); or the error message. Both tables carry the settings they were computed with
+    (``data-temperature``, ``data-causal``, ...)."""
     if not result.ok:
         return error_html(result.message, "al-input-error")
     st = result.setup
     attrs = _state_attrs(result.state)
     w = result.weights
-    sums = np.where(result.allowed, w, 0.0).sum(axis=-1)
+    sums = np.where(np.isnan(w).any(axis=-1), np.nan, np.where(result.allowed, w, 0.0).sum(axis=-1))
     dcols = tuple(f"d{c}" for c in range(result.output.shape[1]))
     return (
-        "<div style='display:flex;gap:32px;flex-wrap:wrap;align-items:flex-start'><div>"
+        "<div style='display:flex;gap:32px;flex-wrap:wrap;align-items:flex-start'><div style='max-width:100%'>"
         + matrix_html(
             w,
             st.qlabels,
@@ -272,18 +339,29 @@ def result_html(result: LabResult) -> str:
             table_id="al-weights",
             allowed=result.allowed,
             attrs=attrs,
-            caption="weights A = softmax(masked scores)",
+            caption=t(lang, "weights A = softmax(masked scores)"),
+            lang=lang,
         )
-        + "<div style='font-size:13px'>row sums: "
-        + ", ".join(num(x) for x in sums)
-        + "</div></div><div>"
-        + matrix_html(result.output, st.qlabels, dcols, table_id="al-output", attrs=attrs, caption="output O = A V")
+        + "<div style='font-size:13px' data-testid='al-row-sums'>"
+        + html.escape(t(lang, "row sums:"))
+        + " "
+        + ", ".join(num(x) if math.isfinite(x) else "NaN" for x in sums)
+        + "</div></div><div style='max-width:100%'>"
+        + matrix_html(
+            result.output,
+            st.qlabels,
+            dcols,
+            table_id="al-output",
+            attrs=attrs,
+            caption=t(lang, "output O = A V"),
+            lang=lang,
+        )
         + "</div></div>"
         + "".join(error_html(n) for n in result.explanation.notes)
     )
 
 
-def steps_html(result: LabResult) -> str:
+def steps_html(result: LabResult, lang: str = "en") -> str:
     """Every step as a table with the arithmetic written out (no ids: :func:`result_html` holds those)."""
     if not result.ok:
         return error_html(result.message)
@@ -292,133 +370,53 @@ def steps_html(result: LabResult) -> str:
     parts = []
     for i, step in enumerate(e.steps, 1):
         parts.append(
-            f"<h4 style='margin:10px 0 2px'>{i}. {html.escape(step.title)}: "
+            f"<h4 style='margin:10px 0 2px;color:#000'>{i}. {html.escape(step.title)}: "
             f"<code>{html.escape(step.formula)}</code></h4>"
         )
         for name, m, r, c in step.extra:
-            parts.append(matrix_html(m, r, c, caption=name))
+            parts.append(matrix_html(m, r, c, caption=name, lang=lang))
         if step.matrix is not None:
             mask = allowed if step.key in ("weights", "exp") else None
-            parts.append(matrix_html(step.matrix, step.rows, step.cols, allowed=mask))
+            parts.append(matrix_html(step.matrix, step.rows, step.cols, allowed=mask, lang=lang))
         if step.lines and step.key not in ("mask",):
             parts.append(
-                "<pre style='margin:2px 0;font-size:12px'>" + html.escape("\n".join(step.lines[:8])) + "</pre>"
+                "<pre style='margin:2px 0;font-size:12px;white-space:pre;overflow-x:auto;color:#000'>"
+                + html.escape("\n".join(step.lines[:8]))
+                + "</pre>"
             )
         if step.note:
-            parts.append(f"<div style='color:#31a354;font-size:13px'>{html.escape(step.note)}</div>")
-    return "\n".join(parts)
+            parts.append(f"<div style='color:#006d2c;font-size:13px'>{html.escape(step.note)}</div>")
+    return "<div class='al-steps' style='color:#000'>" + "\n".join(parts) + "</div>"
 
 
-def _blue(x: float) -> str:
-    """A white-to-blue colour for a weight in [0, 1] (the same ramp as the colour bar)."""
-    x = min(max(x, 0.0), 1.0)
-    r, g, b = (round(255 + (c - 255) * x) for c in (8, 48, 107))
-    return f"rgb({r},{g},{b})"
-
-
-def heatmap_svg(
-    weights: np.ndarray,
-    allowed: np.ndarray,
-    rows: tuple[str, ...],
-    cols: tuple[str, ...],
-    *,
-    title: str = "weights A: rows = queries, columns = keys",
-) -> str:
-    """An SVG heatmap drawn directly (fast enough to redraw on every slider move; files use :mod:`attnlab.plot`).
-
-    Masked cells are hatched grey and never look like small weights; NaN cells are red; row sums at the right;
-    a colour bar from 0 to 1.
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    n_q, n_k = w.shape
-    cell, left, top = 46, 90, 40
-    width = left + n_k * cell + 150
-    height = top + n_q * cell + 70
-    esc = html.escape
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-        f'font-size="12" data-testid="al-heatmap" role="img" aria-label="attention heatmap">',
-        '<defs><pattern id="al-hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-        'patternTransform="rotate(45)"><rect width="6" height="6" fill="#e0e0e0"/>'
-        '<line x1="0" y1="0" x2="0" y2="6" stroke="#9e9e9e" stroke-width="2"/></pattern>'
-        '<linearGradient id="al-ramp" x1="0" y1="1" x2="0" y2="0">'
-        f'<stop offset="0" stop-color="{_blue(0)}"/><stop offset="1" stop-color="{_blue(1)}"/></linearGradient></defs>',
-        f'<text x="{left}" y="16" font-weight="bold">{esc(title)}</text>',
-    ]
-    for j, c in enumerate(cols):
-        out.append(f'<text x="{left + j * cell + cell / 2}" y="{top - 6}" text-anchor="middle">{esc(c[:8])}</text>')
-    for i, r in enumerate(rows):
-        y = top + i * cell
-        out.append(f'<text x="{left - 8}" y="{y + cell / 2 + 4}" text-anchor="end">{esc(r[:10])}</text>')
-        for j in range(n_k):
-            x = left + j * cell
-            if not allowed[i, j]:
-                out.append(
-                    f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="url(#al-hatch)" stroke="#fff"/>'
-                )
-                continue
-            v = w[i, j]
-            fill = _blue(v) if math.isfinite(v) else "#e34a33"
-            ink = "white" if (math.isfinite(v) and v > 0.55) or not math.isfinite(v) else "black"
-            out.append(f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" fill="{fill}" stroke="#fff"/>')
-            out.append(
-                f'<text x="{x + cell / 2}" y="{y + cell / 2 + 4}" text-anchor="middle" fill="{ink}" font-size="11">'
-                f"{'nan' if not math.isfinite(v) else f'{v:.2f}'}</text>"
-            )
-        ssum = float(np.where(allowed[i], w[i], 0.0).sum())
-        out.append(f'<text x="{left + n_k * cell + 8}" y="{y + cell / 2 + 4}" font-size="11">Σ={num(ssum, 3)}</text>')
-    bx = left + n_k * cell + 70
-    bh = n_q * cell
-    out.append(f'<rect x="{bx}" y="{top}" width="14" height="{bh}" fill="url(#al-ramp)" stroke="#999"/>')
-    out.append(f'<text x="{bx + 18}" y="{top + 10}" font-size="10">1</text>')
-    out.append(f'<text x="{bx + 18}" y="{top + bh}" font-size="10">0</text>')
-    ly = top + n_q * cell + 22
-    out.append(f'<text x="{left}" y="{ly}" font-size="11">key (column): read from</text>')
-    out.append(
-        f'<rect x="{left}" y="{ly + 10}" width="14" height="14" fill="url(#al-hatch)"/>'
-        f'<text x="{left + 20}" y="{ly + 21}" font-size="11">masked (never attended), unlike a small weight</text>'
-    )
-    out.append("</svg>")
-    return "".join(out)
-
-
-def last_row_svg(weights: np.ndarray, allowed: np.ndarray, cols: tuple[str, ...], row_label: str) -> str:
-    """The last query's real weights as an SVG bar chart; masked keys hatched."""
-    w = np.asarray(weights, dtype=np.float64)[-1]
-    ok = np.asarray(allowed)[-1]
-    bw, gap, h, left, top = 40, 10, 160, 30, 30
-    width = left + len(w) * (bw + gap) + 20
-    esc = html.escape
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{top + h + 40}" font-family="sans-serif" '
-        f'font-size="11" data-testid="al-last-row" role="img" aria-label="last query weights">',
-        f'<text x="{left}" y="16" font-weight="bold" font-size="12">'
-        f"last query {esc(row_label)}: its real weights</text>",
-        f'<line x1="{left}" y1="{top + h}" x2="{width - 10}" y2="{top + h}" stroke="#555"/>',
-    ]
-    for j, v in enumerate(w):
-        x = left + j * (bw + gap)
-        if not ok[j]:
-            out.append(f'<rect x="{x}" y="{top}" width="{bw}" height="{h}" fill="url(#al-hatch)" opacity="0.6"/>')
-            out.append(f'<text x="{x + bw / 2}" y="{top + h / 2}" text-anchor="middle">masked</text>')
-        else:
-            bh = h * (v if math.isfinite(v) else 0.0)
-            out.append(f'<rect x="{x}" y="{top + h - bh}" width="{bw}" height="{bh}" fill="#3182bd"/>')
-            out.append(f'<text x="{x + bw / 2}" y="{top + h - bh - 4}" text-anchor="middle">{num(v, 3)}</text>')
-        out.append(f'<text x="{x + bw / 2}" y="{top + h + 14}" text-anchor="middle">{esc(cols[j][:8])}</text>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def pictures_html(result: LabResult) -> str:
+def pictures_html(result: LabResult, lang: str = "en") -> str:
     """The heatmap and the last row's bar chart, side by side (or nothing when the input is not ok)."""
     if not result.ok:
         return ""
     st = result.setup
     return (
-        "<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
-        + heatmap_svg(result.weights, result.allowed, st.qlabels, st.klabels)
-        + last_row_svg(result.weights, result.allowed, st.klabels, st.qlabels[-1])
+        f"<div data-testid='al-pictures' {_state_attrs(result.state)} "
+        "style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
+        + heatmap_svg(
+            result.weights,
+            result.allowed,
+            st.qlabels,
+            st.klabels,
+            title=t(lang, "weights A: rows = queries, columns = keys"),
+            legend=(
+                t(lang, "key (column): read from"),
+                t(lang, "masked (never attended), unlike a small weight"),
+                t(lang, "NaN: no legal key, policy 'nan'"),
+            ),
+        )
+        + last_row_svg(
+            result.weights,
+            result.allowed,
+            st.klabels,
+            st.qlabels[-1],
+            title=t(lang, "last query {q}: its real weights", q=st.qlabels[-1]),
+            masked_word=t(lang, "masked"),
+        )
         + "</div>"
     )
 
@@ -444,49 +442,94 @@ def heatmap_png(result: LabResult) -> bytes | None:
 # experiments: each returns (numbers, html) so the notebook can reveal them after the learner's prediction
 
 
-def reveal(prediction: str | None, correct: str, body: str) -> str:
-    """The experiment's result after a prediction; without one, only the request to predict first."""
-    if not prediction:
-        return prediction_feedback(prediction, correct)
-    return prediction_feedback(prediction, correct) + body
-
-
-def prediction_feedback(prediction: str | None, correct: str) -> str:
-    """What to say after the reveal: right, wrong (and the answer), or 'predict first'."""
-    if not prediction:
-        return "<b>Make a prediction first</b> (pick one above), then reveal: the result stays hidden until then."
-    if prediction == correct:
-        return f"<b style='color:#31a354'>Your prediction was right:</b> {html.escape(correct)}."
-    return (
-        f"<b style='color:#e34a33'>Not quite.</b> You predicted “{html.escape(prediction)}”; the answer is "
-        f"“{html.escape(correct)}”."
-    )
-
-
 def _ok_setup(state: LabState) -> Setup | None:
     r = compute(state)
     return r.setup if r.ok else None
 
 
-def exp_shift(state: LabState, c: float = 10.0) -> tuple[float, str]:
+def _fix_first(lang: str) -> str:
+    return error_html(t(lang, "Fix the inputs above first."))
+
+
+def exp_shift(state: LabState, c: float = 10.0, lang: str = "en") -> tuple[float, str]:
     """Add ``c`` to every legal score: the weights do not change (softmax ignores a shift of a whole row)."""
     setup = _ok_setup(state)
     if setup is None:
-        return float("nan"), error_html("Fix the inputs above first.")
+        return float("nan"), _fix_first(lang)
     a = np.asarray(setup.trace().weights)
     b = np.asarray(setup.with_options(shift=setup.shift + c).trace().weights)
-    d = float(np.max(np.abs(a - b)))
+    d = float(np.nanmax(np.abs(a - b))) if a.size else 0.0
     rows, cols = setup.qlabels, setup.klabels
     allowed = np.asarray(setup.trace().allowed)
     return d, (
-        matrix_html(a, rows, cols, allowed=allowed, caption="weights before")
-        + matrix_html(b, rows, cols, allowed=allowed, caption=f"weights after adding {num(c)} to every legal score")
-        + f"<p>Largest change of any weight: <b data-testid='al-shift-diff'>{num(d)}</b>"
-        + (" (0 up to float64 rounding)" if d < 1e-9 else "")
-        + ". softmax(x + c) = softmax(x): "
-        "the shift cancels between numerator and denominator. Adding <i>different</i> amounts to different columns "
-        "would change the weights.</p>"
+        matrix_html(a, rows, cols, allowed=allowed, caption=t(lang, "weights before"), lang=lang)
+        + matrix_html(
+            b,
+            rows,
+            cols,
+            allowed=allowed,
+            caption=t(lang, "weights after adding {c} to every legal score", c=num(c)),
+            lang=lang,
+        )
+        + "<p>"
+        + html.escape(t(lang, "Largest change of any weight:"))
+        + f" <b data-testid='al-shift-diff'>{num(d)}</b>"
+        + (html.escape(t(lang, " (0 up to float64 rounding)")) if d < 1e-9 else "")
+        + ". "
+        + html.escape(t(lang, SHIFT_NOTE))
+        + "</p>"
     )
+
+
+SHIFT_NOTE = (
+    "softmax(x + c) = softmax(x): the shift cancels between numerator and denominator. Adding different amounts to "
+    "different columns would change the weights."
+)
+
+
+def exp_bias(state: LabState, bias: tuple[float, ...] | None = None, lang: str = "en") -> tuple[float, str]:
+    """The self-test's second half: a *different* number on each key's column changes the weights.
+
+    ``bias`` (one number per key) defaults to the bias box of ``state`` if it holds one row, else 0, 1, 2, ….
+    "Before" is the input without any bias. Returns the largest weight change and the page's HTML.
+    """
+    setup = _ok_setup(state)
+    if setup is None:
+        return float("nan"), _fix_first(lang)
+    if bias is None:
+        own = getattr(setup, "bias", None)
+        b = np.asarray(own, dtype=np.float64)[-1] if own is not None else np.arange(setup.n_k, dtype=np.float64)
+    else:
+        b = np.asarray(bias, dtype=np.float64)
+    if b.shape != (setup.n_k,):
+        return float("nan"), error_html(t(lang, "This experiment needs one bias per key ({n}).", n=setup.n_k))
+    shift = np.full((setup.n_q, setup.n_k), float(setup.shift))
+    t0 = setup.trace(bias=shift)
+    t1 = setup.trace(bias=shift + b)
+    a0, a1 = np.asarray(t0.weights), np.asarray(t1.weights)
+    d = float(np.nanmax(np.abs(a0 - a1))) if a0.size and not np.isnan(a0).all() else 0.0
+    rows, cols = setup.qlabels, setup.klabels
+    allowed = np.asarray(t0.allowed)
+    return d, (
+        "<p>"
+        + html.escape(t(lang, "bias per key (column): {b}", b=vec(b)))
+        + "</p>"
+        + matrix_html(a0, rows, cols, allowed=allowed, caption=t(lang, "weights without a bias"), lang=lang)
+        + matrix_html(
+            a1, rows, cols, allowed=allowed, caption=t(lang, "weights with a different bias per column"), lang=lang
+        )
+        + "<p>"
+        + html.escape(t(lang, "Largest change of any weight:"))
+        + f" <b data-testid='al-bias-diff'>{num(d)}</b>. "
+        + html.escape(t(lang, BIAS_NOTE))
+        + "</p>"
+    )
+
+
+BIAS_NOTE = (
+    "A bias that differs between the columns of a row does not cancel in softmax: keys with a larger bias gain "
+    "weight. (A row with one legal key keeps [1, 0, …].)"
+)
 
 
 def _entropy(w: np.ndarray) -> np.ndarray:
@@ -494,59 +537,76 @@ def _entropy(w: np.ndarray) -> np.ndarray:
     return -(w * np.log(p)).sum(axis=-1)
 
 
-def exp_temperature(state: LabState, t: float = 3.0) -> tuple[np.ndarray, str]:
-    """Raise the temperature to ``t``: each row flattens toward uniform over its legal keys; nothing leaks."""
+def exp_temperature(state: LabState, temp: float = 3.0, lang: str = "en") -> tuple[np.ndarray, str]:
+    """Raise the temperature to ``temp``: each row flattens toward uniform over its legal keys; nothing leaks."""
     setup = _ok_setup(state)
     if setup is None:
-        return np.array([]), error_html("Fix the inputs above first.")
+        return np.array([]), _fix_first(lang)
     a = np.asarray(setup.trace().weights)
-    b = np.asarray(setup.with_options(temperature=t).trace().weights)
+    b = np.asarray(setup.with_options(temperature=temp).trace().weights)
     allowed = np.asarray(setup.trace().allowed)
     rows, cols = setup.qlabels, setup.klabels
     ent = np.stack([_entropy(a), _entropy(b)], axis=-1)
     return b, (
-        matrix_html(a, rows, cols, allowed=allowed, caption=f"T = {num(setup.temperature)}")
-        + matrix_html(b, rows, cols, allowed=allowed, caption=f"T = {num(t)}")
-        + "<p>Entropy per row (higher = flatter): "
+        matrix_html(a, rows, cols, allowed=allowed, caption=f"T = {num(setup.temperature)}", lang=lang)
+        + matrix_html(b, rows, cols, allowed=allowed, caption=f"T = {num(temp)}", lang=lang)
+        + "<p>"
+        + html.escape(t(lang, "Entropy per row (higher = flatter):"))
+        + " "
         + ", ".join(f"{r}: {num(x0, 3)} → {num(x1, 3)}" for r, (x0, x1) in zip(rows, ent, strict=True))
-        + ". The weights spread over the legal keys; masked keys stay exactly 0, and a row with one legal key stays "
-        "[1, 0, …] at every temperature.</p>"
+        + ". "
+        + html.escape(t(lang, TEMPERATURE_NOTE))
+        + "</p>"
     )
 
 
-def exp_value(state: LabState, row: int = 0, new: tuple[float, ...] = (100.0, 0.0)) -> tuple[float, float, str]:
+TEMPERATURE_NOTE = (
+    "The weights spread over the legal keys; masked keys stay exactly 0, and a row with one legal key stays "
+    "[1, 0, …] at every temperature."
+)
+
+
+def exp_value(
+    state: LabState, row: int = 0, new: tuple[float, ...] = (100.0, 0.0), lang: str = "en"
+) -> tuple[float, float, str]:
     """Change v_row to ``new``: the weights stay, the output moves (where to read vs what is read)."""
     setup = _ok_setup(state)
     if setup is None:
-        return float("nan"), float("nan"), error_html("Fix the inputs above first.")
+        return float("nan"), float("nan"), _fix_first(lang)
     v = np.asarray(setup.v, dtype=np.float64).copy()
     if len(new) != v.shape[1] or not 0 <= row < v.shape[0]:
-        return (
-            float("nan"),
-            float("nan"),
-            error_html(f"This experiment needs V with {len(new)} columns and a row {row}."),
-        )
+        msg = t(lang, "This experiment needs V with {n} columns and a row {row}.", n=len(new), row=row)
+        return float("nan"), float("nan"), error_html(msg)
     t0 = setup.trace()
     v[row] = new
     t1 = setup.with_options(v=v).trace()
-    dw = float(np.max(np.abs(np.asarray(t0.weights) - np.asarray(t1.weights))))
-    do = float(np.max(np.abs(np.asarray(t0.output) - np.asarray(t1.output))))
+    dw = float(np.nanmax(np.abs(np.asarray(t0.weights) - np.asarray(t1.weights))))
+    do = float(np.nanmax(np.abs(np.asarray(t0.output) - np.asarray(t1.output))))
     rows = setup.qlabels
     dcols = tuple(f"d{c}" for c in range(v.shape[1]))
+    text = t(
+        lang,
+        "v{row} := {new}. Largest weight change: {dw}; largest output change: {do}.",
+        row=row,
+        new=vec(new),
+        dw=num(dw),
+        do=num(do),
+    )
     return (
         dw,
         do,
         (
-            f"<p>v{row} := {vec(new)}. Largest weight change: <b>{num(dw)}</b>; "
-            f"largest output change: <b>{num(do)}</b>.</p>"
-            + matrix_html(np.asarray(t0.output), rows, dcols, caption="output before")
-            + matrix_html(np.asarray(t1.output), rows, dcols, caption="output after")
-            + "<p>The weights depend only on Q and K (where to read); V is what is read.</p>"
+            f"<p>{html.escape(text)}</p>"
+            + matrix_html(np.asarray(t0.output), rows, dcols, caption=t(lang, "output before"), lang=lang)
+            + matrix_html(np.asarray(t1.output), rows, dcols, caption=t(lang, "output after"), lang=lang)
+            + "<p>"
+            + html.escape(t(lang, "The weights depend only on Q and K (where to read); V is what is read."))
+            + "</p>"
         ),
     )
 
 
-def four_pairs(temperature: float = 1.0) -> tuple[dict[str, np.ndarray], str]:
+def four_pairs(temperature: float = 1.0, lang: str = "en") -> tuple[dict[str, np.ndarray], str]:
     """The four 2-D Q/K pairs with and without the causal mask at ``temperature``."""
     q, k = FOUR_PAIRS
     v = np.eye(4)
@@ -557,16 +617,24 @@ def four_pairs(temperature: float = 1.0) -> tuple[dict[str, np.ndarray], str]:
     }
     allowed = np.tril(np.ones((4, 4), dtype=bool))
     rows, cols = base.qlabels, base.klabels
+    text = t(lang, FOUR_NOTE, causal=vec(out["causal"][0]), full=vec(out["full"][0]))
     return out, (
         f"<p>q = {', '.join(vec(x) for x in q)}; k = {', '.join(vec(x) for x in k)}; T = {num(temperature)}</p>"
-        + matrix_html(out["causal"], rows, cols, allowed=allowed, caption="causal", table_id="al-four-causal")
-        + matrix_html(out["full"], rows, cols, caption="no mask", table_id="al-four-full")
-        + f"<p>First row with the causal mask: {vec(out['causal'][0])}: one legal key gets everything, at any "
-        f"temperature. Without the mask it reads {vec(out['full'][0])}, future keys included.</p>"
+        + matrix_html(
+            out["causal"], rows, cols, allowed=allowed, caption=t(lang, "causal"), table_id="al-four-causal", lang=lang
+        )
+        + matrix_html(out["full"], rows, cols, caption=t(lang, "no mask"), table_id="al-four-full", lang=lang)
+        + f"<p>{html.escape(text)}</p>"
     )
 
 
-def masked_row_trap() -> tuple[dict[str, object], str]:
+FOUR_NOTE = (
+    "First row with the causal mask: {causal}: one legal key gets everything, at any temperature. Without the mask "
+    "it reads {full}, future keys included."
+)
+
+
+def masked_row_trap(lang: str = "en") -> tuple[dict[str, object], str]:
     """Left padding AND causal: the first query may attend to nothing. What 'raise', 'nan' and 'zero' give."""
     q, k = FOUR_PAIRS
     setup = Setup(
@@ -589,36 +657,69 @@ def masked_row_trap() -> tuple[dict[str, object], str]:
     res["zero"] = np.asarray(setup.trace(masked_rows="zero").weights)
     allowed = np.asarray(setup.trace(masked_rows="zero").allowed)
     rows = setup.qlabels
+    raised = (
+        str(res["raise"])
+        if lang == "en"
+        else t(lang, "MaskedRowError: query row {r} may attend to no key at all.", r=rows[0])
+    )
     return res, (
-        "<p>Left padding (key PAD) combined with the causal mask: query PAD may only see key PAD, which is padding. "
-        "Its row has no legal key: softmax over nothing is 0/0.</p>"
+        "<p>"
+        + html.escape(t(lang, TRAP_NOTE))
+        + "</p>"
         + matrix_html(
-            res["nan"], rows, rows, allowed=allowed, caption="naive: NaN (and NaN spreads to every later layer)"
+            res["nan"],
+            rows,
+            rows,
+            allowed=allowed,
+            caption=t(lang, "naive: NaN (and NaN spreads to every later layer)"),
+            lang=lang,
         )
         + matrix_html(
-            res["zero"], rows, rows, allowed=allowed, caption="policy 'zero' (FlashAttention): weights and output 0"
+            res["zero"],
+            rows,
+            rows,
+            allowed=allowed,
+            caption=t(lang, "policy 'zero' (FlashAttention): weights and output 0"),
+            lang=lang,
         )
-        + error_html("policy 'raise' (attnlab's default): " + str(res["raise"]))
+        + error_html(t(lang, "policy 'raise' (attnlab's default):") + " " + raised)
     )
 
 
-def mask_conventions() -> tuple[dict[str, np.ndarray], str]:
+TRAP_NOTE = (
+    "Left padding (key PAD) combined with the causal mask: query PAD may only see key PAD, which is padding. Its row "
+    "has no legal key: softmax over nothing is 0/0."
+)
+
+
+def mask_conventions(lang: str = "en") -> tuple[dict[str, np.ndarray], str]:
     """The same boolean causal mask read as True = may attend and as True = blocked."""
     q, k = FOUR_PAIRS
     setup = Setup(q, k, np.eye(4), causal=True)
-    m = compare(setup, "inverted-mask")
+    m = compare(setup, "inverted-mask", lang=lang)
     rows, cols = setup.qlabels, setup.klabels
     mask = np.tril(np.ones((4, 4), dtype=bool))
     grid = "".join(
         "<tr>" + "".join(f"<td style='padding:0 6px'>{'1' if x else '0'}</td>" for x in r) + "</tr>" for r in mask
     )
     return {"right": m.right_weights, "inverted": m.wrong_weights}, (
-        f"<p>One boolean mask:</p><table style='font-family:monospace;width:auto;align-self:flex-start'>{grid}</table>"
+        "<p>" + html.escape(t(lang, "One boolean mask:")) + "</p>"
+        f"<table style='font-family:monospace;width:auto;align-self:flex-start'>{grid}</table>"
         + matrix_html(
-            m.right_weights, rows, cols, allowed=mask, caption="read as True = may attend (attnlab, PyTorch SDPA)"
+            m.right_weights,
+            rows,
+            cols,
+            allowed=mask,
+            caption=t(lang, "read as True = may attend (attnlab, PyTorch SDPA)"),
+            lang=lang,
         )
         + matrix_html(
-            m.wrong_weights, rows, cols, allowed=~mask, caption="read as True = blocked (nn.MultiheadAttention)"
+            m.wrong_weights,
+            rows,
+            cols,
+            allowed=~mask,
+            caption=t(lang, "read as True = blocked (nn.MultiheadAttention)"),
+            lang=lang,
         )
         + f"<p>{html.escape(m.explanation)}</p>"
     )

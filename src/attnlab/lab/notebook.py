@@ -1,81 +1,169 @@
 import marimo
 
 __generated_with = "0.25.2"
-app = marimo.App(width="medium", app_title="attnlab: attention by hand")
+app = marimo.App(width="full", app_title="attnlab: attention by hand")
 
 
 @app.cell
 def _():
     import marimo as mo
 
+    from attnlab.lab import i18n as I
+    from attnlab.lab import live as LV
     from attnlab.lab import logic as L
+    from attnlab.lab import predict as PR
+    from attnlab.lab import presets as P
 
-    return L, mo
+    T = I.t
+    return I, L, LV, P, PR, T, mo
 
 
 @app.cell
-def _(mo):
-    mo.md(
-        r"""
-        # Compute attention by hand: Q, K, V and the causal mask
-
-        Every query scores every key (**S = Q Kᵀ / √d_k**), each row of scores becomes weights with a softmax over
-        the keys it may see, and the output is the **weighted sum of the values**, O = A V. Edit the matrices (one row
-        per line, numbers separated by commas), switch masks on and off, move the sliders, and watch every step.
-
-        *How to read the tables and the heatmap: rows are queries (the readers), columns are keys (read from). Check
-        the axes, the mask and the row sums first. A large weight says where a query reads from; it does not say that
-        key caused the answer (that needs replacement, deletion or intervention experiments).*
-        """
+def _(I, mo):
+    lang_pick = mo.ui.dropdown(
+        options={name: code for code, name in I.LANGS.items()}, value="English", label="Language / 语言"
     )
+    lang_pick  # noqa: B018 (a marimo cell shows its last expression)
+    return (lang_pick,)
+
+
+@app.cell
+def _(lang_pick):
+    lang = lang_pick.value or "en"
+    return (lang,)
+
+
+@app.cell
+def _(I, T, lang, mo):
+    # Compute attention by hand: Q, K, V and the causal mask
+    # (the page's words, English and Chinese, are in attnlab.lab.i18n: INTRO, PREDICT_INTRO, ...)
+    mo.md(T(lang, I.INTRO))
     return
 
 
 @app.cell
-def _(L, mo):
-    q_text = mo.ui.text_area(value=L.DEFAULT.q, placeholder="rows of Q", label="Q (queries, one row each)", rows=5)
-    k_text = mo.ui.text_area(value=L.DEFAULT.k, placeholder="rows of K", label="K (keys)", rows=5)
-    v_text = mo.ui.text_area(value=L.DEFAULT.v, placeholder="rows of V", label="V (values)", rows=5)
-    tokens = mo.ui.text(value="", placeholder="I like green cats", label="token labels (optional)")
+def _(P, T, lang, mo):
+    _opts = {T(lang, "(your own inputs: the articles' four positions)"): ""}
+    _opts.update({p.label(lang): key for key, p in P.ITEM_PRESETS.items()})
+    preset_pick = mo.ui.dropdown(
+        options=_opts,
+        value=next(iter(_opts)),
+        label=T(lang, "Article item (preset)"),
+        full_width=True,
+    )
+    preset_pick  # noqa: B018 (a marimo cell shows its last expression)
+    return (preset_pick,)
+
+
+@app.cell
+def _(L, P, preset_pick):
+    item = P.ITEM_PRESETS.get(preset_pick.value or "")
+    start = item.state if item is not None and item.state is not None else L.DEFAULT
+    return item, start
+
+
+@app.cell
+def _(P, item, lang, mo):
+    mo.Html(P.item_html(item, lang)) if item is not None else None
+    return
+
+
+@app.cell
+def _(L, T, lang, mo, start):
+    q_text = mo.ui.text_area(
+        value=start.q, placeholder="rows of Q", label=T(lang, "Q (queries)"), rows=4, full_width=True
+    )
+    k_text = mo.ui.text_area(value=start.k, placeholder="rows of K", label=T(lang, "K (keys)"), rows=4, full_width=True)
+    v_text = mo.ui.text_area(
+        value=start.v, placeholder="rows of V", label=T(lang, "V (values)"), rows=4, full_width=True
+    )
+    tokens = mo.ui.text(value=start.tokens, placeholder=T(lang, "I like green cats"), label=T(lang, "token labels"))
     mo.vstack(
         [
-            mo.hstack([q_text, k_text, v_text], justify="start"),
+            q_text,  # one above the other, full width: a row of 16 numbers fits on one line
+            k_text,
+            v_text,
             tokens,
-            mo.md(f"At most {L.MAX_N} positions and {L.MAX_D} numbers per row, so the page stays responsive."),
+            mo.md(
+                T(
+                    lang,
+                    "One row per line, numbers separated by commas. At most {n} positions and {d} numbers per row.",
+                    n=L.MAX_N,
+                    d=L.MAX_D,
+                )
+            ),
         ]
     )
     return k_text, q_text, tokens, v_text
 
 
 @app.cell
-def _(mo):
-    causal = mo.ui.checkbox(value=False, label="causal mask (query i sees keys j ≤ i)")
-    padded = mo.ui.number(start=0, stop=8, step=1, value=0, label="padded keys")
-    padding_side = mo.ui.radio(options=["right", "left"], value="right", inline=True, label="padding on the")
-    masked_rows = mo.ui.radio(options=["raise", "zero", "nan"], value="raise", inline=True, label="fully masked rows")
-    temperature = mo.ui.slider(0.1, 5.0, step=0.1, value=1.0, show_value=True, label="temperature T")
-    shift = mo.ui.slider(-20, 120, step=1, value=0, show_value=True, label="constant added to every score")
-    value_row = mo.ui.number(start=0, stop=7, step=1, value=0, label="edit value row")
-    value_text = mo.ui.text(value="", placeholder="100, 0", label="new value vector (empty = keep V)")
+def _(T, lang, mo, start):
+    causal = mo.ui.checkbox(value=start.causal, label=T(lang, "causal mask"))
+    padded = mo.ui.number(start=0, stop=32, step=1, value=start.padded, label=T(lang, "padded keys"))
+    padding_side = mo.ui.radio(
+        options={T(lang, "right"): "right", T(lang, "left"): "left"},
+        value=T(lang, "right") if start.padding_side == "right" else T(lang, "left"),
+        inline=True,
+        label=T(lang, "padding side"),
+    )
+    masked_rows = mo.ui.radio(
+        options=["raise", "zero", "nan"], value=start.masked_rows, inline=True, label=T(lang, "fully masked rows")
+    )
+    temperature = mo.ui.slider(
+        0.1, 5.0, step=0.1, value=start.temperature, show_value=True, label=T(lang, "temperature T")
+    )
+    shift = mo.ui.slider(-20, 120, step=1, value=start.shift, show_value=True, label=T(lang, "add to every score"))
+    value_row = mo.ui.number(start=0, stop=31, step=1, value=start.value_row, label=T(lang, "value row"))
+    value_text = mo.ui.text(value=start.value_text, placeholder="100, 0", label=T(lang, "new value vector"))
+    bias = mo.ui.text(value=start.bias, placeholder="0, 1, 2, 3", label=T(lang, "bias per key"))
+    mask_text = mo.ui.text_area(
+        value=start.mask, placeholder="1 0\n1 1", label=T(lang, "mask (1 = may attend)"), rows=2
+    )
+    scale = mo.ui.text(value=start.scale, placeholder="1/√d_k", label=T(lang, "scale"))
     mo.vstack(
         [
-            mo.hstack([causal, padded, padding_side, masked_rows], justify="start", gap=2),
-            mo.hstack([temperature, shift], justify="start", gap=2),
-            mo.hstack([value_row, value_text], justify="start", gap=2),
+            mo.hstack([causal, padded, padding_side, masked_rows], justify="start", gap=2, wrap=True),
+            mo.hstack([temperature, shift], justify="start", gap=2, wrap=True),
+            mo.hstack([value_row, value_text, bias, scale], justify="start", gap=2, wrap=True),
+            mask_text,
+            mo.md(
+                T(
+                    lang,
+                    "*Empty boxes keep the default: no bias, no extra mask, scale 1/√d_k. With fewer queries than "
+                    "keys the causal mask is a decoding query's: the last query sees every key.*",
+                )
+            ),
         ]
     )
-    return causal, masked_rows, padded, padding_side, shift, temperature, value_row, value_text
+    return (
+        bias,
+        causal,
+        mask_text,
+        masked_rows,
+        padded,
+        padding_side,
+        scale,
+        shift,
+        temperature,
+        value_row,
+        value_text,
+    )
 
 
 @app.cell
 def _(
     L,
+    bias,
     causal,
     k_text,
+    lang,
+    mask_text,
     masked_rows,
     padded,
     padding_side,
     q_text,
+    scale,
     shift,
     temperature,
     tokens,
@@ -96,30 +184,36 @@ def _(
         value_row=int(value_row.value or 0),
         value_text=value_text.value,
         tokens=tokens.value,
+        bias=bias.value,
+        mask=mask_text.value,
+        scale=scale.value,
     )
-    result = L.compute(state)
+    result = L.compute(state, lang)
     return result, state
 
 
 @app.cell
-def _(L, mo, result):
-    mo.vstack([mo.md("## Weights and output"), mo.Html(L.result_html(result))])
+def _(L, T, lang, mo, result):
+    # One cell for the numbers and the pictures, so both arrive with the same update.
+    mo.vstack(
+        [
+            mo.md("## " + T(lang, "Weights and output")),
+            mo.Html(L.result_html(result, lang)),
+            mo.Html(L.pictures_html(result, lang))
+            if result.ok
+            else mo.md(T(lang, "*(no picture until the inputs are fixed)*")),
+        ]
+    )
     return
 
 
 @app.cell
-def _(L, mo, result):
-    mo.Html(L.pictures_html(result)) if result.ok else mo.md("*(no picture until the inputs are fixed)*")
-    return
-
-
-@app.cell
-def _(L, mo, result):
+def _(L, T, lang, mo, result):
     # Built only when the accordion is opened, so moving a slider does not redraw every step table.
     mo.accordion(
         {
-            "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)": mo.lazy(
-                lambda: mo.Html(L.steps_html(result))
+            T(lang, "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)"): mo.lazy(
+                lambda: mo.Html(L.steps_html(result, lang))
             )
         }
     )
@@ -127,151 +221,171 @@ def _(L, mo, result):
 
 
 @app.cell
-def _(mo):
-    mo.md(
-        r"""
-        ## Predict, then reveal
-
-        For each experiment write down (pick) what you expect **before** you reveal the result: that is how you find
-        out whether you understood the mechanism or only looked at a pretty picture. The experiments use your inputs
-        above.
-        """
-    )
+def _(I, T, lang, mo):
+    mo.md(T(lang, I.PREDICT_INTRO))
     return
 
 
 @app.cell
-def _(mo):
-    pred_shift = mo.ui.radio(
-        options=["the weights stay the same", "the weights get sharper", "the weights get flatter"],
-        label="**1. Add 10 to every legal score.** What happens to the weights?",
-    )
-    show_shift = mo.ui.switch(label="reveal")
+def _(PR, mo):
+    get_book, set_book = mo.state(PR.Book())
+    return get_book, set_book
+
+
+@app.cell
+def _(PR, get_book, lang, mo):
+    mo.Html(PR.score_html(get_book(), lang))
+    return
+
+
+@app.cell
+def _(PR, T, lang, mo):
+    def question(qid):
+        q = PR.QUESTIONS[qid]
+        return (
+            mo.ui.radio(options=PR.options(q, lang), label=T(lang, q.text)),
+            mo.ui.switch(label=T(lang, "reveal")),
+        )
+
+    def revealed(book, set_book, qid, pred, show, body):
+        """Lock the prediction at the reveal; then the feedback and the result (or the request to predict)."""
+        new = PR.commit(book, qid, pred.value, show.value)
+        if new is not book:
+            set_book(new)
+        fb = PR.feedback_html(new, qid, pred.value, lang)
+        return mo.Html(fb + (body() if qid in new.entries else ""))
+
+    return question, revealed
+
+
+@app.cell
+def _(mo, question):
+    pred_shift, show_shift = question("shift")
     mo.vstack([pred_shift, show_shift])
     return pred_shift, show_shift
 
 
 @app.cell
-def _(L, mo, pred_shift, show_shift, state):
-    if show_shift.value:
-        _, _html = L.exp_shift(state, 10.0)
-        _out = mo.Html(L.reveal(pred_shift.value, "the weights stay the same", _html))
-    else:
-        _out = mo.md("*(hidden until you reveal)*")
-    _out  # noqa: B018 (a marimo cell shows its last expression)
+def _(L, T, get_book, lang, mo, pred_shift, revealed, set_book, show_shift, state):
+    (
+        revealed(get_book(), set_book, "shift", pred_shift, show_shift, lambda: L.exp_shift(state, 10.0, lang)[1])
+        if show_shift.value
+        else mo.md(T(lang, "*(hidden until you reveal)*"))
+    )
     return
 
 
 @app.cell
-def _(mo):
-    pred_temp = mo.ui.radio(
-        options=[
-            "each row gets flatter over its legal keys",
-            "each row gets sharper",
-            "masked keys start to get weight",
-        ],
-        label="**2. Raise the temperature to 3.** What happens?",
-    )
-    show_temp = mo.ui.switch(label="reveal")
+def _(mo, question):
+    pred_temp, show_temp = question("temperature")
     mo.vstack([pred_temp, show_temp])
     return pred_temp, show_temp
 
 
 @app.cell
-def _(L, mo, pred_temp, show_temp, state):
-    if show_temp.value:
-        _, _html = L.exp_temperature(state, 3.0)
-        _out = mo.Html(L.reveal(pred_temp.value, "each row gets flatter over its legal keys", _html))
-    else:
-        _out = mo.md("*(hidden until you reveal)*")
-    _out  # noqa: B018 (a marimo cell shows its last expression)
+def _(L, T, get_book, lang, mo, pred_temp, revealed, set_book, show_temp, state):
+    (
+        revealed(
+            get_book(), set_book, "temperature", pred_temp, show_temp, lambda: L.exp_temperature(state, 3.0, lang)[1]
+        )
+        if show_temp.value
+        else mo.md(T(lang, "*(hidden until you reveal)*"))
+    )
     return
 
 
 @app.cell
-def _(mo):
-    pred_value = mo.ui.radio(
-        options=["weights change, output changes", "weights stay, output changes", "nothing changes"],
-        label="**3. Change v₀ to [100, 0]** (first value vector; V needs 2 columns). What changes?",
-    )
-    show_value = mo.ui.switch(label="reveal")
+def _(mo, question):
+    pred_value, show_value = question("value")
     mo.vstack([pred_value, show_value])
     return pred_value, show_value
 
 
 @app.cell
-def _(L, mo, pred_value, show_value, state):
-    if show_value.value:
-        _, _, _html = L.exp_value(state, 0, (100.0, 0.0))
-        _out = mo.Html(L.reveal(pred_value.value, "weights stay, output changes", _html))
-    else:
-        _out = mo.md("*(hidden until you reveal)*")
-    _out  # noqa: B018 (a marimo cell shows its last expression)
+def _(L, T, get_book, lang, mo, pred_value, revealed, set_book, show_value, state):
+    (
+        revealed(
+            get_book(),
+            set_book,
+            "value",
+            pred_value,
+            show_value,
+            lambda: L.exp_value(state, 0, (100.0, 0.0), lang)[2],
+        )
+        if show_value.value
+        else mo.md(T(lang, "*(hidden until you reveal)*"))
+    )
     return
 
 
 @app.cell
-def _(mo):
-    pred_four = mo.ui.radio(
-        options=["[1, 0, 0, 0]", "[0.25, 0.25, 0.25, 0.25]", "it depends on the temperature"],
-        label="**4. Four 2-D Q/K pairs, causal mask on.** What is the first row of the weights?",
-    )
-    four_t = mo.ui.slider(0.1, 5.0, step=0.1, value=1.0, show_value=True, label="temperature for this experiment")
-    show_four = mo.ui.switch(label="reveal")
+def _(T, lang, mo, question):
+    pred_four, show_four = question("four")
+    four_t = mo.ui.slider(0.1, 5.0, step=0.1, value=1.0, show_value=True, label=T(lang, "temperature"))
     mo.vstack([pred_four, four_t, show_four])
     return four_t, pred_four, show_four
 
 
 @app.cell
-def _(L, four_t, mo, pred_four, show_four):
-    if show_four.value:
-        _, _html = L.four_pairs(float(four_t.value))
-        _out = mo.Html(L.reveal(pred_four.value, "[1, 0, 0, 0]", _html))
-    else:
-        _out = mo.md("*(hidden until you reveal)*")
-    _out  # noqa: B018 (a marimo cell shows its last expression)
+def _(L, T, four_t, get_book, lang, mo, pred_four, revealed, set_book, show_four):
+    (
+        revealed(get_book(), set_book, "four", pred_four, show_four, lambda: L.four_pairs(float(four_t.value), lang)[1])
+        if show_four.value
+        else mo.md(T(lang, "*(hidden until you reveal)*"))
+    )
     return
 
 
 @app.cell
-def _(mo):
-    pred_self = mo.ui.radio(
-        options=["no, the output stays the same", "yes, the output changes", "it overflows"],
-        label="**Self-test: add 100 to every legal score of every row.** Does the output change?",
-    )
-    show_self = mo.ui.switch(label="reveal the answer")
+def _(mo, question):
+    pred_self, show_self = question("self100")
     mo.vstack([pred_self, show_self])
     return pred_self, show_self
 
 
 @app.cell
-def _(L, mo, pred_self, show_self, state):
-    if show_self.value:
-        _, _html = L.exp_shift(state, 100.0)
-        _out = mo.Html(
-            L.reveal(
-                pred_self.value,
-                "no, the output stays the same",
-                "<p>Mathematically softmax is unchanged by the same shift on a whole row; implementations subtract "
-                "the row maximum first so exp never overflows. Adding different amounts to different columns would "
-                "change the weights.</p>" + _html,
-            )
+def _(I, L, T, get_book, lang, mo, pred_self, revealed, set_book, show_self, state):
+    (
+        revealed(
+            get_book(),
+            set_book,
+            "self100",
+            pred_self,
+            show_self,
+            lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
         )
-    else:
-        _out = mo.md("*(hidden until you reveal)*")
-    _out  # noqa: B018 (a marimo cell shows its last expression)
+        if show_self.value
+        else mo.md(T(lang, "*(hidden until you reveal)*"))
+    )
     return
 
 
 @app.cell
-def _(L, mo):
-    _, _trap = L.masked_row_trap()
-    _, _conv = L.mask_conventions()
+def _(mo, question):
+    pred_bias, show_bias = question("selfbias")
+    mo.vstack([pred_bias, show_bias])
+    return pred_bias, show_bias
+
+
+@app.cell
+def _(L, T, get_book, lang, mo, pred_bias, revealed, set_book, show_bias, state):
+    (
+        revealed(get_book(), set_book, "selfbias", pred_bias, show_bias, lambda: L.exp_bias(state, None, lang)[1])
+        if show_bias.value
+        else mo.md(T(lang, "*(hidden until you reveal)*"))
+    )
+    return
+
+
+@app.cell
+def _(L, T, lang, mo):
+    _, _trap = L.masked_row_trap(lang)
+    _, _conv = L.mask_conventions(lang)
     mo.vstack(
         [
-            mo.md("## Two traps\n### 1. A row with every key masked"),
+            mo.md("## " + T(lang, "Two traps") + "\n### " + T(lang, "1. A row with every key masked")),
             mo.Html(_trap),
-            mo.md("### 2. True means *allow* here, *block* there"),
+            mo.md("### " + T(lang, "2. True means *allow* here, *block* there")),
             mo.Html(_conv),
         ]
     )
@@ -279,28 +393,134 @@ def _(L, mo):
 
 
 @app.cell
-def _(mo):
-    mo.md(
-        r"""
-        ## Bigger pictures
+def _(I, T, lang, mo):
+    mo.md(T(lang, I.BIGGER))
+    return
 
-        **Multi-head.** With d_model = 512 and 8 heads, each head works in d_head = 64 dimensions and scales by
-        1/√64, not 1/√512; each head has its own projections and its own weights matrix, and the outputs are
-        concatenated and projected back (`attnlab.plot.head_grid` draws one heatmap per head).
 
-        **T² growth.** The score matrix has T × T entries: from 1,024 to 4,096 tokens the length grows 4× and the
-        matrix 16×. (End-to-end latency depends on batch, memory traffic and kernels; FlashAttention computes the
-        same exact attention tile by tile without storing the matrix.)
-        """
+@app.cell
+def _(T, lang, mo):
+    from attnlab.lab.svg import growth_svg as _growth
+
+    mo.Html(
+        _growth(
+            title=T(lang, "T² score elements against the length T"),
+            caption=T(lang, "{a:,} -> {b:,} tokens: {x:g}x the length, {y:g}x the elements"),
+        )
     )
     return
 
 
 @app.cell
-def _(mo):
-    from attnlab import plot as _plot
+def _(I, T, lang, mo):
+    mo.md(T(lang, I.LIVE_INTRO))
+    return
 
-    mo.image(_plot.to_bytes(_plot.growth_plot(), "png", dpi=80), alt="T squared growth")
+
+@app.cell
+def _(T, lang, mo):
+    live_model = mo.ui.radio(
+        options={
+            T(lang, "SmolLM2-135M (causal language model)"): "smollm2",
+            T(lang, "all-MiniLM-L6-v2 (bidirectional encoder, with padding)"): "minilm",
+        },
+        value=T(lang, "SmolLM2-135M (causal language model)"),
+        inline=True,
+        label=T(lang, "model"),
+    )
+    live_text = mo.ui.text(
+        value="The cat sat on the mat because it was tired",
+        placeholder="a sentence",
+        label=T(lang, "sentence"),
+        full_width=True,
+    ).form(submit_button_label=T(lang, "run"), bordered=False)
+    mo.vstack([live_model, live_text])
+    return live_model, live_text
+
+
+@app.cell
+def _(LV, T, lang, live_model, mo):
+    _info = LV.MODELS[live_model.value]
+    live_layer = mo.ui.slider(
+        0, _info.layers - 1, value=min(3, _info.layers - 1), show_value=True, label=T(lang, "layer")
+    )
+    live_head = mo.ui.slider(0, _info.heads - 1, value=0, show_value=True, label=T(lang, "head"))
+    mo.hstack([live_layer, live_head], justify="start", gap=2)
+    return live_head, live_layer
+
+
+@app.cell
+def _(LV, T, lang, live_head, live_layer, live_model, live_text, mo):
+    _key, _text, _layer, _head = live_model.value, live_text.value, live_layer.value, live_head.value
+    if not _text:
+        mo.output.replace(
+            mo.Html(LV.status_html(_key, lang) + "<p>" + T(lang, "Type a sentence and press run.") + "</p>")
+        )
+    elif LV.cached("forward", _key, _text) is not None:
+        mo.output.replace(mo.Html(LV.live_html(LV.cached("forward", _key, _text), _layer, _head, lang)))
+    else:
+
+        def _work():
+            me = mo.current_thread()
+            LV.loader(_key).start()
+            while LV.loader(_key).status()[0] == "loading" and not me.should_exit:
+                mo.output.replace(mo.Html(LV.status_html(_key, lang)))
+                LV.loader(_key).wait_done(1.0)
+            try:
+                res = LV.run(_key, _text)
+            except Exception as err:  # shown in the page, never a traceback
+                if not me.should_exit:
+                    mo.output.replace(mo.Html(_error_box(str(err))))
+                return
+            if not me.should_exit:
+                mo.output.replace(mo.Html(LV.live_html(res, _layer, _head, lang)))
+
+        def _error_box(msg):
+            from attnlab.lab.logic import error_html
+
+            return error_html(msg, "al-live-error")
+
+        mo.output.replace(mo.Html(LV.status_html(_key, lang)))
+        mo.Thread(target=_work, daemon=True).start()
+    return
+
+
+@app.cell
+def _(T, lang, mo):
+    live_intervene = mo.ui.run_button(label=T(lang, "run the intervention (delete each token)"))
+    live_intervene  # noqa: B018 (a marimo cell shows its last expression)
+    return (live_intervene,)
+
+
+@app.cell
+def _(LV, T, lang, live_intervene, live_model, live_text, mo):
+    _key, _text = live_model.value, live_text.value
+    _done = LV.cached("intervene", _key, _text) if _text else None
+    if _done is not None:
+        mo.output.replace(mo.Html(LV.intervention_html(_done, lang)))
+    elif live_intervene.value and _text:
+
+        def _work_iv():
+            me = mo.current_thread()
+            try:
+                res = LV.run_intervention(_key, _text)
+            except Exception as err:  # shown in the page, never a traceback
+                from attnlab.lab.logic import error_html
+
+                if not me.should_exit:
+                    mo.output.replace(mo.Html(error_html(str(err), "al-live-error")))
+                return
+            if not me.should_exit:
+                mo.output.replace(mo.Html(LV.intervention_html(res, lang)))
+
+        mo.output.replace(mo.md(T(lang, "*Deleting each token and running the model again…*")))
+        mo.Thread(target=_work_iv, daemon=True).start()
+    else:
+        mo.output.replace(
+            mo.md(
+                T(lang, "*Press the button to compare the weight each token receives with the effect of deleting it.*")
+            )
+        )
     return
 
 

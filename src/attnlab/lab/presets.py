@@ -1,0 +1,231 @@
+"""One lab preset for each worked example of the two articles (:mod:`attnlab.articles`), built from the same data.
+
+A preset is the lab's inputs (:class:`~attnlab.lab.logic.LabState`) that reproduce the example exactly:
+
+* an example with Q, K, V is typed into the boxes as it is, with its causal flag, mask, padding, scale, per-key
+  bias, fully-masked-row policy and token labels (a one-query causal example is a decoding query, bottom-right);
+* the weighted average (given weights ``a``, article 001 §1) becomes one query of width 1 against keys
+  ``ln a_j`` with scale 1, so softmax returns ``a`` itself and the output is ``Σ a_j v_j``;
+* the softmax-only example (given logits) becomes one-hot queries against keys holding the logits, scale 1, so
+  every row of scores *is* one row of logits.
+
+>>> p = PRESETS["weighted-average"]
+>>> p.state.q, p.state.scale
+('1', '1')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..articles import EXAMPLES, EXTRA_EXAMPLES
+
+__all__ = [
+    "DEFAULT_PRESET",
+    "ITEM_PRESETS",
+    "PRESETS",
+    "ItemPreset",
+    "Preset",
+    "explain_output",
+    "item_html",
+    "item_preset",
+    "matrix_text",
+    "preset_of",
+]
+
+#: The preset the lab opens with: article 000's four positions under the causal mask.
+DEFAULT_PRESET = "causal-4"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named lab input: ``title`` and ``source`` from the article, ``state`` the lab's inputs, ``how`` (English,
+    empty for a plain Q/K/V example) how the lab turned the example into attention."""
+
+    name: str
+    title: str
+    source: str
+    state: Any
+    how: str = ""
+
+
+def matrix_text(m: Any) -> str:
+    """A matrix as the lab's text boxes show it: one row per line, numbers separated by ", " (exact: repr)."""
+    a = np.atleast_2d(np.asarray(m, dtype=np.float64))
+    return "\n".join(", ".join(_n(x) for x in row) for row in a)
+
+
+def _n(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
+
+
+def _mask_text(m: Any) -> str:
+    a = np.atleast_2d(np.asarray(m, dtype=bool))
+    return "\n".join(" ".join("1" if x else "0" for x in row) for row in a)
+
+
+def preset_of(ex: Any) -> Preset:
+    """The :class:`Preset` of one :class:`~attnlab.articles.Example`."""
+    from .logic import LabState
+
+    how = ""
+    if ex.weights is not None:
+        w = np.asarray(ex.weights, dtype=np.float64)[0]
+        state = LabState(q="1", k="\n".join(repr(math.log(x)) for x in w), v=matrix_text(ex.v), scale="1", causal=False)
+        how = "given weights a: one query of width 1 against keys ln a_j, scale 1, so softmax gives a back exactly"
+    elif ex.logits:
+        x = np.stack([np.asarray(r, dtype=np.float64).ravel() for r in ex.logits])  # [rows, n]
+        state = LabState(
+            q=matrix_text(np.eye(x.shape[0])),
+            k=matrix_text(x.T),
+            v=matrix_text(np.eye(x.shape[1])),
+            scale="1",
+            causal=False,
+        )
+        how = "given logits: one-hot queries against keys holding the logits, scale 1, so each row of scores is one row"
+    else:
+        n_k = np.shape(ex.k)[0]
+        padding = getattr(ex, "padding", None)
+        bias = getattr(ex, "bias", None)
+        tokens = getattr(ex, "tokens", None)
+        state = LabState(
+            q=matrix_text(ex.q),
+            k=matrix_text(ex.k),
+            v=matrix_text(ex.v),
+            causal=bool(ex.causal),
+            mask="" if ex.mask is None else _mask_text(ex.mask),
+            scale="" if ex.scale is None else _n(ex.scale),
+            padded=0 if padding is None else n_k - int(padding),
+            bias="" if bias is None else matrix_text(bias),
+            masked_rows=getattr(ex, "masked_rows", None) or "raise",
+            tokens="" if not tokens else " ".join(tokens),
+        )
+    return Preset(ex.name, ex.title, ex.source, state, how)
+
+
+#: Every worked example of :mod:`attnlab.articles` (``EXAMPLES`` then ``EXTRA_EXAMPLES``) as a lab preset.
+PRESETS: dict[str, Preset] = {name: preset_of(ex) for name, ex in {**EXAMPLES, **EXTRA_EXAMPLES}.items()}
+
+
+@dataclass(frozen=True)
+class ItemPreset:
+    """One item of the articles (:data:`attnlab.articles.ITEMS`) as the lab shows it: ``state`` the lab's inputs
+    (None for a lesson without Q, K, V: the controls stay as they are), ``argv`` the ``attnlab explain`` command
+    whose output the lab shows next to them, ``expect`` the article's numbers in that output."""
+
+    key: str
+    source: str
+    section: str
+    what: str
+    state: Any
+    argv: tuple[str, ...]
+    expect: tuple[str, ...]
+    lab: str
+
+    def label(self, lang: str = "en") -> str:
+        """The dropdown's words: article, section and what the item shows."""
+        from .i18n import t
+
+        return t(
+            lang,
+            "{source} {section}: {what}",
+            source=self.source,
+            section=t(lang, self.section),
+            what=t(lang, self.what),
+        )
+
+
+def _flags(argv: tuple[str, ...]) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    i = 1 if argv and not argv[0].startswith("-") else 0
+    while i < len(argv):
+        a = argv[i]
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out[a] = argv[i + 1]
+            i += 2
+        else:
+            out[a] = True
+            i += 1
+    return out
+
+
+def item_preset(index: int, item: Any) -> ItemPreset:
+    """The :class:`ItemPreset` of ``item`` (the ``index``-th of :data:`~attnlab.articles.ITEMS`)."""
+    from dataclasses import replace
+
+    state = None
+    if item.lab in PRESETS:
+        state = PRESETS[item.lab].state
+        f = _flags(tuple(item.argv))
+        changes: dict[str, Any] = {}
+        if "--shift" in f:
+            changes["shift"] = float(f["--shift"])
+        if "--temperature" in f:
+            changes["temperature"] = float(f["--temperature"])
+        if "--no-causal" in f:
+            changes["causal"] = False
+        if "--causal" in f:
+            changes["causal"] = True
+        if "--bias" in f:
+            changes["bias"] = str(f["--bias"]).replace(",", ", ")
+        state = replace(state, **changes)
+    return ItemPreset(
+        f"item-{index:02d}", item.source, item.section, item.what, state, tuple(item.argv), tuple(item.expect), item.lab
+    )
+
+
+def _items() -> dict[str, ItemPreset]:
+    try:
+        from ..articles import ITEMS
+    except ImportError:  # an attnlab without the items table: one preset per example
+        return {}
+    return {p.key: p for p in (item_preset(i, it) for i, it in enumerate(ITEMS))}
+
+
+#: Every item of both articles (:data:`attnlab.articles.ITEMS`), in article order, as a lab preset.
+ITEM_PRESETS: dict[str, ItemPreset] = _items()
+
+
+def explain_output(argv: tuple[str, ...], lang: str = "en") -> tuple[int, str]:
+    """``attnlab explain ARGV --format text`` run in this process: (exit status, what it printed)."""
+    import contextlib
+    import io
+
+    from ..cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        try:
+            code = main(["explain", *argv, "--format", "text", "--lang", lang])
+        except SystemExit as err:  # argparse
+            code = int(err.code or 0)
+    return code, buf.getvalue()
+
+
+def item_html(preset: ItemPreset, lang: str = "en") -> str:
+    """The item's ``attnlab explain`` output with the article's numbers marked (``data-testid="al-item"``)."""
+    import html
+
+    from .i18n import t
+
+    code, text = explain_output(preset.argv, lang)
+    body = html.escape(text.rstrip("\n"))
+    found = 0
+    for e in preset.expect:
+        esc = html.escape(e)
+        if esc in body:
+            found += 1
+            body = body.replace(esc, f'<mark data-testid="al-expect">{esc}</mark>', 1)
+    cmd = html.escape(" ".join(("attnlab explain", *preset.argv)))
+    return (
+        f'<div data-testid="al-item" data-key="{preset.key}" data-found="{found}" data-expected="{len(preset.expect)}"'
+        f' data-code="{code}">'
+        f"<p>{html.escape(t(lang, 'The article prints these numbers; attnlab computes them (marked):'))} "
+        f"<code>{cmd}</code></p>"
+        f'<pre style="white-space:pre;overflow-x:auto;font-size:12px;max-height:420px;overflow-y:auto;'
+        f'background:#f7f7f7;color:#000;padding:8px">{body}</pre></div>'
+    )
