@@ -4,16 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian's Chromium for the browser tests (never a browser download).
-if ! [ -x /usr/bin/chromium ]; then
+# Debian's Chromium for the browser tests (never a browser download), and a CJK font so the lab's Chinese view
+# renders (tests/test_lab_browser_lessons.py screenshots it).
+apt_packages=()
+[ -x /usr/bin/chromium ] || apt_packages+=(chromium)
+{ command -v fc-list >/dev/null && fc-list :lang=zh | grep -q .; } || apt_packages+=(fonts-wqy-microhei)
+if [ ${#apt_packages[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
-fi
-# A CJK font, so the lab's Chinese view renders (tests/test_lab_browser_lessons.py screenshots it).
-if ! fc-list :lang=zh | grep -q .; then
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq fonts-wqy-microhei >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${apt_packages[@]}" >/dev/null
 fi
 
 python -m pip install --quiet -c constraints.txt -e ".[dev]"
