@@ -216,3 +216,20 @@ def test_bench_bad_options_exit_2_with_one_line(capsys, argv):
     assert main(["bench", *argv, "--no-progress"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and err.startswith("attnlab bench: error: "), err
+
+
+# --- mask constructors: bounded memory ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "what"),
+    [
+        (lambda: masks.causal(10**6), "causal"),
+        (lambda: masks.window(10**6, left=4), "window"),
+        (lambda: masks.segments(np.zeros(10**6, np.int64)), "segments"),
+    ],
+)
+def test_mask_constructors_refuse_dense_masks_beyond_the_limit(call, what):
+    """Issue 12: masks.causal(10**6) asked NumPy for 931 GiB; now a named MemoryLimitError before allocating."""
+    with pytest.raises(attnlab.MemoryLimitError, match=rf"{what}: a dense mask of shape \(1000000, 1000000\) needs"):
+        call()

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ._arrays import namespace, shape_of, to_numpy
-from .errors import DTypeError, MaskError, NonFiniteError, OptionError, ShapeError
+from .errors import DTypeError, MaskError, MemoryLimitError, NonFiniteError, OptionError, ShapeError
 from .validate import check_float, check_int
 
 __all__ = [
@@ -105,6 +105,23 @@ def _check_len(name: str, n: Any) -> int:
     return int(n)
 
 
+#: A dense mask over more entries than this (16 GiB of booleans) is refused before it is allocated.
+MAX_MASK_ELEMENTS = 16 * 2**30
+
+
+def _check_dense(what: str, shape: tuple[int, ...]) -> None:
+    """Refuse to allocate a boolean mask of ``shape`` over :data:`MAX_MASK_ELEMENTS` entries, by name."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n > MAX_MASK_ELEMENTS:
+        raise MemoryLimitError(
+            f"{what}: a dense mask of shape {tuple(shape)} needs {n / 2**30:.3g} GiB (one byte per entry), over the "
+            f"{MAX_MASK_ELEMENTS / 2**30:.0f} GiB limit; at this length pass the structure instead of a dense mask: "
+            f"attnlab.flash_attention(q, k, v, causal=..., window=..., key_lengths=..., segments=...) never builds it"
+        )
+
+
 def _diagonal_shift(n_q: int, n_k: int, align: str | None, what: str) -> int:
     """How far right of the main diagonal query 0's own position sits (0 top-left, n_k - n_q bottom-right)."""
     if align is None:
@@ -148,6 +165,7 @@ def causal(n_q: int, n_k: int | None = None, *, align: Align | None = None) -> n
     n_q = _check_len("n_q", n_q)
     n_k = n_q if n_k is None else _check_len("n_k", n_k)
     shift = _diagonal_shift(n_q, n_k, align, "causal")
+    _check_dense("causal", (n_q, n_k))
     i = np.arange(n_q)[:, None]
     j = np.arange(n_k)[None, :]
     return j <= i + shift  # [n_q, n_k]
@@ -178,6 +196,7 @@ def window(
         if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0):
             raise MaskError(f"{name}: expected None or an int >= 0, got {w!r}")
     shift = _diagonal_shift(n_q, n_k, align, "window")
+    _check_dense("window", (n_q, n_k))
     rel = np.arange(n_k)[None, :] - (np.arange(n_q)[:, None] + shift)  # [n_q, n_k], key minus query position
     ok = np.ones((n_q, n_k), dtype=bool)
     if left is not None:
@@ -260,11 +279,13 @@ def segments(q_segments: Any, k_segments: Any | None = None) -> np.ndarray:
         if s.ndim < 1 or not np.issubdtype(s.dtype, np.integer):
             raise ShapeError(f"{name}: expected integer ids [..., n], got shape {s.shape} dtype {s.dtype}")
     try:
-        return qs[..., :, None] == ks[..., None, :]
+        shape = (*np.broadcast_shapes(qs.shape[:-1], ks.shape[:-1]), qs.shape[-1], ks.shape[-1])
     except ValueError:
         raise ShapeError(
             f"k_segments: leading dims of shape {ks.shape} do not broadcast with q_segments {qs.shape}"
         ) from None
+    _check_dense("segments", shape)
+    return qs[..., :, None] == ks[..., None, :]  # [..., n_q, n_k]
 
 
 # --------------------------------------------------------------------------------------------------------------
