@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from attnlab.errors import AttnlabWarning, DTypeError, MissingExtraError, ShapeError
+from attnlab.kernels import config as kernel_settings
 from attnlab.kernels import fused, tiled
 
 cpu_sensitive = pytest.mark.cpu_sensitive
@@ -200,8 +201,8 @@ def test_bad_input_names_the_argument():
 
 
 def test_the_tiled_kernel_uses_the_fused_passes_for_float32_only():
-    assert tiled._exp(np.dtype(np.float32)).fused
-    assert not tiled._exp(np.dtype(np.float64)).fused
+    assert tiled._exp(np.dtype(np.float32), kernel_settings.current()).fused
+    assert not tiled._exp(np.dtype(np.float64), kernel_settings.current()).fused
 
 
 def test_without_numba(monkeypatch):
@@ -210,7 +211,7 @@ def test_without_numba(monkeypatch):
     with pytest.raises(MissingExtraError, match=r"numba is not installed; it comes with: pip install 'attnlab\[fast\]"):
         fused.exp2_block(np.zeros((2, 2), np.float32))
     assert fused.version() is None
-    e = tiled._exp(np.dtype(np.float32))
+    e = tiled._exp(np.dtype(np.float32), kernel_settings.current())
     assert not e.fused and e.name in ("exp2", "exp")
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, 70, 16)).astype(np.float32) for _ in range(3))
@@ -235,11 +236,11 @@ def test_a_numba_that_does_not_load_is_said_once_and_numpy_takes_over(monkeypatc
     monkeypatch.setattr(fused, "kernels", broken)
     monkeypatch.setattr(fused, "_loaded", None)
     with pytest.warns(AttnlabWarning, match=r"numba is installed but does not load \(ImportError: Numba needs NumPy"):
-        e = tiled._exp(np.dtype(np.float32))
+        e = tiled._exp(np.dtype(np.float32), kernel_settings.current())
     assert not e.fused
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once
-        assert not tiled._exp(np.dtype(np.float32)).fused
+        assert not tiled._exp(np.dtype(np.float32), kernel_settings.current()).fused
         rng = np.random.default_rng(4)
         q, k, v = (rng.standard_normal((2, 50, 8)).astype(np.float32) for _ in range(3))
         r = tiled.flash_attention(q, k, v, causal=True, block_q=16, block_k=16)

@@ -387,11 +387,11 @@ def _naive_bytes(batch: int, heads: int, n: int) -> int:
 
 def _kernel_line(kw: dict[str, Any]) -> str:
     """The tiled kernel's block sizes and the exponential it chose in this process (see ``tiled._exp``)."""
-    from .kernels import fused, tiled
+    from .kernels import config, fused, tiled
 
     bq = kw.get("block_q") or tiled.DEFAULT_BLOCK_Q
     bk = kw.get("block_k") or tiled.DEFAULT_BLOCK_K
-    e = tiled._exp(np.dtype(np.float32))
+    e = tiled._exp(np.dtype(np.float32), config.current())
     if e.fused:
         return f"blocks {bq}x{bk}, fused exp2 + row sums (numba {fused.version()})"
     return f"blocks {bq}x{bk}, np.{e.name} (faster here; no numba)"

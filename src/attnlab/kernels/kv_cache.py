@@ -30,12 +30,10 @@ from ..core.softmax import masked_softmax
 from ..errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
 from ..validate import check_int
 from . import autograd
+from .config import current as current_config
 from .overflow import factor_overflow_error, logits_overflow_error
 
 __all__ = ["KVCache", "cached_attention", "decode_step"]
-
-#: Above this many score entries per call, cached_attention runs the tiled kernel instead of one dense product.
-_DENSE_LIMIT = 1 << 22
 
 
 def _storage_dtype(dtype: Any) -> np.dtype:
@@ -365,7 +363,8 @@ def _cached(
     lse = np.full((B, h_kv, g, t), -np.inf, dtype=cdt)
     K = cache._k[:, :, :L].astype(cdt, copy=keep)  # [B, h_kv, L, d_k]
     V = cache._v[:, :, :L].astype(cdt, copy=keep)
-    if B * h * t * L <= _DENSE_LIMIT:
+    # above the dense limit (attnlab.kernels.config, 4 Mi entries), the tiled kernel instead of one dense product
+    if B * h * t * L <= current_config().dense_limit:
         qg = qc.reshape(B, h_kv, g * t, d_k)  # GQA: a kv head's g query heads as rows
         with np.errstate(over="ignore", invalid="ignore"):
             s = (qg @ np.swapaxes(K, -1, -2)) * cdt(sc)  # [B, h_kv, g·t, L]

@@ -71,6 +71,8 @@ from ..errors import DTypeError, MaskedRowError, MaskError, RangeError, ShapeErr
 from ..masks import causal_alignment_message
 from ..validate import check_int
 from . import autograd, fused
+from .config import KernelConfig
+from .config import current as current_config
 from .overflow import factor_overflow_error, gradient_overflow_error, logits_overflow_error
 from .threads import resolve_threads, run_tasks
 
@@ -90,12 +92,6 @@ DEFAULT_BLOCK_K = 512
 
 _LOG2E = 1.0 / math.log(2.0)
 _THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
-
-#: Tests set this to run the online-softmax path where the fast (bounded-scores) path would apply.
-_FORCE_ONLINE = False
-
-#: Tests set this to ``"fused"``, ``"exp2"`` or ``"exp"`` to force the exponential instead of the default choice.
-_FORCE_EXP: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +115,9 @@ _EXPS = {
 _exp_choice: dict[str, _Exp] = {}
 
 
-def _exp(dtype: np.dtype) -> _Exp:
-    """How score blocks are exponentiated, chosen once per process and dtype.
+def _exp(dtype: np.dtype, cfg: KernelConfig) -> _Exp:
+    """How score blocks are exponentiated, chosen once per process and dtype (unless ``cfg.exp`` forces it; see
+    :mod:`attnlab.kernels.config`).
 
     float32 with numba installed: the fused compiled passes (:mod:`attnlab.kernels.fused`, ~2× faster than
     NumPy's ``exp2`` plus a row sum). Otherwise ``exp2`` (in log2 units) or ``exp`` (in nats), whichever
@@ -129,9 +126,9 @@ def _exp(dtype: np.dtype) -> _Exp:
     the whole life of the process (it depends on the address-space layout: never seen with ASLR disabled).
     Measuring takes ~0.3 ms once; all choices are exact to about one float32 ulp.
     """
-    fusable = np.dtype(dtype) == np.float32 and fused.usable()
-    if _FORCE_EXP is not None:
-        return _EXPS[_FORCE_EXP if _FORCE_EXP != "fused" or fusable else "exp2"]
+    fusable = np.dtype(dtype) == np.float32 and cfg.use_numba and fused.usable()
+    if cfg.exp != "auto":
+        return _EXPS[cfg.exp if cfg.exp != "fused" or fusable else "exp2"]
     if fusable:
         return _EXPS["fused"]
     key = np.dtype(dtype).str
@@ -222,6 +219,7 @@ class _Plan:
     device: Any
     out_dtype: Any
     lse_dtype: Any  # the compute dtype in the caller's library (float32 or float64)
+    config: KernelConfig  # read once, on the calling thread (attnlab.kernels.config)
 
     @property
     def factor(self) -> float:
@@ -698,6 +696,7 @@ def _plan(
         device=device,
         out_dtype=p.out_dtype if xp is np else out_dtype,
         lse_dtype=p.q.dtype if xp is np else lse_dtype,
+        config=current_config(),
     )
 
 
@@ -762,7 +761,7 @@ class _Units:
 
 def _units(plan: _Plan) -> _Units:
     dt = plan.q.dtype
-    E = _exp(dt)
+    E = _exp(dt, plan.config)
     mant, exp = math.frexp(abs(plan.factor))  # |factor| = mant · 2**exp, mant in [0.5, 1) (0 for 0)
     R = dt.type(2.0 * mant)
     with np.errstate(over="ignore"):  # 1 / temperature may not fit (checked by _plan when there is a bias)
@@ -885,7 +884,7 @@ def _forward_task(
     with np.errstate(over="ignore"):
         q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
     bound = q_norm * float(ex.k_norm[idx]) * float(u.R)  # |logits - bias / T| (inf or NaN: unknown)
-    bounded = bound + ex.bias_max <= ex.safe and not _FORCE_ONLINE
+    bounded = bound + ex.bias_max <= ex.safe and not plan.config.force_online
     if bounded:
         matmul = np.matmul
         a = u.R * u.pre  # what turns qs Kᵀ into the exponential's argument
