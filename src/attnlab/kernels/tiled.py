@@ -18,9 +18,9 @@ fast in NumPy, where every element-wise pass over a score block costs about a si
 * scores are rounded exactly as the naive computation rounds them (see :class:`_Units`): only a power of two of
   ``scale / temperature`` is folded into Q (exact), the rest multiplies the product, the running maximum is
   subtracted in nats, and only then is the difference converted for ``exp2`` (about 0.6× the cost of ``exp``) —
-  unless ``exp`` measured faster in this process (see :func:`_exp`: NumPy's ``exp2`` is sometimes ~3.5× slower for
-  a whole process). Folding all of the factor into Q, in log2 units, cost up to 18× the naive float32 error at
-  |logits| ~ 1e3-1e4 (issue 12); with numba, the multiplication, the offset and ``exp2`` are one fused pass;
+  unless ``exp`` measured faster in this process (see :func:`exponential`: NumPy's ``exp2`` is sometimes ~3.5×
+  slower for a whole process). Folding all of the factor into Q, in log2 units, cost up to 18× the naive float32
+  error at |logits| ~ 1e3-1e4 (issue 12); with numba, the multiplication, the offset and ``exp2`` are one fused pass;
 * the row sums of ``P`` come from a matrix-vector product ``P 1`` (a fifth of ``P.sum(axis=1)``, and cheaper than
   a column of ones on ``V``, which makes the second product's width odd);
 * when the scores of a query block are bounded (``|scale · q_i · k_j| <= ||scale · q_i|| · max_j ||k_j||``, by
@@ -79,8 +79,10 @@ from .threads import resolve_threads, run_tasks
 __all__ = [
     "DEFAULT_BLOCK_K",
     "DEFAULT_BLOCK_Q",
+    "Exponential",
     "FlashGrads",
     "FlashResult",
+    "exponential",
     "flash_attention",
     "flash_attention_backward",
     "gemm_floor",
@@ -145,6 +147,61 @@ def _exp(dtype: np.dtype, cfg: KernelConfig) -> _Exp:
                 best[name] = min(best[name], time.perf_counter() - t)
         choice = _exp_choice[key] = _EXPS[min(best, key=best.__getitem__)]
     return choice
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """Which exponential the tiled kernels use for one dtype on this machine, and why (see :func:`exponential`).
+
+    Attributes:
+        name: ``"fused"`` (numba's compiled pass: scale, offset, ``exp2``, mask and row sums in one pass),
+            ``"exp2"`` (NumPy's ``exp2`` in log2 units) or ``"exp"`` (NumPy's ``exp`` in nats).
+        dtype: the compute dtype, ``"float32"`` or ``"float64"``.
+        reason: one line: why this one.
+    """
+
+    name: str
+    dtype: str
+    reason: str
+
+    @property
+    def fused(self) -> bool:
+        """True for numba's fused passes."""
+        return self.name == "fused"
+
+
+def exponential(dtype: Any = "float32") -> Exponential:
+    """The exponential the tiled kernels use for score blocks of ``dtype`` (float32 or float64) in this process, and
+    why: numba's fused passes for float32 when numba is installed and loads, otherwise NumPy's ``exp2`` or ``exp``,
+    whichever measured faster on the first call (NumPy's float32 ``exp2`` is usually ~0.5x ``exp`` but in some
+    processes ~2x; all are exact to about one float32 ulp). ``attnlab bench`` prints it.
+
+    >>> exponential("float64").name in ("exp2", "exp")
+    True
+    """
+    dt = np.dtype(dtype)
+    if dt not in (np.float32, np.float64):
+        raise DTypeError(f"dtype: expected float32 or float64 (the kernels' compute dtypes), got {dt}")
+    cfg = current_config()
+    e = _exp(dt, cfg)
+    if cfg.exp != "auto":
+        why = f"forced by attnlab.kernels.config.override(exp={cfg.exp!r})"
+        if cfg.exp != e.name:
+            why += f"; {e.name} instead, as fused needs float32 and numba"
+    elif e.fused:
+        why = f"float32 with numba {fused.version()}: scale, offset, exp2, mask and row sums in one compiled pass"
+    else:
+        if dt != np.float32:
+            without = "the fused passes are float32 only"
+        elif not cfg.use_numba:
+            without = "numba turned off by attnlab.kernels.config.override(use_numba=False)"
+        elif not fused.AVAILABLE:
+            without = "no numba: pip install 'attnlab[fast]' for the fused passes"
+        else:
+            without = "numba is installed but does not load"
+        other = "exp" if e.name == "exp2" else "exp2"
+        why = f"measured faster than np.{other} in this process; {without}"
+    return Exponential(e.name, dt.name, why)
 
 
 @dataclass(frozen=True)
