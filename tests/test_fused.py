@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from attnlab.errors import AttnlabWarning, DTypeError, MissingExtraError, ShapeError
+from attnlab.errors import AttnlabWarning, DTypeError, MissingExtraError, OptionError, ShapeError
 from attnlab.kernels import config as kernel_settings
 from attnlab.kernels import exponential, fused, tiled
 
@@ -194,7 +194,7 @@ def test_bad_input_names_the_argument():
         fused.exp2_block(s, bad=np.zeros((4, 5), np.int64))
     with pytest.raises(ShapeError, match=r"rowsum: shape \(5,\), expected \(4,\)"):
         fused.exp2_block(s, rowsum=np.zeros(5, np.float32))
-    with pytest.raises(ShapeError, match=r"off: must be None with bounded=True"):
+    with pytest.raises(OptionError, match=r"off: must be None with bounded=True"):
         fused.exp2_block(s, np.zeros(4, np.float32), bounded=True)
     with pytest.raises(ShapeError, match=r"p: shape \(4, 4\), expected \(4, 5\)"):
         fused.ds_block(s, np.zeros(4, np.float32), np.zeros((4, 4), np.float32))
@@ -276,7 +276,7 @@ def test_bias_inside_the_pass(bounded):
         np.testing.assert_allclose(sums, want.sum(axis=1), rtol=2.0**-23 * (1 + np.abs(arg).max()))
     with pytest.raises(ShapeError, match=r"bias: shape \(24, 39\), expected \(24, 40\)"):
         fused.exp2_block(s0.copy(), bias=big[:24, :39])
-    with pytest.raises(ShapeError, match="bias_scale: expected a finite number"):
+    with pytest.raises(OptionError, match="bias_scale: expected a finite number"):
         fused.exp2_block(s0.copy(), bias=big[:24, :40], bias_scale=float("inf"))
 
 

@@ -471,7 +471,7 @@ def _make_methods(
 
                 out[name] = run_torch_bwd
         else:
-            raise ValueError(f"methods: unknown method {name!r}; expected some of {', '.join(METHODS)}")
+            raise OptionError(f"methods: unknown method {name!r}; expected some of {', '.join(METHODS)}")
     return out
 
 

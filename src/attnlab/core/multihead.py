@@ -45,12 +45,6 @@ __all__ = [
 # heads
 
 
-def _int(name: str, n: Any, minimum: int = 1) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < minimum:
-        raise ShapeError(f"{name}: expected an int >= {minimum}, got {n!r}")
-    return int(n)
-
-
 def split_heads(x: Any, num_heads: int) -> Any:
     """Split the last axis into heads and move them before the sequence axis.
 
@@ -163,8 +157,8 @@ class MultiHeadWeights:
     head_dim: int | None = None
 
     def __post_init__(self) -> None:
-        h = _int("num_heads", self.num_heads)
-        h_kv = h if self.num_kv_heads is None else _int("num_kv_heads", self.num_kv_heads)
+        h = check_int("num_heads", self.num_heads, minimum=1)
+        h_kv = h if self.num_kv_heads is None else check_int("num_kv_heads", self.num_kv_heads, minimum=1)
         if h % h_kv:
             raise ShapeError(f"num_kv_heads={h_kv} must divide num_heads={h} (GQA groups query heads evenly)")
         for name in ("w_q", "w_k", "w_v", "w_o"):
@@ -178,7 +172,7 @@ class MultiHeadWeights:
                 raise ShapeError(f"w_q: width {wq[1]} (shape {wq}) is not divisible by num_heads={h}")
             d = wq[1] // h
         else:
-            d = _int("head_dim", self.head_dim)
+            d = check_int("head_dim", self.head_dim, minimum=1)
         object.__setattr__(self, "num_heads", h)
         object.__setattr__(self, "num_kv_heads", h_kv)
         object.__setattr__(self, "head_dim", d)

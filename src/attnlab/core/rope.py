@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShapeError
+from ..validate import check_int
 
 __all__ = [
     "PermutationDemo",
@@ -272,8 +273,7 @@ def permutation_demo(
     """
     from .attention import scaled_dot_product_attention
 
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
-        raise ShapeError(f"n: expected an int >= 2 (one token cannot be permuted), got {n!r}")
+    n = check_int("n", n, minimum=2)  # one token cannot be permuted
     d = _check_head_dim(d, "d")
     rng = np.random.default_rng(seed)
     if perm is None:
