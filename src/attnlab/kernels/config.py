@@ -48,17 +48,20 @@ class KernelConfig:
             once when it has at most this many entries, and runs the tiled kernel otherwise (0: always tiled).
         use_numba: False runs the NumPy passes as though numba were not installed (True: numba's passes when it is
             installed and loads).
+        use_threadpoolctl: False makes :mod:`attnlab.kernels.threads` act as though threadpoolctl were not
+            installed: one thread by default, BLAS left as it is, an "unknown" BLAS report.
     """
 
     exp: Literal["auto", "fused", "exp2", "exp"] = "auto"
     force_online: bool = False
     dense_limit: int = 1 << 22
     use_numba: bool = True
+    use_threadpoolctl: bool = True
 
     def __post_init__(self) -> None:
         check_choice("exp", self.exp, EXPS)
         check_int("dense_limit", self.dense_limit, minimum=0)
-        for name in ("force_online", "use_numba"):
+        for name in ("force_online", "use_numba", "use_threadpoolctl"):
             if not isinstance(getattr(self, name), bool):
                 check_choice(name, getattr(self, name), (True, False))
 
