@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .._arrays import device_of, index_tuples, namespace, shape_of, to_numpy
-from ..core.inputs import check_finite, check_policy, resolve_scale
+from ..core.inputs import MaskedRows, check_finite, check_policy, resolve_scale
 from ..core.softmax import masked_softmax
 from ..errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
 from ..validate import check_int
@@ -440,7 +440,7 @@ def _check_logits(s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarr
     )
 
 
-def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, masked_rows: str = "raise") -> Any:
+def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, masked_rows: MaskedRows = "raise") -> Any:
     """Attention of the newest tokens to everything cached, bottom-right aligned (a decode or prefill step).
 
     The cache already holds the new tokens (call :meth:`KVCache.append` first). The t queries are the t newest
@@ -551,7 +551,7 @@ def decode_step(
     *,
     lengths: Any = None,
     scale: float | None = None,
-    masked_rows: str = "raise",
+    masked_rows: MaskedRows = "raise",
 ) -> Any:
     """One decode (or chunked-prefill) step: append the new tokens' k/v to ``cache``, then attend.
 

@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from .._arrays import compute_dtype, device_of, index_tuples, namespace, shape_of, to_numpy
-from ..core.inputs import check_finite, check_policy, prepare
+from ..core.inputs import Causal, MaskedRows, check_finite, check_policy, prepare
 from ..errors import DTypeError, MaskedRowError, MaskError, RangeError, ShapeError, masked_rows_error
 from ..masks import causal_alignment_message
 from ..validate import check_int
@@ -1173,7 +1173,7 @@ def flash_attention(
     k: Any,
     v: Any,
     *,
-    causal: Any = False,
+    causal: Causal = False,
     q_offset: int | None = None,
     window: Any = None,
     key_lengths: Any = None,
@@ -1182,7 +1182,7 @@ def flash_attention(
     bias: Any = None,
     scale: float | None = None,
     temperature: float = 1.0,
-    masked_rows: str = "raise",
+    masked_rows: MaskedRows = "raise",
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,
@@ -1418,7 +1418,7 @@ def flash_attention_backward(
     lse: Any,
     d_out: Any,
     *,
-    causal: Any = False,
+    causal: Causal = False,
     q_offset: int | None = None,
     window: Any = None,
     key_lengths: Any = None,
@@ -1427,7 +1427,7 @@ def flash_attention_backward(
     bias: Any = None,
     scale: float | None = None,
     temperature: float = 1.0,
-    masked_rows: str = "raise",
+    masked_rows: MaskedRows = "raise",
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,
@@ -1598,7 +1598,7 @@ def gemm_floor(
     k: Any,
     v: Any,
     *,
-    causal: Any = False,
+    causal: Causal = False,
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,
