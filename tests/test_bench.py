@@ -110,7 +110,7 @@ def test_gemm_floor_is_the_blocked_products():
     assert got_c.shape == (2, 50, 8)  # whole blocks beyond the diagonal skipped, as in the kernel
 
 
-def test_threads_and_blas_report(monkeypatch):
+def test_threads_and_blas_report(kernel_config):
     info = threads.blas_report()
     assert info.library in ("openblas", "mkl", "blis", "flexiblas") and info.line().startswith("BLAS: ")
     assert threads.resolve_threads(None) == threads.available_cores()
@@ -123,7 +123,7 @@ def test_threads_and_blas_report(monkeypatch):
         numpy_blas = [i for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"]]
         assert numpy_blas and all(i["num_threads"] == 1 for i in numpy_blas)
     # without threadpoolctl: one thread, BLAS untouched, and the report says why it knows nothing
-    monkeypatch.setattr(threads, "_has_threadpoolctl", lambda: False)
+    kernel_config(use_threadpoolctl=False)
     assert threads.resolve_threads(None) == 1
     assert threads.blas_report().library.startswith("unknown (install attnlab[fast]")
     rng = np.random.default_rng(1)

@@ -29,8 +29,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from attnlab.errors import AttnlabWarning, DTypeError, MissingExtraError, ShapeError
-from attnlab.kernels import fused, tiled
+from attnlab.errors import AttnlabWarning, DTypeError, MissingExtraError, OptionError, ShapeError
+from attnlab.kernels import config as kernel_settings
+from attnlab.kernels import exponential, fused, tiled
 
 cpu_sensitive = pytest.mark.cpu_sensitive
 
@@ -193,15 +194,23 @@ def test_bad_input_names_the_argument():
         fused.exp2_block(s, bad=np.zeros((4, 5), np.int64))
     with pytest.raises(ShapeError, match=r"rowsum: shape \(5,\), expected \(4,\)"):
         fused.exp2_block(s, rowsum=np.zeros(5, np.float32))
-    with pytest.raises(ShapeError, match=r"off: must be None with bounded=True"):
+    with pytest.raises(OptionError, match=r"off: must be None with bounded=True"):
         fused.exp2_block(s, np.zeros(4, np.float32), bounded=True)
     with pytest.raises(ShapeError, match=r"p: shape \(4, 4\), expected \(4, 5\)"):
         fused.ds_block(s, np.zeros(4, np.float32), np.zeros((4, 4), np.float32))
 
 
 def test_the_tiled_kernel_uses_the_fused_passes_for_float32_only():
-    assert tiled._exp(np.dtype(np.float32)).fused
-    assert not tiled._exp(np.dtype(np.float64)).fused
+    e32, e64 = exponential("float32"), exponential(np.float64)
+    assert e32.fused and e32.name == "fused" and e32.reason.startswith("float32 with numba")
+    assert not e64.fused and e64.name in ("exp2", "exp") and "float32 only" in e64.reason
+    with kernel_settings.override(use_numba=False):
+        e = exponential("float32")
+        assert not e.fused and "use_numba=False" in e.reason
+    with kernel_settings.override(exp="fused"):
+        assert exponential("float64").reason.endswith("as fused needs float32 and numba")
+    with pytest.raises(DTypeError, match="dtype: expected float32 or float64"):
+        exponential("int8")
 
 
 def test_without_numba(monkeypatch):
@@ -210,8 +219,8 @@ def test_without_numba(monkeypatch):
     with pytest.raises(MissingExtraError, match=r"numba is not installed; it comes with: pip install 'attnlab\[fast\]"):
         fused.exp2_block(np.zeros((2, 2), np.float32))
     assert fused.version() is None
-    e = tiled._exp(np.dtype(np.float32))
-    assert not e.fused and e.name in ("exp2", "exp")
+    e = exponential("float32")
+    assert not e.fused and e.name in ("exp2", "exp") and "no numba: pip install 'attnlab[fast]'" in e.reason
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, 70, 16)).astype(np.float32) for _ in range(3))
     r = tiled.flash_attention(q, k, v, causal=True, block_q=32, block_k=16)
@@ -235,11 +244,11 @@ def test_a_numba_that_does_not_load_is_said_once_and_numpy_takes_over(monkeypatc
     monkeypatch.setattr(fused, "kernels", broken)
     monkeypatch.setattr(fused, "_loaded", None)
     with pytest.warns(AttnlabWarning, match=r"numba is installed but does not load \(ImportError: Numba needs NumPy"):
-        e = tiled._exp(np.dtype(np.float32))
-    assert not e.fused
+        e = exponential("float32")
+    assert not e.fused and e.reason.endswith("numba is installed but does not load")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once
-        assert not tiled._exp(np.dtype(np.float32)).fused
+        assert not exponential("float32").fused
         rng = np.random.default_rng(4)
         q, k, v = (rng.standard_normal((2, 50, 8)).astype(np.float32) for _ in range(3))
         r = tiled.flash_attention(q, k, v, causal=True, block_q=16, block_k=16)
@@ -267,7 +276,7 @@ def test_bias_inside_the_pass(bounded):
         np.testing.assert_allclose(sums, want.sum(axis=1), rtol=2.0**-23 * (1 + np.abs(arg).max()))
     with pytest.raises(ShapeError, match=r"bias: shape \(24, 39\), expected \(24, 40\)"):
         fused.exp2_block(s0.copy(), bias=big[:24, :39])
-    with pytest.raises(ShapeError, match="bias_scale: expected a finite number"):
+    with pytest.raises(OptionError, match="bias_scale: expected a finite number"):
         fused.exp2_block(s0.copy(), bias=big[:24, :40], bias_scale=float("inf"))
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from attnlab.check.model import check_causal_lm
 from attnlab.core.softmax import log_softmax
-from attnlab.errors import ShapeError
+from attnlab.errors import OptionError, ShapeError
 from attnlab.models.interventions import (
     attention_maps,
     intervene,
@@ -111,13 +111,13 @@ def test_target_token_and_target_position(model):
 
 
 def test_intervention_errors(model):
-    with pytest.raises(ShapeError, match=r"method: expected 'delete' or 'replace', got 'swap'"):
+    with pytest.raises(OptionError, match=r"method: expected 'delete' or 'replace', got 'swap'"):
         intervene(model, PROMPT, method="swap")
     with pytest.raises(ShapeError, match=r"target: position 9 is outside 1..4 \(prompt of 5 tokens\)"):
         intervene(model, PROMPT, target=9)
     with pytest.raises(ShapeError, match=r"replacement: ' New York' is 2 tokens"):
         intervene(model, PROMPT, method="replace", replacement=" New York")
-    with pytest.raises(ShapeError, match=r"layer: expected an int in \[0, 30\), got 30"):
+    with pytest.raises(OptionError, match=r"layer: expected an int in \[0, 30\), got 30"):
         intervene(model, PROMPT, layer=30)
     with pytest.raises(ShapeError, match=r"prompt: expected at least 2 tokens"):
         intervene(model, "Hi")
@@ -154,7 +154,7 @@ def test_plot_writes_png_and_svg(deleted, tmp_path):
     assert len(fig.axes) == 3  # bars, heads map, colour bar
     plot_intervention(deleted, tmp_path / "iv.svg")
     assert (tmp_path / "iv.svg").read_text().lstrip().startswith("<?xml")
-    with pytest.raises(ShapeError, match=r"path: expected a .png, .svg or .pdf file"):
+    with pytest.raises(OptionError, match=r"path: expected a .png, .svg or .pdf file"):
         plot_intervention(deleted, tmp_path / "iv.gif")
 
 
@@ -180,9 +180,9 @@ def test_attention_maps_for_heatmaps(model, minilm):
     np.testing.assert_allclose(one.weights, ref)
     grid = attention_maps("minilm", "The cat sat.", layer=-1, model_obj=minilm)
     assert grid.weights.shape[0] == 12 and len(grid.head_names) == 12 and grid.allowed.all()
-    with pytest.raises(ShapeError, match=r"model: expected 'smollm2' or 'minilm', got 'gpt5'"):
+    with pytest.raises(OptionError, match=r"model: expected 'smollm2' or 'minilm', got 'gpt5'"):
         attention_maps("gpt5", "x")
-    with pytest.raises(ShapeError, match=r"head: expected an int in \[0, 9\) for SmolLM2-135M, got 9"):
+    with pytest.raises(OptionError, match=r"head: expected an int in \[0, 9\) for SmolLM2-135M, got 9"):
         attention_maps("smollm2", PROMPT, head=9, model_obj=model)
 
 

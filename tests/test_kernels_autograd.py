@@ -147,13 +147,11 @@ def _decode_case(rng, B=2, h=4, h_kv=2, n=9, d=6, d_v=5):
 
 
 @pytest.mark.parametrize("dense", [True, False])
-def test_cached_attention_query_gradients(dense, monkeypatch):
+def test_cached_attention_query_gradients(dense, kernel_config):
     """Decoding with a cache: the gradient w.r.t. every step's queries equals torch autograd through one full causal
     forward (per sequence, bottom-right aligned), through the dense path and the tiled one."""
-    from attnlab.kernels import kv_cache
-
     if not dense:
-        monkeypatch.setattr(kv_cache, "_DENSE_LIMIT", 0)
+        kernel_config(dense_limit=0)
     rng = np.random.default_rng(23)
     q, k, v = _decode_case(rng)
     cache = KVCache(2, 2, 6, head_dim_v=5, dtype=np.float64)

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab.cost import kv_cache_bytes
 from attnlab.errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
-from attnlab.kernels import kv_cache as kvmod
 from attnlab.kernels.kv_cache import KVCache, cached_attention, decode_step
 from tests.reference import reference_attention
 
@@ -106,8 +105,8 @@ def test_ragged_batch_lengths_per_sequence():
         assert np.abs(out1[b, :, 0] - ref).max() <= 1e-6
 
 
-def test_tiled_path_for_long_chunks(monkeypatch):
-    monkeypatch.setattr(kvmod, "_DENSE_LIMIT", 0)
+def test_tiled_path_for_long_chunks(kernel_config):
+    kernel_config(dense_limit=0)
     q, k, v = _qkv(4, B=2, h=4, h_kv=2, n=50)
     out, _ = _decode(q, k, v, [20, 1, 29])
     assert np.abs(out - _full(q, k, v)).max() <= 1e-6
@@ -252,9 +251,9 @@ def test_padding_rule_lengths_zero_and_short_appends():
 
 
 @pytest.mark.parametrize("dense", [True, False])
-def test_overflowing_logits_are_a_named_error(dense, monkeypatch):
+def test_overflowing_logits_are_a_named_error(dense, kernel_config):
     if not dense:
-        monkeypatch.setattr(kvmod, "_DENSE_LIMIT", 0)
+        kernel_config(dense_limit=0)
     c = KVCache(1, 1, 4)
     c.append(np.full((1, 1, 3, 4), 1e20), np.ones((1, 1, 3, 4)))
     big = np.full((1, 1, 1, 4), 1e20, np.float32)

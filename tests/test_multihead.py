@@ -18,6 +18,7 @@ from attnlab.core.multihead import (
     init_multi_head,
     merge_heads,
     multi_head_attention,
+    multi_head_backward,
     repeat_kv,
     split_heads,
     sum_kv_groups,
@@ -346,3 +347,23 @@ def test_mixed_libraries_and_options_are_named():
         repeat_kv(np.ones((1, 2, 3, 4)), 1.5)
     with pytest.raises(DTypeError, match=r"^x: expected an array"):
         merge_heads("heads")
+
+
+def test_bias_keyword_is_the_cores_and_attn_bias_still_works_for_a_release():
+    """``bias=`` as in scaled_dot_product_attention; the old ``attn_bias=`` gives the same result and a FutureWarning;
+    the gradient is ``dbias`` (``dattn_bias`` its old name)."""
+    rng = np.random.default_rng(7)
+    w = init_multi_head(8, 2, rng=rng)
+    x = rng.standard_normal((1, 4, 8))
+    bias = rng.standard_normal((2, 4, 4))
+    r = multi_head_attention(x, None, w, bias=bias)
+    with pytest.warns(FutureWarning, match=r"attn_bias= is now bias="):
+        old = multi_head_attention(x, None, w, attn_bias=bias)
+    np.testing.assert_array_equal(old.output, r.output)
+    ref = multi_head_attention(x, None, w)
+    assert np.abs(r.output - ref.output).max() > 1e-3  # the bias is used
+    with pytest.raises(OptionError, match="attn_bias: the old name of bias=; pass one of them, not both"):
+        multi_head_attention(x, None, w, bias=bias, attn_bias=bias)
+    g = multi_head_backward(r, np.ones_like(r.output))
+    assert g.dbias.shape == bias.shape and g.dattn_bias is g.dbias
+    assert multi_head_backward(ref, np.ones_like(ref.output)).dbias is None

@@ -61,3 +61,17 @@ def test_unknown_command_is_a_usage_error(capsys):
 def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "attnlab", "demo"], capture_output=True, text=True, check=True)
     assert "0.6698" in out.stdout
+
+
+def test_moved_modules_keep_their_public_names():
+    """Weight import/export left the core for attnlab.weights_io, the permutation demo for attnlab.explain; the old
+    names are the same objects (``attnlab.permutation_demo`` is loaded on first use, not by ``import attnlab``)."""
+    code = (
+        "import sys, attnlab; print('attnlab.explain' in sys.modules); "
+        "from attnlab.core import weights_io; import attnlab.core.rope as rope; "
+        "from attnlab.explain import permutation; "
+        "print(weights_io is attnlab.weights_io, attnlab.permutation_demo is permutation.permutation_demo, "
+        "rope.permutation_demo is permutation.permutation_demo, attnlab.PermutationDemo is permutation.PermutationDemo)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True", "True", "True", "True"]

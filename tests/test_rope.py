@@ -21,7 +21,7 @@ from attnlab.core.rope import (
     rope_tables,
     rotate_half,
 )
-from attnlab.errors import ShapeError
+from attnlab.errors import OptionError, ShapeError
 
 
 def _hf_rope(q, k, positions, base):
@@ -155,7 +155,7 @@ def test_permutation_demo_rope_breaks_equivariance():
     assert "Without positions" in text and "With RoPE" in text and "§16" in text
     with pytest.raises(ShapeError, match=r"perm: expected a permutation of range\(3\), got \[0, 0, 1\]"):
         permutation_demo(n=3, perm=[0, 0, 1])
-    with pytest.raises(ShapeError, match=r"n: expected an int >= 2"):
+    with pytest.raises(OptionError, match=r"n: expected an int >= 2"):
         permutation_demo(n=1)
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab import masks
 from attnlab.errors import DTypeError, MaskedRowError, MaskError, OptionError, ShapeError
+from attnlab.kernels import config as kernel_settings
 from attnlab.kernels import tiled
 from attnlab.kernels.tiled import _forward_tasks, _plan, flash_attention
 from tests.reference import reference_attention
@@ -50,11 +51,10 @@ def _check_rule(fast, q, k, v, allowed=None, *, factor=2.0, floor=1e-6, **kw):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("path", ["fast", "online"])
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
-def test_every_block_size_float32(n, block_q, block_k, causal, path, exp, monkeypatch):
+def test_every_block_size_float32(n, block_q, block_k, causal, path, exp, kernel_config):
     """Both inner loops (exp without offset for bounded scores; the online softmax with a running max), with every
     exponential the kernel may pick (fused, exp2, exp)."""
-    monkeypatch.setattr(tiled, "_FORCE_ONLINE", path == "online")
-    monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
+    kernel_config(force_online=path == "online", exp=exp)
     rng = np.random.default_rng(n + block_q + block_k)
     q, k, v = _rand(rng, 2, n, 32), _rand(rng, 2, n, 32), _rand(rng, 2, n, 24)
     r = flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
@@ -354,11 +354,10 @@ def test_fast_path_near_its_bound_and_online_path_beyond(monkeypatch):
 
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
 @pytest.mark.parametrize("path", ["fast", "online"])
-def test_every_mask_kind_float32_on_every_inner_loop(exp, path, monkeypatch):
+def test_every_mask_kind_float32_on_every_inner_loop(exp, path, kernel_config):
     """Causal, windows, key lengths, segments and a boolean mask at once, in float32, through each exponential
     (the fused pass masks inside the exponential, the NumPy passes after or before it) and both inner loops."""
-    monkeypatch.setattr(tiled, "_FORCE_ONLINE", path == "online")
-    monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
+    kernel_config(force_online=path == "online", exp=exp)
     rng = np.random.default_rng(16)
     B, h, n = 2, 2, 150
     q, k, v = _rand(rng, B, h, n, 16), _rand(rng, B, h, n, 16), _rand(rng, B, h, n, 8)
@@ -446,11 +445,11 @@ def test_bias_forward_and_backward_as_in_the_core(bias_shape):
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
 @pytest.mark.parametrize("size", [0.5, 60.0])
 @pytest.mark.parametrize("shape", [(2, 130, 130), (1, 1, 130)])
-def test_bias_float32_on_every_inner_loop(exp, size, shape, monkeypatch):
+def test_bias_float32_on_every_inner_loop(exp, size, shape, kernel_config, monkeypatch):
     """A small bias keeps the scores bounded (the fast path, bias included in the bound); a large one (±60) takes
     the online softmax. A full bias and one broadcast over queries (read through strided views, copied per block
     for the fused pass). float32 forward under FlashAttention's rule, gradients against the float64 core."""
-    monkeypatch.setattr(tiled, "_FORCE_EXP", exp)
+    kernel_config(exp=exp)
     calls = []
     real = tiled._online_softmax
     monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
@@ -583,12 +582,8 @@ def test_property_float32_rule_for_every_tile_and_magnitude(
     if kl is not None:
         allowed &= masks.key_padding(kl, n_k, ndim=3)
     kw = dict(causal=causal, key_lengths=kl, block_q=block_q, block_k=block_k)
-    old = tiled._FORCE_EXP
-    tiled._FORCE_EXP = exp
-    try:
+    with kernel_settings.override(exp=exp):
         out = flash_attention(q, k, v, masked_rows="zero", **kw).output
-    finally:
-        tiled._FORCE_EXP = old
     ref, _ = reference_attention(q, k, v, allowed)
     ref = np.nan_to_num(ref)  # empty rows: 0, as masked_rows="zero"
     err_naive = np.abs(_naive_on_the_kernels_tiles(q, k, v, **kw) - ref).max()

@@ -12,7 +12,6 @@ import attnlab
 from attnlab import masks
 from attnlab.core.backward import attention_backward
 from attnlab.errors import MaskedRowError, ShapeError
-from attnlab.kernels import tiled
 from attnlab.kernels.tiled import flash_attention, flash_attention_backward
 
 
@@ -53,8 +52,8 @@ def _run(q, k, v, d_o, **kw):
 )
 @pytest.mark.parametrize("causal", [False, "top_left", "bottom_right"])
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
-def test_backward_rule_float32(n_q, n_k, block_q, block_k, causal, exp, monkeypatch):
-    monkeypatch.setattr(tiled, "_FORCE_EXP", exp)  # every exponential the kernel may pick
+def test_backward_rule_float32(n_q, n_k, block_q, block_k, causal, exp, kernel_config):
+    kernel_config(exp=exp)  # every exponential the kernel may pick
     rng = np.random.default_rng(n_q + n_k + block_q)
     q = rng.standard_normal((2, 2, n_q, 16)).astype(np.float32)
     k = rng.standard_normal((2, 2, n_k, 16)).astype(np.float32)

@@ -11,7 +11,7 @@ Shapes follow one legend everywhere: ``q [..., n_q, d_k]``, ``k [..., n_k, d_k]`
 True means "may attend"; :mod:`attnlab.masks` converts every other convention.
 """
 
-from . import check, cost, invariants, masks
+from . import check, cost, invariants, masks, weights_io
 from .check import Finding, Report
 from .core import (
     AttentionTrace,
@@ -20,7 +20,6 @@ from .core import (
     masked_softmax,
     scaled_dot_product_attention,
     softmax,
-    weights_io,
 )
 from .core.backward import AttentionGrads, attention_backward
 from .core.dropout import Dropout, DropoutResult, dropout
@@ -35,7 +34,7 @@ from .core.multihead import (
     repeat_kv,
     split_heads,
 )
-from .core.rope import apply_rope, permutation_demo, rope_tables
+from .core.rope import apply_rope, rope_tables
 from .errors import (
     AttnlabError,
     AttnlabWarning,
@@ -103,3 +102,14 @@ __all__ = [
     "split_heads",
     "weights_io",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``attnlab.permutation_demo`` (and its result, ``PermutationDemo``): the teaching demo lives in
+    :mod:`attnlab.explain.permutation`, imported on first use so that ``import attnlab`` does not load
+    :mod:`attnlab.explain`."""
+    if name in ("PermutationDemo", "permutation_demo"):
+        from .explain import permutation
+
+        return getattr(permutation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -386,15 +386,16 @@ def _naive_bytes(batch: int, heads: int, n: int) -> int:
 
 
 def _kernel_line(kw: dict[str, Any]) -> str:
-    """The tiled kernel's block sizes and the exponential it chose in this process (see ``tiled._exp``)."""
-    from .kernels import fused, tiled
+    """The tiled kernel's block sizes and the exponential it uses in this process
+    (:func:`attnlab.kernels.exponential`)."""
+    from .kernels import exponential, fused, tiled
 
     bq = kw.get("block_q") or tiled.DEFAULT_BLOCK_Q
     bk = kw.get("block_k") or tiled.DEFAULT_BLOCK_K
-    e = tiled._exp(np.dtype(np.float32))
+    e = exponential("float32")
     if e.fused:
         return f"blocks {bq}x{bk}, fused exp2 + row sums (numba {fused.version()})"
-    return f"blocks {bq}x{bk}, np.{e.name} (faster here; no numba)"
+    return f"blocks {bq}x{bk}, np.{e.name} ({e.reason})"
 
 
 def _make_methods(
@@ -470,7 +471,7 @@ def _make_methods(
 
                 out[name] = run_torch_bwd
         else:
-            raise ValueError(f"methods: unknown method {name!r}; expected some of {', '.join(METHODS)}")
+            raise OptionError(f"methods: unknown method {name!r}; expected some of {', '.join(METHODS)}")
     return out
 
 

@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         elif args.model == "minilm":
             model = minilm(attn_implementation=args.attn_implementation)
         elif Path(args.model).is_dir():
+            # NOTE(issue 15): a private name across modules; check/ (owned elsewhere) should make it public
             from ..check.model import _transformers
 
             tr = _transformers()

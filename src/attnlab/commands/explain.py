@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(examples_listing(lang))
         return 0
     if args.positions:
-        from ..core.rope import permutation_demo
+        from ..explain.permutation import permutation_demo
 
         sys.stdout.write(permutation_demo().text() + "\n")
         return 0

@@ -14,6 +14,7 @@ Shapes: ``x_q [B, n_q, d_model]``, ``x_kv [B, n_k, d_kv]``, per-head ``q [B, h, 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
@@ -43,12 +44,6 @@ __all__ = [
 
 # --------------------------------------------------------------------------------------------------------------
 # heads
-
-
-def _int(name: str, n: Any, minimum: int = 1) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < minimum:
-        raise ShapeError(f"{name}: expected an int >= {minimum}, got {n!r}")
-    return int(n)
 
 
 def split_heads(x: Any, num_heads: int) -> Any:
@@ -163,8 +158,8 @@ class MultiHeadWeights:
     head_dim: int | None = None
 
     def __post_init__(self) -> None:
-        h = _int("num_heads", self.num_heads)
-        h_kv = h if self.num_kv_heads is None else _int("num_kv_heads", self.num_kv_heads)
+        h = check_int("num_heads", self.num_heads, minimum=1)
+        h_kv = h if self.num_kv_heads is None else check_int("num_kv_heads", self.num_kv_heads, minimum=1)
         if h % h_kv:
             raise ShapeError(f"num_kv_heads={h_kv} must divide num_heads={h} (GQA groups query heads evenly)")
         for name in ("w_q", "w_k", "w_v", "w_o"):
@@ -178,7 +173,7 @@ class MultiHeadWeights:
                 raise ShapeError(f"w_q: width {wq[1]} (shape {wq}) is not divisible by num_heads={h}")
             d = wq[1] // h
         else:
-            d = _int("head_dim", self.head_dim)
+            d = check_int("head_dim", self.head_dim, minimum=1)
         object.__setattr__(self, "num_heads", h)
         object.__setattr__(self, "num_kv_heads", h_kv)
         object.__setattr__(self, "head_dim", d)
@@ -407,7 +402,7 @@ def multi_head_attention(
     mask: Any = None,
     *,
     causal: Causal = False,
-    attn_bias: Any = None,
+    bias: Any = None,
     scale: float | None = None,
     masked_rows: MaskedRows = "raise",
     dropout_p: float = 0.0,
@@ -416,6 +411,7 @@ def multi_head_attention(
     return_weights: bool = False,
     average_weights: bool = False,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
+    attn_bias: Any = None,
 ) -> MultiHeadResult:
     """Multi-head attention (MHA, GQA or MQA), self or cross, with every mask option of the core.
 
@@ -427,7 +423,8 @@ def multi_head_attention(
             ``[B, 1, 1, n_k]`` (``masks.key_padding``, ``masks.from_hf``), ``[B, h, n_q, n_k]``... A 3-D mask is
             refused as ambiguous (``[B, n_q, n_k]`` would broadcast against the heads axis): add the head axis.
         causal: as in :func:`~attnlab.scaled_dot_product_attention` (``True``, ``"top_left"``, ``"bottom_right"``).
-        attn_bias: additive scores (ALiBi, relative position) broadcastable to ``[B, h, n_q, n_k]``.
+        bias: additive scores (ALiBi, relative position) broadcastable to ``[B, h, n_q, n_k]`` (the keyword of
+            :func:`~attnlab.scaled_dot_product_attention` and :func:`~attnlab.flash_attention` too).
         scale: multiplies ``Q_r K_rᵀ``; default ``1 / sqrt(head_dim)`` (never ``1 / sqrt(d_model)``).
         masked_rows: policy for query rows that may attend to no key: ``"raise"``, ``"zero"`` or ``"nan"``.
         dropout_p: probability of dropping each attention weight, active only with ``training=True``; kept
@@ -437,6 +434,7 @@ def multi_head_attention(
         return_weights: also return the attention weights (before dropout).
         average_weights: return them averaged over heads, ``[B, n_q, n_k]`` (default: per head).
         max_bytes: the memory limit of the dense scores, as in :func:`~attnlab.scaled_dot_product_attention`.
+        attn_bias: the old name of ``bias``, accepted with a :class:`FutureWarning` until the next release.
 
     Returns:
         a :class:`MultiHeadResult` (``.output [B, n_q, d_model]``, ``.weights``, and the trace for the backward).
@@ -452,6 +450,11 @@ def multi_head_attention(
     """
     if not isinstance(weights, MultiHeadWeights):
         raise DTypeError(f"weights: expected a MultiHeadWeights (see init_multi_head), got {type(weights).__name__}")
+    if attn_bias is not None:
+        if bias is not None:
+            raise OptionError("attn_bias: the old name of bias=; pass one of them, not both")
+        warnings.warn("multi_head_attention: attn_bias= is now bias= (as in the core)", FutureWarning, stacklevel=2)
+        bias = attn_bias
     x_q = as_array(x_q, "x_q")
     x_kv = as_array(x_kv, "x_kv", optional=True)
     params = weights.arrays()
@@ -486,7 +489,7 @@ def multi_head_attention(
             check_finite(xp, x, name)
     opts = {
         "mask": mask,
-        "bias": attn_bias,
+        "bias": bias,
         "causal": causal,
         "scale": scale,
         "masked_rows": masked_rows,
@@ -598,7 +601,8 @@ class MultiHeadGrads:
         * ``dx_kv [B, n_k, d_kv]`` for cross attention, ``None`` for self attention;
         * ``weights``: a :class:`MultiHeadWeights` of gradients (``dW_Q`` in ``.w_q`` ..., ``dB_O`` in ``.b_o``;
           a bias gradient is ``None`` where the layer has no bias);
-        * ``dattn_bias``: as the forward's ``attn_bias`` (``None`` without one);
+        * ``dbias``: as the forward's ``bias`` (``None`` without one; also readable as ``dattn_bias``, its old
+          name);
         * ``heads``: the core's :class:`~attnlab.core.backward.AttentionGrads` of the heads
           (``dq [B, h, n_q, d]``, ``dk, dv [B, h, n_k, d]`` before the kv groups are summed).
     """
@@ -606,8 +610,13 @@ class MultiHeadGrads:
     dx_q: Any
     dx_kv: Any | None
     weights: MultiHeadWeights
-    dattn_bias: Any | None = None
+    dbias: Any | None = None
     heads: Any = field(default=None, repr=False)
+
+    @property
+    def dattn_bias(self) -> Any | None:
+        """The old name of :attr:`dbias`."""
+        return self.dbias
 
 
 def _flat(xp: Any, x: Any) -> Any:
@@ -677,7 +686,7 @@ def _map_grads(g: MultiHeadGrads, f: Any) -> MultiHeadGrads:
         dx_q=f("dx_q", g.dx_q),
         dx_kv=None if g.dx_kv is None else f("dx_kv", g.dx_kv),
         weights=MultiHeadWeights(*arrays, num_heads=w.num_heads, num_kv_heads=w.num_kv_heads, head_dim=w.head_dim),
-        dattn_bias=None if g.dattn_bias is None else f("dattn_bias", g.dattn_bias),
+        dbias=None if g.dbias is None else f("dbias", g.dbias),
         heads=g.heads,
     )
 
@@ -746,4 +755,4 @@ def _mh_grads(result: MultiHeadResult, d_out: Any, cdt: Any) -> MultiHeadGrads:
         num_kv_heads=w.num_kv_heads,
         head_dim=w.head_dim,
     )
-    return MultiHeadGrads(dx_q=dx_q, dx_kv=dx_kv, weights=grads, dattn_bias=g.dbias, heads=g)
+    return MultiHeadGrads(dx_q=dx_q, dx_kv=dx_kv, weights=grads, dbias=g.dbias, heads=g)

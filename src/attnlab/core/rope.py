@@ -26,13 +26,12 @@ import numpy as np
 from ..errors import ShapeError
 
 __all__ = [
-    "PermutationDemo",
     "RopeTables",
     "apply_rope",
     "apply_rope_interleaved",
+    "check_head_dim",
     "half_to_interleaved",
     "interleaved_to_half",
-    "permutation_demo",
     "rope_frequencies",
     "rope_tables",
     "rotate_half",
@@ -56,7 +55,9 @@ class RopeTables:
     base: float
 
 
-def _check_head_dim(head_dim: Any, name: str = "head_dim") -> int:
+def check_head_dim(head_dim: Any, name: str = "head_dim") -> int:
+    """``head_dim`` as an int if it is a positive even integer (RoPE rotates pairs of dims), else a
+    :class:`~attnlab.errors.ShapeError` naming ``name``."""
     try:
         d = int(head_dim)
     except (TypeError, ValueError):
@@ -74,7 +75,7 @@ def rope_frequencies(head_dim: int, *, base: float = 10000.0) -> np.ndarray:
     >>> rope_frequencies(4, base=100.0).tolist()
     [1.0, 0.1]
     """
-    d = _check_head_dim(head_dim)
+    d = check_head_dim(head_dim)
     if not (np.isfinite(base) and base > 1):
         raise ShapeError(f"base: expected a finite number > 1, got {base!r}")
     return 1.0 / (float(base) ** (np.arange(0, d, 2, dtype=np.float64) / d))
@@ -119,7 +120,7 @@ def rotate_half(x: Any) -> np.ndarray:
     [-3.0, -4.0, 1.0, 2.0]
     """
     x = np.asarray(x)
-    h = _check_head_dim(x.shape[-1], "x: last dim") // 2
+    h = check_head_dim(x.shape[-1], "x: last dim") // 2
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
@@ -218,81 +219,11 @@ def half_to_interleaved(w: Any, num_heads: int) -> np.ndarray:
     return _permute_rows(w, num_heads, to_half=False)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# §16: attention alone is permutation-equivariant; RoPE breaks that
+def __getattr__(name: str) -> Any:
+    """``permutation_demo`` and ``PermutationDemo`` moved to :mod:`attnlab.explain.permutation` (a teaching demo,
+    not part of the core); the old names stay importable from here for a release."""
+    if name in ("PermutationDemo", "permutation_demo"):
+        from ..explain import permutation
 
-
-@dataclass(frozen=True)
-class PermutationDemo:
-    """What :func:`permutation_demo` measured.
-
-    Attributes:
-        perm: the permutation applied to the tokens.
-        without_rope: ``max |attn(P x) - P attn(x)|`` with no positions: ~1e-16, the outputs just move with the
-            tokens (attention cannot tell the order).
-        with_rope: the same with RoPE on queries and keys: far from 0, the outputs change, not just move.
-        n, d: sequence length and width.
-    """
-
-    perm: tuple[int, ...]
-    without_rope: float
-    with_rope: float
-    n: int
-    d: int
-
-    def text(self) -> str:
-        """A few plain lines saying what was measured and what it means."""
-        return (
-            f"Tokens x [{self.n}, {self.d}] are permuted by {list(self.perm)} (self-attention, no mask, float64).\n"
-            f"Without positions: max |attn(P x) - P attn(x)| = {self.without_rope:.1e}  -> the outputs only move "
-            f"with their tokens: attention alone cannot see word order (article 001, §16).\n"
-            f"With RoPE:         max |attn(P x) - P attn(x)| = {self.with_rope:.1e}  -> rotating q and k by their "
-            f"positions makes each score depend on the distance i - j, so the order now matters."
-        )
-
-
-def permutation_demo(
-    n: int = 6, d: int = 8, *, seed: int = 0, perm: Any = None, base: float = 10000.0
-) -> PermutationDemo:
-    """Show §16: permuting the tokens permutes attention's outputs, unless positions (RoPE) are added.
-
-    Random tokens ``x [n, d]`` and projections ``W_Q, W_K, W_V [d, d]`` (seeded), full (non-causal)
-    self-attention computed by :func:`attnlab.scaled_dot_product_attention` in float64.
-
-    Args:
-        n: number of tokens (>= 2).
-        d: width (even, for RoPE).
-        seed: seed of the random tokens, weights and (when ``perm`` is None) permutation.
-        perm: a permutation of ``range(n)``; default a random one that moves every token it can.
-        base: RoPE frequency base.
-
-    >>> r = permutation_demo()
-    >>> r.without_rope < 1e-12, r.with_rope > 1e-3
-    (True, True)
-    """
-    from .attention import scaled_dot_product_attention
-
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 2:
-        raise ShapeError(f"n: expected an int >= 2 (one token cannot be permuted), got {n!r}")
-    d = _check_head_dim(d, "d")
-    rng = np.random.default_rng(seed)
-    if perm is None:
-        p = rng.permutation(n)
-        while n > 1 and np.array_equal(p, np.arange(n)):
-            p = rng.permutation(n)
-    else:
-        p = np.asarray(perm)
-        if p.shape != (n,) or not np.array_equal(np.sort(p), np.arange(n)):
-            raise ShapeError(f"perm: expected a permutation of range({n}), got {np.asarray(perm).tolist()}")
-    x = rng.standard_normal((n, d))
-    wq, wk, wv = (rng.standard_normal((d, d)) / np.sqrt(d) for _ in range(3))
-    tables = rope_tables(np.arange(n), d, base=base, dtype=np.float64)
-
-    def attend(tokens: np.ndarray, rope: bool) -> np.ndarray:
-        q, k, v = tokens @ wq, tokens @ wk, tokens @ wv  # [n, d]
-        if rope:
-            q, k = apply_rope(q, tables), apply_rope(k, tables)
-        return scaled_dot_product_attention(q, k, v)  # [n, d]
-
-    diffs = [float(np.max(np.abs(attend(x[p], r) - attend(x, r)[p]))) for r in (False, True)]
-    return PermutationDemo(perm=tuple(int(i) for i in p), without_rope=diffs[0], with_rope=diffs[1], n=int(n), d=d)
+        return getattr(permutation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,6 +29,7 @@ import numpy as np
 
 from .._arrays import namespace, shape_of
 from ..errors import ShapeError
+from ..validate import check_int
 
 __all__ = ["LAYOUTS", "Layout", "RingLayout"]
 
@@ -66,8 +67,7 @@ class RingLayout:
 
     def __post_init__(self) -> None:
         for name, val in (("n", self.n), ("world_size", self.world_size)):
-            if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
-                raise ShapeError(f"{name}: expected a positive int, got {val!r}")
+            check_int(name, val, minimum=1)
         if self.kind not in LAYOUTS:
             raise ShapeError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {self.kind!r}")
         need = self.world_size * (2 if self.kind == "zigzag" else 1)
@@ -79,9 +79,7 @@ class RingLayout:
             )
 
     def _check_rank(self, rank: int) -> int:
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.world_size:
-            raise ShapeError(f"rank: expected an int in [0, {self.world_size}), got {rank!r}")
-        return int(rank)
+        return check_int("rank", rank, minimum=0, maximum=self.world_size - 1)
 
     def chunks(self, rank: int) -> tuple[tuple[int, int], ...]:
         """The global ``(start, stop)`` ranges rank ``rank`` holds, in the order they are stored locally."""

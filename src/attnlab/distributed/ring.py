@@ -39,6 +39,7 @@ from .. import masks as _masks
 from .._arrays import index_tuples, namespace
 from ..core.inputs import MaskedRows, check_finite, prepare, resolve_causal
 from ..errors import AttnlabError, MaskedRowError, ShapeError, masked_rows_error, missing_extra
+from ..validate import check_int
 from .layout import RingLayout
 
 try:
@@ -317,8 +318,7 @@ def _make_plan(
     try:
         p, sig = _local_checks(q, k, v, scale, masked_rows)
         for name, b in (("block_q", block_q), ("block_k", block_k)):
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise ShapeError(f"{name}: expected a positive int (tile size), got {b!r}")
+            check_int(name, b, minimum=1)  # tile sizes
         sig = (*sig, layout, str(causal), str(masked_rows), p.scale, _as_key(lengths), _as_key(query_lengths))
     except Exception as err:  # every rank must hear about it, whatever it is
         error = err

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AttnlabWarning, DTypeError, ShapeError, missing_extra
+from ..errors import AttnlabWarning, DTypeError, OptionError, ShapeError, missing_extra
 
 __all__ = ["AVAILABLE", "ds_block", "exp2_block", "kernels", "usable", "version"]
 
@@ -152,11 +152,11 @@ def exp2_block(
         _check("bias", bias, (bq, bk))
     c, a = np.float32(bias_scale), np.float32(scale)
     if not np.isfinite(c):
-        raise ShapeError(f"bias_scale: expected a finite number, got {bias_scale!r}")
+        raise OptionError(f"bias_scale: expected a finite number, got {bias_scale!r}")
     if not np.isfinite(a):
-        raise ShapeError(f"scale: expected a finite number, got {scale!r}")
+        raise OptionError(f"scale: expected a finite number, got {scale!r}")
     if bounded and off is not None:
-        raise ShapeError("off: must be None with bounded=True (the bound is on s itself)")
+        raise OptionError("off: must be None with bounded=True (the bound is on s itself)")
     if not bounded and off is None:
         off = np.zeros(bq, dtype=np.float32)  # the compiled pass reads off=None as "bounded"
     jit.exp2_rows(s, a, bias, c, off, np.float32(1), bad, rowsum)

@@ -25,17 +25,15 @@ from typing import Any
 import numpy as np
 
 from .._arrays import device_of, index_tuples, namespace, shape_of, to_numpy
-from ..core.inputs import check_finite, check_policy, resolve_scale
+from ..core.inputs import MaskedRows, check_finite, check_policy, resolve_scale
 from ..core.softmax import masked_softmax
 from ..errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
 from ..validate import check_int
 from . import autograd
+from .config import current as current_config
 from .overflow import factor_overflow_error, logits_overflow_error
 
 __all__ = ["KVCache", "cached_attention", "decode_step"]
-
-#: Above this many score entries per call, cached_attention runs the tiled kernel instead of one dense product.
-_DENSE_LIMIT = 1 << 22
 
 
 def _storage_dtype(dtype: Any) -> np.dtype:
@@ -365,7 +363,8 @@ def _cached(
     lse = np.full((B, h_kv, g, t), -np.inf, dtype=cdt)
     K = cache._k[:, :, :L].astype(cdt, copy=keep)  # [B, h_kv, L, d_k]
     V = cache._v[:, :, :L].astype(cdt, copy=keep)
-    if B * h * t * L <= _DENSE_LIMIT:
+    # above the dense limit (attnlab.kernels.config, 4 Mi entries), the tiled kernel instead of one dense product
+    if B * h * t * L <= current_config().dense_limit:
         qg = qc.reshape(B, h_kv, g * t, d_k)  # GQA: a kv head's g query heads as rows
         with np.errstate(over="ignore", invalid="ignore"):
             s = (qg @ np.swapaxes(K, -1, -2)) * cdt(sc)  # [B, h_kv, g·t, L]
@@ -441,7 +440,7 @@ def _check_logits(s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarr
     )
 
 
-def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, masked_rows: str = "raise") -> Any:
+def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, masked_rows: MaskedRows = "raise") -> Any:
     """Attention of the newest tokens to everything cached, bottom-right aligned (a decode or prefill step).
 
     The cache already holds the new tokens (call :meth:`KVCache.append` first). The t queries are the t newest
@@ -552,7 +551,7 @@ def decode_step(
     *,
     lengths: Any = None,
     scale: float | None = None,
-    masked_rows: str = "raise",
+    masked_rows: MaskedRows = "raise",
 ) -> Any:
     """One decode (or chunked-prefill) step: append the new tokens' k/v to ``cache``, then attend.
 

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
+from .config import current as current_config
 
 __all__ = [
     "BlasInfo",
@@ -57,6 +58,9 @@ def available_cores() -> int:
 
 
 def _has_threadpoolctl() -> bool:
+    """threadpoolctl is installed and not turned off (:mod:`attnlab.kernels.config`, ``use_threadpoolctl``)."""
+    if not current_config().use_threadpoolctl:
+        return False
     try:
         import threadpoolctl  # noqa: F401
     except ImportError:

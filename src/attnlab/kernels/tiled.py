@@ -18,9 +18,9 @@ fast in NumPy, where every element-wise pass over a score block costs about a si
 * scores are rounded exactly as the naive computation rounds them (see :class:`_Units`): only a power of two of
   ``scale / temperature`` is folded into Q (exact), the rest multiplies the product, the running maximum is
   subtracted in nats, and only then is the difference converted for ``exp2`` (about 0.6× the cost of ``exp``) —
-  unless ``exp`` measured faster in this process (see :func:`_exp`: NumPy's ``exp2`` is sometimes ~3.5× slower for
-  a whole process). Folding all of the factor into Q, in log2 units, cost up to 18× the naive float32 error at
-  |logits| ~ 1e3-1e4 (issue 12); with numba, the multiplication, the offset and ``exp2`` are one fused pass;
+  unless ``exp`` measured faster in this process (see :func:`exponential`: NumPy's ``exp2`` is sometimes ~3.5×
+  slower for a whole process). Folding all of the factor into Q, in log2 units, cost up to 18× the naive float32
+  error at |logits| ~ 1e3-1e4 (issue 12); with numba, the multiplication, the offset and ``exp2`` are one fused pass;
 * the row sums of ``P`` come from a matrix-vector product ``P 1`` (a fifth of ``P.sum(axis=1)``, and cheaper than
   a column of ones on ``V``, which makes the second product's width odd);
 * when the scores of a query block are bounded (``|scale · q_i · k_j| <= ||scale · q_i|| · max_j ||k_j||``, by
@@ -66,19 +66,23 @@ from typing import Any
 import numpy as np
 
 from .._arrays import compute_dtype, device_of, index_tuples, namespace, shape_of, to_numpy
-from ..core.inputs import check_finite, check_policy, prepare
+from ..core.inputs import Causal, MaskedRows, check_finite, check_policy, prepare
 from ..errors import DTypeError, MaskedRowError, MaskError, RangeError, ShapeError, masked_rows_error
 from ..masks import causal_alignment_message
 from ..validate import check_int
 from . import autograd, fused
+from .config import KernelConfig
+from .config import current as current_config
 from .overflow import factor_overflow_error, gradient_overflow_error, logits_overflow_error
 from .threads import resolve_threads, run_tasks
 
 __all__ = [
     "DEFAULT_BLOCK_K",
     "DEFAULT_BLOCK_Q",
+    "Exponential",
     "FlashGrads",
     "FlashResult",
+    "exponential",
     "flash_attention",
     "flash_attention_backward",
     "gemm_floor",
@@ -90,12 +94,6 @@ DEFAULT_BLOCK_K = 512
 
 _LOG2E = 1.0 / math.log(2.0)
 _THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
-
-#: Tests set this to run the online-softmax path where the fast (bounded-scores) path would apply.
-_FORCE_ONLINE = False
-
-#: Tests set this to ``"fused"``, ``"exp2"`` or ``"exp"`` to force the exponential instead of the default choice.
-_FORCE_EXP: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +117,9 @@ _EXPS = {
 _exp_choice: dict[str, _Exp] = {}
 
 
-def _exp(dtype: np.dtype) -> _Exp:
-    """How score blocks are exponentiated, chosen once per process and dtype.
+def _exp(dtype: np.dtype, cfg: KernelConfig) -> _Exp:
+    """How score blocks are exponentiated, chosen once per process and dtype (unless ``cfg.exp`` forces it; see
+    :mod:`attnlab.kernels.config`).
 
     float32 with numba installed: the fused compiled passes (:mod:`attnlab.kernels.fused`, ~2× faster than
     NumPy's ``exp2`` plus a row sum). Otherwise ``exp2`` (in log2 units) or ``exp`` (in nats), whichever
@@ -129,9 +128,9 @@ def _exp(dtype: np.dtype) -> _Exp:
     the whole life of the process (it depends on the address-space layout: never seen with ASLR disabled).
     Measuring takes ~0.3 ms once; all choices are exact to about one float32 ulp.
     """
-    fusable = np.dtype(dtype) == np.float32 and fused.usable()
-    if _FORCE_EXP is not None:
-        return _EXPS[_FORCE_EXP if _FORCE_EXP != "fused" or fusable else "exp2"]
+    fusable = np.dtype(dtype) == np.float32 and cfg.use_numba and fused.usable()
+    if cfg.exp != "auto":
+        return _EXPS[cfg.exp if cfg.exp != "fused" or fusable else "exp2"]
     if fusable:
         return _EXPS["fused"]
     key = np.dtype(dtype).str
@@ -148,6 +147,61 @@ def _exp(dtype: np.dtype) -> _Exp:
                 best[name] = min(best[name], time.perf_counter() - t)
         choice = _exp_choice[key] = _EXPS[min(best, key=best.__getitem__)]
     return choice
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """Which exponential the tiled kernels use for one dtype on this machine, and why (see :func:`exponential`).
+
+    Attributes:
+        name: ``"fused"`` (numba's compiled pass: scale, offset, ``exp2``, mask and row sums in one pass),
+            ``"exp2"`` (NumPy's ``exp2`` in log2 units) or ``"exp"`` (NumPy's ``exp`` in nats).
+        dtype: the compute dtype, ``"float32"`` or ``"float64"``.
+        reason: one line: why this one.
+    """
+
+    name: str
+    dtype: str
+    reason: str
+
+    @property
+    def fused(self) -> bool:
+        """True for numba's fused passes."""
+        return self.name == "fused"
+
+
+def exponential(dtype: Any = "float32") -> Exponential:
+    """The exponential the tiled kernels use for score blocks of ``dtype`` (float32 or float64) in this process, and
+    why: numba's fused passes for float32 when numba is installed and loads, otherwise NumPy's ``exp2`` or ``exp``,
+    whichever measured faster on the first call (NumPy's float32 ``exp2`` is usually ~0.5x ``exp`` but in some
+    processes ~2x; all are exact to about one float32 ulp). ``attnlab bench`` prints it.
+
+    >>> exponential("float64").name in ("exp2", "exp")
+    True
+    """
+    dt = np.dtype(dtype)
+    if dt not in (np.float32, np.float64):
+        raise DTypeError(f"dtype: expected float32 or float64 (the kernels' compute dtypes), got {dt}")
+    cfg = current_config()
+    e = _exp(dt, cfg)
+    if cfg.exp != "auto":
+        why = f"forced by attnlab.kernels.config.override(exp={cfg.exp!r})"
+        if cfg.exp != e.name:
+            why += f"; {e.name} instead, as fused needs float32 and numba"
+    elif e.fused:
+        why = f"float32 with numba {fused.version()}: scale, offset, exp2, mask and row sums in one compiled pass"
+    else:
+        if dt != np.float32:
+            without = "the fused passes are float32 only"
+        elif not cfg.use_numba:
+            without = "numba turned off by attnlab.kernels.config.override(use_numba=False)"
+        elif not fused.AVAILABLE:
+            without = "no numba: pip install 'attnlab[fast]' for the fused passes"
+        else:
+            without = "numba is installed but does not load"
+        other = "exp" if e.name == "exp2" else "exp2"
+        why = f"measured faster than np.{other} in this process; {without}"
+    return Exponential(e.name, dt.name, why)
 
 
 @dataclass(frozen=True)
@@ -222,6 +276,7 @@ class _Plan:
     device: Any
     out_dtype: Any
     lse_dtype: Any  # the compute dtype in the caller's library (float32 or float64)
+    config: KernelConfig  # read once, on the calling thread (attnlab.kernels.config)
 
     @property
     def factor(self) -> float:
@@ -698,6 +753,7 @@ def _plan(
         device=device,
         out_dtype=p.out_dtype if xp is np else out_dtype,
         lse_dtype=p.q.dtype if xp is np else lse_dtype,
+        config=current_config(),
     )
 
 
@@ -763,7 +819,7 @@ class _Units:
 
 def _units(plan: _Plan) -> _Units:
     dt = plan.q.dtype
-    E = _exp(dt)
+    E = _exp(dt, plan.config)
     mant, exp = math.frexp(abs(plan.factor))  # |factor| = mant · 2**exp, mant in [0.5, 1) (0 for 0)
     R = dt.type(2.0 * mant)
     with np.errstate(over="ignore"):  # 1 / temperature may not fit (checked by _plan when there is a bias)
@@ -886,7 +942,7 @@ def _forward_task(
     with np.errstate(over="ignore"):
         q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
     bound = q_norm * float(ex.k_norm[idx]) * float(u.R)  # |logits - bias / T| (inf or NaN: unknown)
-    bounded = bound + ex.bias_max <= ex.safe and not _FORCE_ONLINE
+    bounded = bound + ex.bias_max <= ex.safe and not plan.config.force_online
     if bounded:
         matmul = np.matmul
         a = u.R * u.pre  # what turns qs Kᵀ into the exponential's argument
@@ -1118,7 +1174,7 @@ def flash_attention(
     k: Any,
     v: Any,
     *,
-    causal: Any = False,
+    causal: Causal = False,
     q_offset: int | None = None,
     window: Any = None,
     key_lengths: Any = None,
@@ -1127,7 +1183,7 @@ def flash_attention(
     bias: Any = None,
     scale: float | None = None,
     temperature: float = 1.0,
-    masked_rows: str = "raise",
+    masked_rows: MaskedRows = "raise",
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,
@@ -1363,7 +1419,7 @@ def flash_attention_backward(
     lse: Any,
     d_out: Any,
     *,
-    causal: Any = False,
+    causal: Causal = False,
     q_offset: int | None = None,
     window: Any = None,
     key_lengths: Any = None,
@@ -1372,7 +1428,7 @@ def flash_attention_backward(
     bias: Any = None,
     scale: float | None = None,
     temperature: float = 1.0,
-    masked_rows: str = "raise",
+    masked_rows: MaskedRows = "raise",
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,
@@ -1543,7 +1599,7 @@ def gemm_floor(
     k: Any,
     v: Any,
     *,
-    causal: Any = False,
+    causal: Causal = False,
     block_q: int | None = None,
     block_k: int | None = None,
     num_threads: int | None = None,

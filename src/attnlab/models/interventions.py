@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..core.softmax import log_softmax
-from ..errors import ShapeError
+from ..errors import OptionError, ShapeError
 
 __all__ = [
     "AttentionMaps",
@@ -269,7 +269,7 @@ def intervene(
     from .llama import llama_forward
 
     if method not in ("delete", "replace"):
-        raise ShapeError(f"method: expected 'delete' or 'replace', got {method!r}")
+        raise OptionError(f"method: expected 'delete' or 'replace', got {method!r}")
     ids = model.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
     n = len(ids)
     if n < 2:
@@ -281,7 +281,7 @@ def intervene(
         raise ShapeError(f"target: position {target} is outside 1..{n - 1} (prompt of {n} tokens)")
     L = model.config.num_layers
     if layer is not None and not (isinstance(layer, int) and -L <= layer < L):
-        raise ShapeError(f"layer: expected an int in [0, {L}), got {layer!r}")
+        raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
     layer = None if layer is None else layer % L
     ids = ids[: t + 1]  # later tokens cannot influence position t (causal)
     base = llama_forward(model, ids, return_attention=True)
@@ -357,7 +357,7 @@ def intervene_minilm(
     from .minilm import MiniLM
 
     if method not in ("delete", "replace"):
-        raise ShapeError(f"method: expected 'delete' or 'replace', got {method!r}")
+        raise OptionError(f"method: expected 'delete' or 'replace', got {method!r}")
     m = model if model is not None else MiniLM.load()
     ids, am = m.tokenize([sentence])
     n = ids.shape[1]
@@ -365,7 +365,7 @@ def intervene_minilm(
         raise ShapeError(f"sentence: {sentence!r} has no word pieces between [CLS] and [SEP]")
     L = m.config.num_layers
     if layer is not None and not (isinstance(layer, int) and -L <= layer < L):
-        raise ShapeError(f"layer: expected an int in [0, {L}), got {layer!r}")
+        raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
     layer = None if layer is None else layer % L
     if target is not None and not -n <= int(target) < n:
         raise ShapeError(f"target: position {target} is outside 0..{n - 1} ({n} tokens with [CLS] and [SEP])")
@@ -479,15 +479,15 @@ def attention_maps(
         allowed = np.ones((n, n), dtype=bool)
         get = lambda li: maps[li][0]  # noqa: E731
     else:
-        raise ShapeError(f"model: expected 'smollm2' or 'minilm', got {model!r}")
+        raise OptionError(f"model: expected 'smollm2' or 'minilm', got {model!r}")
     L = len(maps)
     if not (isinstance(layer, int) and -L <= layer < L):
-        raise ShapeError(f"layer: expected an int in [0, {L}) for {name}, got {layer!r}")
+        raise OptionError(f"layer: expected an int in [0, {L}) for {name}, got {layer!r}")
     w = get(layer % L)  # [h, n, n]
     h = w.shape[0]
     if head is not None:
         if not (isinstance(head, int) and -h <= head < h):
-            raise ShapeError(f"head: expected an int in [0, {h}) for {name}, got {head!r}")
+            raise OptionError(f"head: expected an int in [0, {h}) for {name}, got {head!r}")
         return AttentionMaps(
             weights=np.asarray(w[head % h], dtype=np.float64),
             allowed=allowed,
@@ -549,6 +549,6 @@ def plot_intervention(result: InterventionResult, path: str | Path | None = None
         p = Path(path)
         fmt = p.suffix.lower().lstrip(".")
         if fmt not in ("png", "svg", "pdf"):
-            raise ShapeError(f"path: expected a .png, .svg or .pdf file, got {str(p)!r}")
+            raise OptionError(f"path: expected a .png, .svg or .pdf file, got {str(p)!r}")
         fig.savefig(p, format=fmt, dpi=130)
     return fig

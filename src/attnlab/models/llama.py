@@ -68,9 +68,7 @@ class LlamaConfig:
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "d_model", "d_ff", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ShapeError(f"{f}: expected an int >= 1, got {v!r}")
+            check_int(f, getattr(self, f), minimum=1)
         if self.num_heads % self.num_kv_heads:
             raise ShapeError(
                 f"num_kv_heads={self.num_kv_heads} must divide num_heads={self.num_heads} (GQA groups query heads)"

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from ..core.multihead import MultiHeadWeights, multi_head_attention
-from ..core.weights_io import from_bert
 from ..errors import DTypeError, MaskError, ShapeError, missing_extra
 from ..validate import check_int
+from ..weights_io import from_bert
 
 __all__ = [
     "PACKAGE",
