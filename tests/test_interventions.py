@@ -192,3 +192,17 @@ def test_checker_passes_smollm2_and_names_the_leak_when_the_mask_is_broken(model
     bad = check_causal_lm(logits_fn(model, break_causal=True), vocab_size=model.config.vocab_size, seq_len=8)
     assert not bad.ok
     assert "causal-leak" in bad.to_text()
+
+
+def test_bad_target_token_and_replacement_are_refused_before_any_forward_pass(smollm2, monkeypatch):
+    """Issue 12: `intervene --target-token/--replacement` were checked only after the first forward pass."""
+    from attnlab.models import llama
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward pass ran before the arguments were checked")
+
+    monkeypatch.setattr(llama, "llama_forward", no_forward)
+    with pytest.raises(ShapeError, match=r"target_token: ' Paris is' is 2 tokens"):
+        intervene(smollm2, "The capital of France is", target_token=" Paris is")
+    with pytest.raises(ShapeError, match=r"replacement: id -1 is outside the vocabulary"):
+        intervene(smollm2, "The capital of France is", method="replace", replacement=-1)

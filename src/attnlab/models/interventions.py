@@ -284,16 +284,23 @@ def intervene(
         raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
     layer = None if layer is None else layer % L
     ids = ids[: t + 1]  # later tokens cannot influence position t (causal)
-    base = llama_forward(model, ids, return_attention=True)
-    logp = log_softmax(base.logits[0, t].astype(np.float64))
-    if target_token is None:
-        y = int(np.argmax(logp))
-    elif isinstance(target_token, str):
+    y: int | None = None  # the tracked token, checked before any forward pass
+    if isinstance(target_token, str):
         y = _single_token(model, target_token, "target_token")
-    else:
+    elif target_token is not None:
         y = int(target_token)
         if not 0 <= y < model.config.vocab_size:
             raise ShapeError(f"target_token: id {y} is outside the vocabulary [0, {model.config.vocab_size})")
+    rep_id = 0
+    if method != "delete":
+        rep = 0 if replacement is None else replacement
+        rep_id = _single_token(model, rep, "replacement") if isinstance(rep, str) else int(rep)
+        if not 0 <= rep_id < model.config.vocab_size:
+            raise ShapeError(f"replacement: id {rep_id} is outside the vocabulary [0, {model.config.vocab_size})")
+    base = llama_forward(model, ids, return_attention=True)
+    logp = log_softmax(base.logits[0, t].astype(np.float64))
+    if y is None:
+        y = int(np.argmax(logp))
     att = np.stack([a[0, :, t, :] for a in base.attentions])  # [L, h, t+1]
 
     if method == "delete":
@@ -301,8 +308,6 @@ def intervene(
         batch = np.array([ids[:j] + ids[j + 1 :] for j in sources])  # [n_src, t]
         rep_label = None
     else:
-        rep = 0 if replacement is None else replacement
-        rep_id = _single_token(model, rep, "replacement") if isinstance(rep, str) else int(rep)
         sources = list(range(t + 1))
         batch = np.array([[*ids[:j], rep_id, *ids[j + 1 :]] for j in sources])  # [n_src, t+1]
         rep_label = model.decode([rep_id])
