@@ -373,7 +373,7 @@ def test_multi_head_backward_matches_finite_differences_gqa_cross_dropout():
 
 def test_matches_torch_multihead_attention_autograd():
     """Gradients of nn.MultiheadAttention's own parameters (float64), packed in_proj_weight included."""
-    from attnlab.core import weights_io
+    from attnlab import weights_io
 
     torch.manual_seed(0)
     mha = torch.nn.MultiheadAttention(12, 3, batch_first=True).double()

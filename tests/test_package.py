@@ -65,12 +65,13 @@ def test_console_script_runs():
 
 def test_moved_modules_keep_their_public_names():
     """Weight import/export left the core for attnlab.weights_io, the permutation demo for attnlab.explain; the old
-    names are the same objects (``attnlab.permutation_demo`` is loaded on first use, not by ``import attnlab``)."""
+    names reach the same objects (``attnlab.permutation_demo`` is loaded on first use, not by ``import attnlab``)."""
     code = (
         "import sys, attnlab; print('attnlab.explain' in sys.modules); "
         "from attnlab.core import weights_io; import attnlab.core.rope as rope; "
         "from attnlab.explain import permutation; "
-        "print(weights_io is attnlab.weights_io, attnlab.permutation_demo is permutation.permutation_demo, "
+        "print(weights_io.to_bert is attnlab.weights_io.to_bert, "
+        "attnlab.permutation_demo is permutation.permutation_demo, "
         "rope.permutation_demo is permutation.permutation_demo, attnlab.PermutationDemo is permutation.PermutationDemo)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -95,7 +95,7 @@ def test_apply_rope_is_a_rotation_of_each_pair(n, half, offset, magnitude, dtype
         (lambda: attnlab.rope_tables([0.5, 1.5], 8), attnlab.ShapeError, "positions: expected integers"),
         (lambda: attnlab.rope_tables(np.arange(4), 8, base=-1), attnlab.ShapeError, "base"),
         (lambda: attnlab.apply_rope(np.ones((4, 6)), attnlab.rope_tables(np.arange(4), 8)), attnlab.ShapeError, "x"),
-        (lambda: attnlab.permutation_demo(1), attnlab.ShapeError, "n: expected an int >= 2"),
+        (lambda: attnlab.permutation_demo(1), attnlab.OptionError, "n: expected an int >= 2"),
     ],
 )
 def test_rope_bad_input_is_named(call, error, message):

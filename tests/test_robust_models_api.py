@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import attnlab
 import attnlab.models
-from attnlab.core import weights_io
+from attnlab import weights_io
 from attnlab.errors import AttnlabError, DTypeError, MaskError, OptionError, RangeError, ShapeError
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "models.md"

@@ -7,8 +7,7 @@ import pytest
 import torch
 from test_multihead import random_weights
 
-from attnlab import masks
-from attnlab.core import weights_io
+from attnlab import masks, weights_io
 from attnlab.core.multihead import multi_head_attention
 from attnlab.errors import OptionError, ShapeError
 

@@ -1,10 +1,8 @@
 """Moved to :mod:`attnlab.weights_io`: importing and exporting model weights is not part of the attention core.
 
-``attnlab.core.weights_io`` (and ``from attnlab.core import weights_io``) stays the same module for a release.
+``from attnlab.core import weights_io`` keeps working for a release: this module re-exports every public name of
+:mod:`attnlab.weights_io` (the same functions and classes).
 """
 
-import sys
-
-from .. import weights_io
-
-sys.modules[__name__] = weights_io
+from ..weights_io import *  # noqa: F403
+from ..weights_io import __all__  # noqa: F401

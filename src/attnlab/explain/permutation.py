@@ -1,7 +1,7 @@
 """Article 001, §16: attention alone is permutation-equivariant; RoPE breaks that (:func:`permutation_demo`).
 
 >>> print(permutation_demo(n=4, d=4).text().splitlines()[0])
-Tokens x [4, 4] are permuted by [3, 2, 0, 1] (self-attention, no mask, float64).
+Tokens x [4, 4] are permuted by [2, 0, 1, 3] (self-attention, no mask, float64).
 """
 
 from __future__ import annotations
