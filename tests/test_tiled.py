@@ -594,7 +594,6 @@ def test_the_fused_pass_rounds_the_product_as_the_naive_computation():
     """``fl(a · s)`` first, then the offset: the pass must not fuse the product into the subtraction (that would be
     more exact than the naive computation, and so decorrelated from it: at |logits| ~ 1e4 a different error of
     the same size, beyond 2x the naive one in a few % of cases)."""
-    pytest.importorskip("numba")
     from attnlab.kernels import fused
 
     rng = np.random.default_rng(3)

@@ -35,9 +35,11 @@ from .errors import OptionError
 from .validate import check_float, check_int
 
 __all__ = [
+    "float_or_text",
     "float_type",
     "index_in",
     "input_file",
+    "int_or_text",
     "int_type",
     "output_file",
     "probability",
@@ -181,3 +183,20 @@ def index_in(flag: str, value: int | None, size: int, what: str) -> int | None:
     if not 0 <= value < size:
         raise OptionError(f"{flag}: expected an int in [0, {size - 1}] ({size} {what}), got {value}")
     return value
+
+
+def int_or_text(text: str) -> int | str:
+    """An argparse type that only converts: ``text`` as an int, else the text itself, for a command that checks its
+    options together later (with :func:`~attnlab.validate.check_int`, which names the flag and the expected range)."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def float_or_text(text: str) -> float | str:
+    """Like :func:`int_or_text`, for a number: ``text`` as a float, else the text itself (checked later by name)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text

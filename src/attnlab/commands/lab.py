@@ -10,34 +10,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..argtypes import float_or_text, int_or_text
+
 NAME = "lab"
 HELP = "open the interactive attention lab in your browser (local, offline)"
 
 
-def _int(text: str) -> int | str:
-    """``text`` as an int, or the text itself for :func:`run` to reject in one line (argparse would add its usage)."""
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
-def _float(text: str) -> float | str:
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=_int, default=0, help="port on 127.0.0.1, 1-65535 (default 0: a free one)")
+    parser.add_argument(
+        "--port", type=int_or_text, default=0, help="port on 127.0.0.1, 1-65535 (default 0: a free one)"
+    )
     parser.add_argument("--open", action="store_true", help="open the URL in the default browser")
     parser.add_argument(
         "--edit",
         action="store_true",
         help="copy the notebook to ./attnlab_lab.py and open marimo's editor (teachers); the URL carries a token",
     )
-    parser.add_argument("--timeout", type=_float, default=60.0, help="seconds to wait for the server to start (60)")
+    parser.add_argument(
+        "--timeout", type=float_or_text, default=60.0, help="seconds to wait for the server to start (60)"
+    )
     parser.add_argument("--exit-when-ready", action="store_true", help=argparse.SUPPRESS)
 
 

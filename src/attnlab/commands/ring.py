@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from ..argtypes import float_or_text, int_or_text
+
 NAME = "ring"
 HELP = "exact ring attention across P processes (torch.distributed): time, memory, traffic, check"
 
@@ -19,47 +21,36 @@ _SIZES = ("n", "procs", "batch", "heads", "kv_heads", "d_k", "d_v", "block", "re
 _FLAGS = {"n": "-n/--seq-len", "procs": "-P/--procs", "kv_heads": "--kv-heads", "d_k": "--d-k", "d_v": "--d-v"}
 
 
-def _int(text: str) -> int | str:
-    """``text`` as an int, or the text itself for :func:`run` to reject in one line (argparse would add its usage)."""
-    try:
-        return int(text)
-    except ValueError:
-        return text
-
-
-def _float(text: str) -> float | str:
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-n", "--seq-len", dest="n", type=_int, default=1024, help="global sequence length n (1024)")
     parser.add_argument(
-        "-P", "--procs", type=_int, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
+        "-n", "--seq-len", dest="n", type=int_or_text, default=1024, help="global sequence length n (1024)"
     )
-    parser.add_argument("--batch", type=_int, default=1, help="batch size B (default 1)")
-    parser.add_argument("--heads", type=_int, default=4, help="query heads h (default 4)")
-    parser.add_argument("--kv-heads", type=_int, default=None, help="key/value heads h_kv, a divisor of h (default h)")
-    parser.add_argument("--d-k", type=_int, default=64, help="query/key head size (default 64)")
-    parser.add_argument("--d-v", type=_int, default=None, help="value head size (default d_k)")
+    parser.add_argument(
+        "-P", "--procs", type=int_or_text, default=2, help="ranks to spawn (ignored under torchrun; default 2)"
+    )
+    parser.add_argument("--batch", type=int_or_text, default=1, help="batch size B (default 1)")
+    parser.add_argument("--heads", type=int_or_text, default=4, help="query heads h (default 4)")
+    parser.add_argument(
+        "--kv-heads", type=int_or_text, default=None, help="key/value heads h_kv, a divisor of h (default h)"
+    )
+    parser.add_argument("--d-k", type=int_or_text, default=64, help="query/key head size (default 64)")
+    parser.add_argument("--d-v", type=int_or_text, default=None, help="value head size (default d_k)")
     parser.add_argument("--causal", action="store_true", help="causal attention (zig-zag needs n >= 2P)")
     parser.add_argument("--layout", choices=("contiguous", "zigzag"), default=None, help="default: zigzag if causal")
     parser.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32")
     parser.add_argument("--backward", action="store_true", help="also run the backward pass in the ring")
-    parser.add_argument("--block", type=_int, default=256, help="tile size block_q = block_k (default 256)")
+    parser.add_argument("--block", type=int_or_text, default=256, help="tile size block_q = block_k (default 256)")
     parser.add_argument(
         "--check",
         choices=("auto", "yes", "no"),
         default="auto",
         help="compare with the single-process float64 reference on rank 0 (auto: when B·h·n² <= 4M)",
     )
-    parser.add_argument("--repeats", type=_int, default=1, help="passes to time; the fastest is reported")
-    parser.add_argument("--seed", type=_int, default=0)
+    parser.add_argument("--repeats", type=int_or_text, default=1, help="passes to time; the fastest is reported")
+    parser.add_argument("--seed", type=int_or_text, default=0)
     parser.add_argument(
         "--timeout",
-        type=_float,
+        type=float_or_text,
         default=60.0,
         help="seconds a rank waits for another (rendezvous, each step) before the run is stopped (default 60)",
     )
