@@ -5,6 +5,7 @@ has the bug, left as it is)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -215,7 +216,7 @@ def sdpa_is_causal_ignored(query, key, value, attn_mask=None, dropout_p=0.0, is_
 
 def causal_top_left_declared_bottom_right(q, k, v, mask=None, causal=False):
     """flash-attn < 2.1 causal semantics (top-left ``tril()``) in a function documented as flash-attn >= 2.1
-    (bottom-right, Dao-AILab/flash-attention README "Changes in v2.1")."""
+    (bottom-right, Dao-AILab/flash-attention README "2.1: Change behavior of causal flag")."""
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
         c = torch.ones(s.shape[-2:], dtype=torch.bool).tril()  # BUG: bottom-right is tril(n_k - n_q)
@@ -478,6 +479,29 @@ class MaskedRowZerosDeclared:
         return torch.softmax(s, dim=-1) @ v
 
 
+# --------------------------------------------------------------------------------------------------- more styles
+class NumpyAttentionModule:
+    """A NumPy "module" whose bound method ``forward`` is checked; the mask multiplies the weights after the
+    softmax."""
+
+    def forward(self, q, k, v, mask=None):
+        p = _np_softmax(q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1]))
+        if mask is not None:
+            p = p * mask  # BUG: after the softmax
+        return p @ v
+
+
+def transformer_lens_ignore(q, k, v):
+    """TransformerLens' causal attention before TransformerLensOrg/TransformerLens#319: the causal mask applied
+    with ``torch.where(mask, attn_scores, self.IGNORE)``, ``IGNORE = -1e5`` (issue #318: on pythia-70m real
+    scores fall below -1e5 and the model attends outside the mask)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    attn_scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    mask = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    attn_scores = torch.where(mask, attn_scores, torch.tensor(-1e5, dtype=attn_scores.dtype))  # BUG: finite
+    return attn_scores.softmax(dim=-1) @ v
+
+
 FP = ("float64", "float32")
 
 CASES = [
@@ -605,7 +629,7 @@ CASES = [
         causal_top_left_declared_bottom_right,
         {"causal_align": "bottom_right", "dtypes": FP},
         "causal-alignment",
-        "Dao-AILab/flash-attention README 'Changes in v2.1' (causal aligned bottom-right); attention_ref "
+        "Dao-AILab/flash-attention README '2.1: Change behavior of causal flag' (bottom-right); attention_ref "
         "(tests/test_flash_attn.py, commit 0251105a) with the pre-2.1 top-left tril planted",
     ),
     Case(
@@ -748,5 +772,38 @@ CASES = [
         {"masked_rows": "zeros", "dtypes": FP},
         "masked-row-policy",
         HF + "'s finfo.min fill (uniform rows) in a class declared masked_rows='zeros'",
+    ),
+    Case(
+        "lambda-mup-one-over-d",
+        lambda q, k, v, attn_mask=None, is_causal=False: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=1.0 / q.shape[-1]
+        ),
+        {"dtypes": FP},
+        "scale-wrong",
+        "microsoft/mup README (muP attention: 1/d instead of 1/sqrt(d)) scaling pasted into a lambda documented as "
+        "standard SDPA attention",
+    ),
+    Case(
+        "partial-hard-coded-sm-scale",
+        functools.partial(F.scaled_dot_product_attention, scale=0.125),
+        {"dtypes": FP},
+        "scale-wrong",
+        "a functools.partial binding sm_scale = 0.125 (1/sqrt(64)), as kernel tests hard-code sm_scale "
+        "(triton-lang/triton python/tutorials/06-fused-attention.py test_op: sm_scale = 0.5): right only for d_k = 64",
+    ),
+    Case(
+        "bound-method-mask-after-softmax",
+        NumpyAttentionModule().forward,
+        {},
+        "mask-after-softmax",
+        D2L + ", NumPy, as a bound method; the mask multiplied into the weights after the softmax",
+    ),
+    Case(
+        "finite-fill-transformer-lens-1e5",
+        transformer_lens_ignore,
+        {"causal_only": True, "dtypes": FP},
+        "finite-fill",
+        "TransformerLensOrg/TransformerLens#318 and PR #319 (IGNORE = -1e5 in the causal mask, replaced by -inf); "
+        "the attention part transcribed from the issue's description",
     ),
 ]

@@ -51,7 +51,7 @@ def hf_additive_after_softmax(q, k, v, attention_mask=None):
 
 
 def hf_additive_clamped(q, k, v, attention_mask=None):
-    """A 4-D additive mask clamped to -1e4 "for fp16 safety" (the T5/Longformer habit): the fill is finite."""
+    """A 4-D additive mask clamped to -1e4 "for fp16 safety": the fill is finite (huggingface/transformers#14859)."""
     w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.shape[-1])
     if attention_mask is not None:
         w = w + attention_mask.clamp(min=-1e4)  # BUG: a finite fill
@@ -262,8 +262,8 @@ CASES = [
         hf_additive_clamped,
         {"mask_form": "batch", "mask_convention": "additive", "dtypes": FP},
         "finite-fill",
-        "transformers 5.24.0 eager_attention_forward with the mask clamped to -1e4 (the fp16 clamp habit of "
-        "T5-era code)",
+        "transformers 5.24.0 eager_attention_forward with the mask clamped to -1e4: the fp16-motivated -1e4 of "
+        "huggingface/transformers#14859 (T5 trained wrongly; fixed by #17306)",
     ),
     Case(
         "eva-key-padding-fill-after-softmax",

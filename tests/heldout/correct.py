@@ -215,8 +215,8 @@ CASES = [
         "ok-nn-multihead-attention",
         torch.nn.MultiheadAttention(16, 2, batch_first=True),
         {"dtypes": ("float64", "float32")},
-        source="torch 2.13 torch.nn.MultiheadAttention (module mode, need_weights=False: its fast path returns "
-        "zeros on fully masked rows; with need_weights=True they are NaN, pytorch/pytorch#41508)",
+        source="torch 2.13 torch.nn.MultiheadAttention (module mode, need_weights=False: zeros on fully masked "
+        "rows; with need_weights=True they are NaN, pytorch/pytorch#160064)",
     ),
     Case(
         "ok-jax-dot-product-attention",
@@ -261,6 +261,15 @@ CASES = [
         {"dtypes": ("float64", "float32")},
         source="x-transformers 2.31.10 x_transformers/attend.py Attend.forward non-flash path, transcribed as a "
         "function with einops.einsum",
+    ),
+    Case(
+        "ok-key-padding-block-sdpa",
+        lambda q, k, v, key_padding_mask=None: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        ),
+        {"mask_convention": "block", "dtypes": ("float64", "float32")},
+        source="nn.MultiheadAttention's key_padding_mask convention (True = padding, torch docs) turned into an "
+        "SDPA mask [B, 1, 1, n_k] in a lambda",
     ),
     Case(
         "ok-flash-attn-attention-ref-key-padding",
