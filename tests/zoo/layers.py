@@ -2,12 +2,16 @@
 
 They are correct implementations: the checker must find nothing in them (tests/test_check_modules.py).
 
-* :class:`TimmAttention`: timm 1.0.31, ``timm/layers/attention.py`` ``Attention`` (with ``maybe_add_mask`` and
-  ``resolve_self_attn_mask``), the ViT attention. timm installs from PyPI but pulls a ``torchvision`` wheel that
+* :class:`TimmAttention`: huggingface/pytorch-image-models ``timm/layers/attention.py`` ``Attention`` (with
+  ``maybe_add_mask`` and ``resolve_self_attn_mask``) at commit aa4b5850c1543fa488abf260f18390eda46cf85d (the
+  file last changed in 45804cd0434323ee1aa32ddbdf9962056859d54d), the ViT attention. One difference:
+  ``fused_attn`` is a constructor argument instead of timm's ``use_fused_attn()`` (its global config), so a test
+  picks the path. timm installs from PyPI but pulls a ``torchvision`` wheel that
   does not match this machine's CPU torch (its ``torchvision::nms`` operator fails to register, which breaks
   ``import transformers``), so it is transcribed instead; ``fused_attn`` picks the SDPA path or the manual one.
-* :class:`CausalSelfAttention` and :class:`GPTConfig`: karpathy/nanoGPT ``model.py`` (the flash path through
-  ``F.scaled_dot_product_attention(is_causal=True)`` and the manual path with the ``bias`` tril buffer).
+* :class:`CausalSelfAttention` and :class:`GPTConfig`: karpathy/nanoGPT ``model.py`` at commit
+  3adf61e154c3fe3fca428ad6bc3818b27a3b8291 (the flash path through ``F.scaled_dot_product_attention(is_causal=True)``
+  and the manual path with the ``bias`` tril buffer), verbatim.
 """
 
 from __future__ import annotations
@@ -42,43 +46,66 @@ def resolve_self_attn_mask(
 
 
 class TimmAttention(nn.Module):
-    """timm's ``Attention`` (timm/layers/attention.py, 1.0.31), without the ``gated``/``scale_norm`` options."""
+    """timm's ``Attention`` (timm/layers/attention.py, commit aa4b5850c1543fa488abf260f18390eda46cf85d)."""
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
         qkv_bias: bool = False,
         qk_norm: bool = False,
+        scale_norm: bool = False,
         proj_bias: bool = True,
+        gated: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         norm_layer: type[nn.Module] | None = None,
+        device=None,
+        dtype=None,
         fused_attn: bool = True,
     ) -> None:
         super().__init__()
-        assert dim % num_heads == 0, "dim should be divisible by num_heads"
+        dd = {"device": device, "dtype": dtype}
+        dim_out = dim_out or dim
+        head_dim = attn_head_dim
+        if head_dim is None:
+            assert dim % num_heads == 0, "dim should be divisible by num_heads"
+            head_dim = dim // num_heads
+        if qk_norm or scale_norm:
+            assert norm_layer is not None, "norm_layer must be provided if qk_norm or scale_norm is True"
+
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.attn_dim = num_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
-        self.fused_attn = fused_attn
-        self.qkv = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.head_dim = head_dim
+        self.attn_dim = num_heads * head_dim
+        self.scale = head_dim**-0.5
+        self.fused_attn = fused_attn  # timm: use_fused_attn()
+
+        self.qkv = nn.Linear(dim, self.attn_dim * 3, bias=qkv_bias, **dd)
+        self.q_norm = norm_layer(head_dim, **dd) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(head_dim, **dd) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.norm = nn.Identity()
-        self.proj = nn.Linear(self.attn_dim, dim, bias=proj_bias)
+        self.norm = norm_layer(self.attn_dim, **dd) if scale_norm else nn.Identity()
+        self.gate = nn.Linear(dim, self.attn_dim, bias=qkv_bias, **dd) if gated else None
+        self.proj = nn.Linear(self.attn_dim, dim_out, bias=proj_bias, **dd)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         B, N, _C = x.shape
+        gate = self.gate(x).sigmoid() if self.gate is not None else None
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = self.q_norm(q), self.k_norm(k)
+
         if self.fused_attn:
             x = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop.p if self.training else 0.0, is_causal=is_causal
+                q,
+                k,
+                v,
+                attn_mask=attn_mask,
+                dropout_p=self.attn_drop.p if self.training else 0.0,
+                is_causal=is_causal,
             )
         else:
             q = q * self.scale
@@ -88,8 +115,11 @@ class TimmAttention(nn.Module):
             attn = attn.softmax(dim=-1)
             attn = self.attn_drop(attn)
             x = attn @ v
+
         x = x.transpose(1, 2).reshape(B, N, self.attn_dim)
         x = self.norm(x)
+        if gate is not None:
+            x = x * gate
         x = self.proj(x)
         x = self.proj_drop(x)
         return x
@@ -97,7 +127,7 @@ class TimmAttention(nn.Module):
 
 @dataclass
 class GPTConfig:
-    """nanoGPT's ``GPTConfig`` (model.py)."""
+    """nanoGPT's ``GPTConfig`` (model.py, commit 3adf61e154c3fe3fca428ad6bc3818b27a3b8291)."""
 
     block_size: int = 1024
     vocab_size: int = 50304
@@ -109,7 +139,7 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    """nanoGPT's ``CausalSelfAttention`` (karpathy/nanoGPT, model.py)."""
+    """nanoGPT's ``CausalSelfAttention`` (karpathy/nanoGPT model.py, commit 3adf61e1)."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -127,6 +157,7 @@ class CausalSelfAttention(nn.Module):
         # flash attention make GPU go brrrrr but support is only in PyTorch >= 2.0
         self.flash = hasattr(torch.nn.functional, "scaled_dot_product_attention")
         if not self.flash:
+            print("WARNING: using slow attention. Flash Attention requires PyTorch >= 2.0")
             # causal mask to ensure that attention is only applied to the left in the input sequence
             self.register_buffer(
                 "bias",

@@ -1,12 +1,21 @@
 """Faithful transcriptions of reference oracles whose libraries do not install here (CUDA-only builds), each
 naming its source. They are correct implementations: the checker must find nothing in them.
 
-* :func:`attention_ref`: Dao-AILab/flash-attention, ``tests/test_flash_attn.py`` (``attention_ref`` and
-  ``construct_local_mask``): ``[B, n, h, d]`` layout, key/query padding masks ``[B, n]``, an additive
-  ``attn_bias``, bottom-right ``causal``, GQA by ``einops.repeat`` (interleave), computed in float32
-  (``upcast=True``) and cast back; returns ``(output, attention)``.
-* :func:`ref_attention`: facebookresearch/xformers, ``tests/test_mem_eff_attention.py`` (``ref_attention`` and
-  ``ref_attention_bmhk``): ``[B, n, h, d]``, an additive ``attn_bias`` tensor, computed and returned in float32.
+* :func:`attention_ref` and :func:`construct_local_mask`: Dao-AILab/flash-attention ``tests/test_flash_attn.py``
+  at commit 0251105a2fb19d2957484b7f023cd8c115286ced (verbatim, black-formatted): ``[B, n, h, d]`` layout,
+  key/query padding masks ``[B, n]``, an additive ``attn_bias``, bottom-right ``causal`` (aligned to each
+  sequence's valid length when padding masks are given), GQA by ``einops.repeat`` (interleave), computed in
+  float32 (``upcast=True``) and cast back; returns ``(output, attention)``.
+* :func:`ref_attention` and :func:`ref_attention_bmhk`: facebookresearch/xformers ``xformers/attn_bias_utils.py``
+  at commit ce4f89d54286ab07b90d0a230561e338eb70bff2 (the last commit that has it: the next one, ca6d2aa0,
+  replaced the module by stubs re-exporting mslk; before 24f7741e it lived in ``tests/test_mem_eff_attention.py``):
+  ``[B, n, h, d]`` (or 3-D ``[B*h, n, d]``, or 5-D grouped), an additive ``attn_bias`` tensor (a 4-D
+  ``[B, h, n_q, n_k]`` one is folded to ``[B*h, ...]``, lower ranks broadcast), computed and returned in float32.
+  The branches for xformers' ``AttentionBias`` objects are left out (xformers does not install here, so no such
+  object exists); the tensor paths are verbatim.
+* :func:`kvcache_attention` and :func:`varlen_attention` are not transcriptions: written here from the
+  docstrings of ``flash_attn_with_kvcache`` and ``flash_attn_varlen_func`` (flash_attn/flash_attn_interface.py,
+  same commit).
 """
 
 from __future__ import annotations
@@ -18,10 +27,20 @@ from einops import rearrange, repeat
 
 
 def construct_local_mask(
-    seqlen_q, seqlen_k, window_size=(-1, -1), query_padding_mask=None, key_padding_mask=None, device=None
+    seqlen_q,
+    seqlen_k,
+    window_size=(-1, -1),  # -1 means infinite window size
+    query_padding_mask=None,
+    key_padding_mask=None,
+    device=None,
+    key_leftpad=None,
 ):
     row_idx = rearrange(torch.arange(seqlen_q, device=device, dtype=torch.long), "s -> s 1")
     col_idx = torch.arange(seqlen_k, device=device, dtype=torch.long)
+    if key_leftpad is not None:
+        key_leftpad = rearrange(key_leftpad, "b -> b 1 1 1")
+        col_idx = repeat(col_idx, "s -> b 1 1 s", b=key_leftpad.shape[0])
+        col_idx = torch.where(col_idx >= key_leftpad, col_idx - key_leftpad, 2**32)
     sk = seqlen_k if key_padding_mask is None else rearrange(key_padding_mask.sum(-1), "b -> b 1 1 1")
     sq = seqlen_q if query_padding_mask is None else rearrange(query_padding_mask.sum(-1), "b -> b 1 1 1")
     if window_size[0] < 0:
@@ -48,6 +67,7 @@ def attention_ref(
     softcap=0.0,
     upcast=True,
     reorder_ops=False,
+    key_leftpad=None,
 ):
     """
     Arguments:
@@ -57,8 +77,15 @@ def attention_ref(
         query_padding_mask: (batch_size, seqlen_q)
         key_padding_mask: (batch_size, seqlen_k)
         attn_bias: broadcastable to (batch_size, nheads, seqlen_q, seqlen_k)
+        dropout_p: float
+        dropout_mask: (batch_size, nheads, seqlen_q, seqlen_k)
         causal: whether to apply causal masking
-        upcast: whether to cast all inputs to fp32, do all computation in fp32, then cast output back to fp16/bf16.
+        window_size: (int, int), left and right window size
+        upcast: whether to cast all inputs to fp32, do all computation in fp32, then cast
+            output back to fp16/bf16.
+        reorder_ops: whether to change the order of operations (scaling k instead of scaling q, etc.)
+            without changing the math. This is to estimate the numerical error from operation
+            reordering.
     Output:
         output: (batch_size, seqlen_q, nheads, head_dim)
         attention: (batch_size, nheads, seqlen_q, seqlen_k), softmax after dropout
@@ -84,7 +111,13 @@ def attention_ref(
         scores.masked_fill_(rearrange(~key_padding_mask, "b s -> b 1 1 s"), float("-inf"))
     if window_size[0] >= 0 or window_size[1] >= 0:
         local_mask = construct_local_mask(
-            seqlen_q, seqlen_k, window_size, query_padding_mask, key_padding_mask, q.device
+            seqlen_q,
+            seqlen_k,
+            window_size,
+            query_padding_mask,
+            key_padding_mask,
+            q.device,
+            key_leftpad=key_leftpad,
         )
         scores.masked_fill_(local_mask, float("-inf"))
     if attn_bias is not None:
@@ -98,26 +131,56 @@ def attention_ref(
     if query_padding_mask is not None:
         attention = attention.masked_fill(rearrange(~query_padding_mask, "b s -> b 1 s 1"), 0.0)
     dropout_scaling = 1.0 / (1 - dropout_p)
+    # attention_drop = attention.masked_fill(~dropout_mask, 0.0) * dropout_scaling
+    # output = torch.einsum('bhts,bshd->bthd', attention_drop , v)
     if dropout_mask is not None:
         attention_drop = attention.masked_fill(~dropout_mask, 0.0)
     else:
         attention_drop = attention
-    output = torch.einsum("bhts,bshd->bthd", attention_drop * dropout_scaling, v)
+    output = torch.einsum("bhts,bshd->bthd", attention_drop, v * dropout_scaling)
     if query_padding_mask is not None:
         output.masked_fill_(rearrange(~query_padding_mask, "b s -> b s 1 1"), 0.0)
     return output.to(dtype=dtype_og), attention.to(dtype=dtype_og)
 
 
-def _ref_attention_3d(q, k, v, attn_bias=None, drop_mask=None, p=0.0, scale=None):
-    """xformers' ``ref_attention`` for 3-D ``[B*h, n, d]`` inputs (computed in float32)."""
+def ref_attention(q, k, v, attn_bias=None, drop_mask=None, p=0.0, scale=None):
+    if q.ndim == 5:
+
+        def attn_bias_group(group: int):
+            if isinstance(attn_bias, torch.Tensor):
+                return attn_bias[:, group]
+            return attn_bias
+
+        return torch.stack(
+            [
+                ref_attention_bmhk(
+                    q[:, :, g],
+                    k[:, :, g],
+                    v[:, :, g],
+                    scale=scale,
+                    attn_bias=attn_bias_group(g),
+                )
+                for g in range(q.shape[2])
+            ],
+            dim=2,
+        )
+    if q.ndim == 4:
+        assert p == 0.0
+        return ref_attention_bmhk(q, k, v, scale=scale, attn_bias=attn_bias)
     q = q.float()
     k = k.float()
     v = v.float()
+
     scale = scale if scale is not None else (1 / q.shape[-1] ** 0.5)
     q = q * scale
+
     attn = q @ k.transpose(-2, -1)
     if attn_bias is not None:
-        attn = attn + attn_bias.float()
+        attn_bias_tensor = attn_bias
+        if attn_bias_tensor.ndim == 4:
+            assert q.shape[0] == attn_bias_tensor.shape[0] * attn_bias_tensor.shape[1]
+            attn_bias_tensor = attn_bias_tensor.reshape([-1, *attn_bias_tensor.shape[2:]])
+        attn = attn + attn_bias_tensor.float()
     attn = attn.softmax(-1)
     if drop_mask is not None:
         attn = attn * (drop_mask / (1 - p))
@@ -130,18 +193,9 @@ def ref_attention_bmhk(q, k, v, attn_bias, scale=None) -> torch.Tensor:
     def T(t):
         return t.permute((0, 2, 1, 3)).reshape([t.shape[0] * t.shape[2], t.shape[1], t.shape[3]])
 
-    if attn_bias is not None:
-        attn_bias = attn_bias.reshape([q.shape[0] * q.shape[2], q.shape[1], k.shape[1]])
-    out = _ref_attention_3d(T(q), T(k), T(v), attn_bias, scale=scale)
+    out = ref_attention(T(q), T(k), T(v), attn_bias, scale=scale)
     out = out.reshape([q.shape[0], q.shape[2], q.shape[1], v.shape[3]])
     return out.permute((0, 2, 1, 3))
-
-
-def ref_attention(q, k, v, attn_bias=None, drop_mask=None, p=0.0, scale=None):
-    if q.ndim == 4:
-        assert p == 0.0
-        return ref_attention_bmhk(q, k, v, attn_bias=attn_bias, scale=scale)
-    return _ref_attention_3d(q, k, v, attn_bias, drop_mask, p, scale)
 
 
 def kvcache_attention(q, k_cache, v_cache, cache_seqlens=None, causal=False, softmax_scale=None):

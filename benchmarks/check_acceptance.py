@@ -1,0 +1,102 @@
+"""The held-out acceptance table of ``attnlab check`` (issue 13): every case of ``tests/heldout/`` through the
+checker, in-process, with what was expected, what was found and the verdict, then the acceptance rates.
+
+Run: ``PYTHONPATH=src python benchmarks/check_acceptance.py`` (``--json`` for machine-readable rows). Exit status 0
+when the acceptance rule holds, 1 when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from heldout import all_cases, judge, run_case
+
+
+def rows() -> list[dict]:
+    out = []
+    for case in all_cases():
+        t0 = time.perf_counter()
+        try:
+            report = run_case(case)
+        except Exception as err:  # the checker itself failed: that is a result too
+            out.append(
+                {
+                    "case": case.name,
+                    "expected": case.expected or "-",
+                    "second": case.second or "",
+                    "got": f"checker raised {type(err).__name__}: {err}"[:200],
+                    "verdict": "checker-error",
+                    "result": "checker error",
+                    "seconds": time.perf_counter() - t0,
+                    "buggy": case.buggy,
+                }
+            )
+            continue
+        codes = [f.code for f in report.findings]
+        out.append(
+            {
+                "case": case.name,
+                "expected": case.expected or "-",
+                "second": case.second or "",
+                "got": ",".join(codes) or "-",
+                "verdict": report.verdict,
+                "result": judge(case, report),
+                "second_found": bool(case.second and case.second in codes),
+                "seconds": time.perf_counter() - t0,
+                "buggy": case.buggy,
+            }
+        )
+    return out
+
+
+def summary(table: list[dict]) -> dict:
+    buggy = [r for r in table if r["buggy"]]
+    correct = [r for r in table if not r["buggy"]]
+    named = sum(r["result"] == "pass" for r in buggy)
+    ok_on_bug = [r["case"] for r in buggy if r["verdict"] == "clean"]
+    false = [r["case"] for r in correct if r["result"] != "pass"]
+    seconds = [r for r in table if r["second"]]
+    return {
+        "buggy": len(buggy),
+        "correct": len(correct),
+        "named": named,
+        "named_rate": named / len(buggy) if buggy else 1.0,
+        "false_findings": false,
+        "ok_on_bug": ok_on_bug,
+        "second_bug_found": f"{sum(r.get('second_found', False) for r in seconds)}/{len(seconds)}",
+        "accepted": (named >= 0.9 * len(buggy)) and not false and not ok_on_bug,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    table = rows()
+    s = summary(table)
+    if args.json:
+        print(json.dumps({"rows": table, "summary": s}, indent=1))
+        return 0 if s["accepted"] else 1
+    w = max(len(r["case"]) for r in table)
+    print(f"{'case':{w}}  {'expected':29} {'got':52} {'verdict':11} result")
+    for r in table:
+        exp = r["expected"] + (f"+{r['second']}" if r["second"] else "")
+        print(f"{r['case']:{w}}  {exp:29} {r['got'][:52]:52} {r['verdict']:11} {r['result']}")
+    print()
+    print(f"buggy cases named by their primary code: {s['named']}/{s['buggy']} ({s['named_rate']:.0%}; needs >= 90%)")
+    print(f"correct cases with a finding: {len(s['false_findings'])}/{s['correct']} {s['false_findings'] or ''}")
+    print(f"buggy cases with a clean verdict: {len(s['ok_on_bug'])} {s['ok_on_bug'] or ''}")
+    print(f"second planted bug reported too: {s['second_bug_found']}")
+    print(f"acceptance: {'MET' if s['accepted'] else 'NOT MET'} ({time.perf_counter() - t0:.1f} s)")
+    return 0 if s["accepted"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
