@@ -180,3 +180,13 @@ def test_the_cli_takes_device_and_reports_a_missing_one_as_a_usage_error(tmp_pat
     err = capsys.readouterr().err
     assert err.startswith("attnlab check: error: device: torch ") and "has no 'fpga' device here" in err
     assert "available: cpu" in err
+
+
+def test_with_a_device_numpy_is_not_tried_when_every_call_fails():
+    def broken(q, k, v, mask=None):
+        torch.zeros(1)
+        raise RuntimeError("boom")
+
+    r = check(broken, device="cpu", probes=("reference",))
+    assert "crash" in r.codes and r.framework == "torch"
+    assert "numpy" not in r.detected, r.detected

@@ -218,6 +218,10 @@ class Framework:
             a = a.astype(np.float32)
         return a
 
+    def dtype_name(self, x: Any) -> str:
+        """The dtype of the library's array ``x`` by its NumPy name (``torch.float32`` -> ``'float32'``)."""
+        return framework_dtype_name(x)
+
     def owns(self, x: Any) -> bool:
         return isinstance(x, np.ndarray)
 
@@ -599,7 +603,7 @@ class Adapter:
             return Returned(problem=f"returned something that could not be read as an array ({because}{err})")
         if out.dtype.kind not in "fc":
             return Returned(problem=f"returned an array of dtype {out.dtype}, not floating point")
-        return Returned(out=out, weights=w, out_dtype=framework_dtype_name(value), wrong_type=wrong)
+        return Returned(out=out, weights=w, out_dtype=self.fw.dtype_name(value), wrong_type=wrong)
 
     def snapshot(self, args: tuple, kwargs: dict) -> list[tuple[str, np.ndarray]]:
         """Copies of every array argument, to detect writes into the caller's inputs."""
