@@ -190,7 +190,8 @@ def resolve(fn: Any, spec: Spec) -> Resolved:
 class Framework:
     """One array library: arrays to and from it (on ``device``), dtype names, what it cannot hold, and whether a
     returned value is its own array on the inputs' device. ``device`` is the resolved device's name (``""`` for a
-    library without devices)."""
+    library without devices). The defaults are NumPy's; :class:`TorchFramework` and :class:`JaxFramework` override
+    them."""
 
     name = ""
     array_type = "numpy.ndarray"

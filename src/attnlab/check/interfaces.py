@@ -119,9 +119,8 @@ class Interface:
         return Inputs(tensors, m, unpack=lay)
 
     def structural(self, *, has_causal_flag: bool, causal_only: bool) -> dict[str, str]:
-        """Capabilities this interface cannot express, with the reason."""
-        if self.name == "full":
-            return {}
+        """Capabilities this interface cannot express, with the reason (an interface with a batch axis: 3-D
+        inputs, and causal without a causal flag)."""
         out = {"rank": f"mask_form={self.name!r} has a batch axis: inputs are 4-D"}
         if not has_causal_flag and not causal_only:
             out["causal"] = f"no causal flag, and a {self.name} mask cannot express causal"
@@ -129,7 +128,10 @@ class Interface:
 
 
 class Full(Interface):
-    """``[B, h, n_q, n_k]`` (or ``[h, n_q, n_k]`` for 3-D inputs)."""
+    """``[B, h, n_q, n_k]`` (or ``[h, n_q, n_k]`` for 3-D inputs): expresses everything."""
+
+    def structural(self, *, has_causal_flag: bool, causal_only: bool) -> dict[str, str]:
+        return {}
 
 
 class PerBatch(Interface):
