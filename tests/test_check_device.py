@@ -190,3 +190,18 @@ def test_with_a_device_numpy_is_not_tried_when_every_call_fails():
     r = check(broken, device="cpu", probes=("reference",))
     assert "crash" in r.codes and r.framework == "torch"
     assert "numpy" not in r.detected, r.detected
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (this project's test machines have none; see docs/checker.md)")
+def test_sdpa_on_cuda_is_clean_and_its_inputs_are_on_the_gpu():
+    seen = set()
+
+    def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+        seen.update(str(x.device) for x in (q, k, v, attn_mask) if x is not None)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+
+    r = check(attention, gqa=True, device="cuda")
+    assert r.ok, r.to_text()
+    assert seen == {"cuda:0"} and r.spec["device"] == "cuda:0"
