@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -31,6 +32,15 @@ def test_every_code_has_a_meaning_and_a_fix_and_docs():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "checker.md").read_text(encoding="utf-8")
     for code in CODES:
         assert f"`{code}`" in doc, code
+
+
+def test_every_option_has_a_row_in_the_docs_table():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "checker.md").read_text(encoding="utf-8")
+    first_cells = [line.split("|")[1] for line in doc.splitlines() if line.startswith("| `")]
+    for f in dataclasses.fields(Spec):
+        assert any(f"`{f.name}`" in cell for cell in first_cells), f.name
 
 
 def test_report_is_frozen_and_round_trips_through_json():
@@ -102,11 +112,56 @@ def test_timeout_stops_the_battery_and_names_the_case():
         ({"unsupported": ("flash",)}, "unsupported: expected one of"),
         ({"probes": ("speed",)}, "probes: unknown probe 'speed'"),
         ({"timeout": 0}, "timeout: expected a positive number of seconds, got 0"),
+        ({"timeout": 1e6}, "timeout: expected a number of seconds at most 86400 (a day), got 1000000.0"),
+        ({"import_timeout": "soon"}, "import_timeout: expected a positive number of seconds, got 'soon'"),
+        ({"seed": -1}, "seed: expected an int >= 0, got -1"),
+        ({"isolate": "yes"}, "isolate: expected one of None, True, False, got 'yes'"),
+        ({"causal_only": "no"}, "causal_only: expected True or False, got 'no'"),
+        ({"gqa": "repeat"}, "gqa: expected one of False, True, 'interleave', 'tile', got 'repeat'"),
+        ({"ranks": (3,)}, "ranks: the checker calls with 4-D inputs [B, h, n, d]; got ranks=(3,)"),
+        ({"mask_arg": 3}, "mask_arg: expected a string or None, got 3"),
     ],
 )
 def test_bad_options_are_usage_errors(options, message):
-    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UsageError, match="^" + re.escape(message)):
         check(npz.correct, **options)
+
+
+def test_check_keywords_are_specs_fields_with_their_defaults_and_docs():
+    import inspect
+
+    from attnlab.check.spec import options
+
+    params = list(inspect.signature(check).parameters.values())
+    assert params[0].name == "fn"
+    fields = {f.name: f.default for f in dataclasses.fields(Spec)}
+    assert {p.name: p.default for p in params[1:]} == fields
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
+    for name, default, opt in options():
+        assert opt.doc and f"        {name}: " in check.__doc__ and f"        {name}: " in Spec.__doc__, name
+        assert opt.group in ("function", "run")
+        assert Spec(**{name: default}) == Spec()  # every default is valid as given
+    assert set(Spec().as_dict()) == {n for n, _, o in options() if o.group == "function"}
+
+
+def test_unknown_keywords_are_type_errors_that_suggest_the_option():
+    with pytest.raises(
+        TypeError, match="check\\(\\) got an unexpected keyword argument 'maskform'; did you mean 'mask_form'"
+    ):
+        check(npz.correct, maskform="batch")
+
+
+def test_spec_accepts_the_command_lines_spellings():
+    s = Spec(dtypes="float64, float32", unsupported="mask,gqa", ranks="4", probes="reference", gqa="tile")
+    assert s.dtypes == ("float64", "float32") and s.unsupported == frozenset({"mask", "gqa"})
+    assert s.ranks == (4,) and s.probes == ("reference",) and (s.gqa, s.gqa_mapping) == (True, "tile")
+    assert Spec(device=torch_device("cpu")).device == "cpu"
+
+
+def torch_device(name):
+    import torch
+
+    return torch.device(name)
 
 
 def test_not_callable_is_a_usage_error():

@@ -227,3 +227,34 @@ def test_contract_options_reach_the_check(tmp_path):
     assert out.returncode == 0 and data["verdict"] == "clean", out.stdout[-2000:] + out.stderr
     assert data["spec"]["mask_form"] == "valid_lens" and data["spec"]["ranks"] == [4]
     assert data["detected"].startswith("numpy")
+
+
+def test_flags_are_generated_from_spec_options():
+    import argparse
+
+    from attnlab.check import Spec
+    from attnlab.check.spec import options
+    from attnlab.commands import check as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    flags = {a.dest: a for a in parser._actions}
+    for name, default, opt in options():
+        if opt.cli is False:
+            assert name not in flags, name
+            continue
+        action = flags[name]
+        assert action.option_strings == ["--" + name.replace("_", "-")] and action.default == default, name
+        own = opt.cli.get("help") if isinstance(opt.cli, dict) else None
+        assert action.help.replace("%%", "%") == (own or opt.doc.replace("``", "")), name
+    args = parser.parse_args(
+        ["f.py:g", "--device", "cuda:1", "--gqa", "--gqa-mapping", "tile", "--ranks", "4", "--dtypes", "float32"]
+    )
+    spec = Spec(**{n: getattr(args, n) for n, _, o in options() if o.cli is not False})
+    assert (spec.device, spec.gqa, spec.gqa_mapping, spec.ranks, spec.dtypes) == (
+        "cuda:1",
+        True,
+        "tile",
+        (4,),
+        ("float32",),
+    )

@@ -20,16 +20,20 @@ is rendered.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .adapters import CAPABILITIES, DTYPES, Adapter, Spec, UsageError
+from .adapters import CAPABILITIES, DTYPES, Adapter
 from .probes import FIXES, PROBES, Battery
 from .report import CODES, CORE_PROBES, ExitStatus, Finding, ProbeResult, Report, Unsupported
+from .spec import Spec, UsageError, args_doc, keyword_signature
+from .spec import options as spec_options
 
 __all__ = [
     "CAPABILITIES",
@@ -49,23 +53,13 @@ __all__ = [
 ]
 
 #: Default seconds the worker may take to import the target module (torch and JAX imports take seconds).
-IMPORT_TIMEOUT = 60.0
+IMPORT_TIMEOUT = Spec.import_timeout
 
 
 def _name(fn: Any) -> str:
     mod = getattr(fn, "__module__", None)
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
     return f"{mod}:{qual}" if mod else str(qual)
-
-
-def _seconds(name: str, value: Any) -> float:
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"{name}: expected a number of seconds, got {value!r}") from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise UsageError(f"{name}: expected a positive number of seconds, got {value!r}")
-    return seconds
 
 
 def _importable(fn: Any) -> str:
@@ -95,36 +89,10 @@ def _importable(fn: Any) -> str:
     return f"{mod}:{qual}"
 
 
-def check(
-    fn: Callable[..., Any] | str,
-    *,
-    framework: str = "auto",
-    signature: str = "auto",
-    mask_convention: str = "allow",
-    layout: str = "bhnd",
-    returns: str = "auto",
-    causal_only: bool = False,
-    causal_align: str | None = None,
-    causal_value: str = "bool",
-    gqa: bool | str = False,
-    dtypes: Iterable[str] = DTYPES,
-    unsupported: Iterable[str] = (),
-    mask_arg: str | None = None,
-    causal_arg: str | None = None,
-    scale_arg: str | None = None,
-    compute_dtype: str = "auto",
-    masked_rows: str = "any",
-    causal_when_no_mask: bool = False,
-    ranks: Iterable[int] = (3, 4),
-    mask_form: str = "full",
-    timeout: float = 10.0,
-    import_timeout: float = IMPORT_TIMEOUT,
-    isolate: bool | None = None,
-    probes: Iterable[str] | None = None,
-    seed: int = 0,
-    name: str | None = None,
-) -> Report:
+def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
     """Run ``fn`` through the probes and return a :class:`Report` (``report.ok`` when the verdict is clean).
+
+    The keyword options are :class:`Spec`'s fields (the signature and the list below are generated from them).
 
     Args:
         fn: the attention function, ``fn(q, k, v, ...)`` over NumPy arrays, PyTorch tensors or JAX arrays (a
@@ -132,69 +100,48 @@ def check(
             class instantiable without arguments, or ``torch.nn.Module``; layers taking hidden states are checked
             in module mode, see :mod:`attnlab.check.modules`); or a target string ``"path/to/file.py:NAME"`` /
             ``"package.module:NAME"``, imported in a worker process.
-        framework, signature, mask_convention, layout, returns, causal_only, causal_align, causal_value,
-            dtypes, unsupported, mask_arg, causal_arg, scale_arg, compute_dtype, masked_rows,
-            causal_when_no_mask, ranks, mask_form: what ``fn`` is and supports; see :class:`Spec`.
-        gqa: False, True (= ``"interleave"``: query head i uses K/V head ``i // (h / h_kv)``) or ``"tile"``
-            (K/V head ``i % h_kv``).
-        timeout: seconds one call may take; after a timeout nothing more is called (in-process, the hung thread
-            cannot be killed and keeps running until the process exits; a worker process is killed).
-        import_timeout: seconds the worker may take to import a target string's module.
-        isolate: run the function in its own worker process (POSIX). Default: yes for a target string, no for
-            a callable (a lambda or closure cannot be imported by another process); ``True`` with a callable
-            needs one importable by ``module:qualname``.
-        probes: the probes to run (default all, see :data:`PROBES`); the preflight always runs. Leaving out a
-            core probe (:data:`CORE_PROBES`) makes the verdict incomplete at best.
-        seed: seed of the random inputs (the report is reproducible).
-        name: how the report names ``fn`` (default ``module:qualname``, or the target string).
+        OPTIONS
 
     Shapes: the checker passes ``q [B, h, n_q, d_k]``, ``k [B, h_kv, n_k, d_k]``, ``v [B, h_kv, n_k, d_v]``
     (``[B, n, h, d]`` with ``layout="bnhd"``; also 3-D ``[h, n, d]`` when rank is supported) and masks
     ``[B, h, n_q, n_k]`` in the declared convention; ``fn`` returns ``out`` shaped like ``q`` with ``d_v`` last, or
-    ``(out, weights [B, h, n_q, n_k])``.
+    ``(out, weights [B, h, n_q, n_k])``. With ``device=`` every array passed (masks, lengths, ``cu_seqlens``
+    too) is created on that device; outputs are copied back to the CPU and compared with the float64 NumPy golden.
 
     Raises:
-        UsageError: an option has an invalid value, the framework's library is not installed, the target does
-            not exist or is not callable, or the options leave no dtype to try.
+        UsageError: an option has an invalid value, the framework's library is not installed, the device does not
+            exist, the target does not exist or is not callable, or the options leave no dtype to try.
+        TypeError: an unknown keyword.
     """
+    unknown = [k for k in options if k not in _OPTION_NAMES]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], _OPTION_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; the options are {', '.join(_OPTION_NAMES)}"
+        raise TypeError(f"check() got an unexpected keyword argument {unknown[0]!r}{hint}")
+    target = fn if isinstance(fn, str) else None
+    if target is None and not callable(fn):
+        raise UsageError(f"fn: expected a callable attention function, got {type(fn).__name__}")
+    spec = Spec(**options)
+    return _check(fn, target, spec)
+
+
+_OPTION_NAMES = tuple(name for name, _, _ in spec_options())
+check.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)], Report
+)
+check.__doc__ = (check.__doc__ or "").replace("OPTIONS", args_doc(8))
+
+
+def _check(fn: Any, target: str | None, spec: Spec) -> Report:
+    """:func:`check` once the options are a valid :class:`Spec`."""
     from .isolation import WorkerBackend, available
     from .runner import InProcessBackend
     from .target import TargetError, load_target, parse_target
 
-    target = fn if isinstance(fn, str) else None
-    if target is None and not callable(fn):
-        raise UsageError(f"fn: expected a callable attention function, got {type(fn).__name__}")
-    timeout = _seconds("timeout", timeout)
-    import_timeout = _seconds("import_timeout", import_timeout)
-    if isolate not in (None, True, False):
-        raise UsageError(f"isolate: expected True, False or None, got {isolate!r}")
-    selected = tuple(PROBES if probes is None else probes)
-    for p in selected:
-        if p not in PROBES:
-            raise UsageError(f"probes: unknown probe {p!r}; expected some of {', '.join(PROBES)}")
-    spec = Spec(
-        framework=framework,
-        signature=signature,
-        mask_convention=mask_convention,
-        layout=layout,
-        returns=returns,
-        causal_only=bool(causal_only),
-        causal_align=causal_align,
-        causal_value=causal_value,
-        gqa=bool(gqa),
-        gqa_mapping=gqa if isinstance(gqa, str) else "interleave",
-        compute_dtype=compute_dtype,
-        masked_rows=masked_rows,
-        causal_when_no_mask=bool(causal_when_no_mask),
-        ranks=tuple(ranks),
-        mask_form=mask_form,
-        dtypes=tuple(dtypes),
-        unsupported=frozenset(unsupported),
-        mask_arg=mask_arg,
-        causal_arg=causal_arg,
-        scale_arg=scale_arg,
-    )
-    isolated = (target is not None if isolate is None else isolate) and available()
+    timeout, import_timeout, seed = spec.timeout, spec.import_timeout, spec.seed
+    selected = PROBES if spec.probes is None else spec.probes
+    name = spec.name
+    isolated = (target is not None if spec.isolate is None else spec.isolate) and available()
     if target is not None:
         try:
             parse_target(target)
@@ -243,8 +190,11 @@ def check(
     detected = f"{backend.framework}: {backend.resolved.detected}" if backend.resolved.detected else backend.framework
     if spec.framework == "auto" and _failed_everything(battery):
         tried = [backend.framework]
-        for other in _other_frameworks(backend.framework, backend.loaded):
-            b2, bat2 = run(replace(spec, framework=other))
+        for other in _other_frameworks(backend.framework, backend.loaded, spec.device):
+            try:
+                b2, bat2 = run(replace(spec, framework=other))
+            except UsageError:  # that library cannot take these options (e.g. NumPy and a device)
+                continue
             tried.append(other)
             if bat2 is not None and not _failed_everything(bat2):
                 detected = (
@@ -270,7 +220,7 @@ def check(
         incomplete=tuple(battery.incomplete),
         calls=battery.runner.calls,
         seconds=time.perf_counter() - t0,
-        spec=spec.as_dict(),
+        spec=dict(spec.as_dict(), device=r.device or None),
         isolation=backend.description,
         import_seconds=getattr(backend, "import_seconds", 0.0),
         detected=detected,
@@ -288,10 +238,12 @@ def _failed_everything(battery: Battery) -> bool:
     )
 
 
-def _other_frameworks(framework: str, loaded: tuple[str, ...]) -> list[str]:
+def _other_frameworks(framework: str, loaded: tuple[str, ...], device: str | None = None) -> list[str]:
     """The other array libraries to try: those loaded where the function was imported (torch before JAX), then
-    NumPy."""
-    return [f for f in ("torch", "jax", "numpy") if f != framework and (f == "numpy" or f in loaded)]
+    NumPy (not with a device: NumPy has none)."""
+    return [
+        f for f in ("torch", "jax", "numpy") if f != framework and (f in loaded or (f == "numpy" and device is None))
+    ]
 
 
 def _import_report(

@@ -2,74 +2,54 @@
 
 The checker builds every test case as float64 NumPy arrays in attnlab's canonical form (heads before the sequence
 axis, ``q [..., h, n_q, d_k]``, boolean masks with True = may attend) and an :class:`Adapter` translates each case
-into the call the user's function expects, and its return value back. Conversions happen here and only here.
+into the call the user's function expects, and its return value back. Conversions happen here and only here, in
+two strategies the adapter combines:
+
+* a :class:`Framework` per array library (:class:`NumpyFramework`, :class:`TorchFramework`,
+  :class:`JaxFramework`): arrays to and from the library, on its device, dtype names, what the library cannot
+  hold, whether a returned value is the library's own array on the inputs' device;
+* an :class:`~attnlab.check.interfaces.Interface` per mask interface (full, per-batch, key padding, valid lengths,
+  KV cache, varlen): which arrays one call takes and how its output becomes canonical again.
 
 >>> spec = Spec(mask_convention="block")
 >>> spec.mask_convention
 'block'
+>>> NumpyFramework(None).floats(np.ones(2), "float16").dtype
+dtype('float16')
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from .. import masks as _masks
-from ..errors import AttnlabError, MissingExtraError, missing_extra
+from ..errors import MissingExtraError, missing_extra
 from .callables import detect_framework as _detect
 from .callables import prepare, signature_of
-from .interfaces import Varlen, interface
+from .interfaces import interface
+from .spec import CAPABILITIES, DTYPES, MASK_FORMS, MASKED_ROWS, Spec, UsageError
 
 __all__ = [
     "CAPABILITIES",
     "DTYPES",
+    "FRAMEWORK_STRATEGIES",
+    "MASKED_ROWS",
+    "MASK_FORMS",
     "Adapter",
+    "Framework",
+    "JaxFramework",
+    "NumpyFramework",
     "Spec",
+    "TorchFramework",
     "UsageError",
     "bfloat16_round",
     "detect_framework",
+    "framework_strategy",
     "round_to",
 ]
-
-FRAMEWORKS = ("auto", "numpy", "torch", "jax")
-SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
-CONVENTIONS = ("allow", "block", "additive", "keep")
-LAYOUTS = ("bhnd", "bnhd")
-RETURNS = ("auto", "output", "output+weights")
-ALIGNS = (None, "top_left", "bottom_right")
-DTYPES = ("float64", "float32", "float16", "bfloat16")
-GQA_MAPPINGS = ("interleave", "tile")
-#: The mask interfaces: ``full`` ``[B, h, n_q, n_k]``; ``batch`` ``[B, 1, n_q, n_k]`` (broadcast over heads, as
-#: Hugging Face's 4-D masks); ``key_padding`` ``[B, n_k]`` (in ``mask_convention``: ``allow`` True = real key,
-#: ``block`` True = padding, as ``nn.MultiheadAttention``'s ``key_padding_mask``); ``valid_lens`` ``[B]`` int
-#: valid key lengths (d2l's ``masked_softmax``); ``kv_cache`` ``[B]`` int cache lengths of a decode kernel (the
-#: n_q new queries are the last positions of each sequence; causal is bottom-right per sequence, as
-#: ``flash_attn_with_kvcache``'s ``cache_seqlens``); ``varlen``: packed variable-length batches, ``q [total_q, h, d]``
-#: with ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (flash-attn's varlen functions; causal bottom-right per sequence).
-MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen")
-_ADDITIVE_FILL = {"float64": "float32", "float32": "float32", "float16": "float16"}
-#: Fully-masked-row policies a function may promise: ``any`` documented one (an error, zeros, the uniform average;
-#: NaN is a bug), or exactly one of them (``nan`` makes NaN the promise, as ``nn.MultiheadAttention``'s).
-MASKED_ROWS = ("any", "raise", "zeros", "uniform", "nan")
-
-#: Capabilities a probe may need; each can be declared unsupported (``unsupported=`` / ``--unsupported``).
-CAPABILITIES = (
-    "float64",
-    "float32",
-    "float16",
-    "bfloat16",
-    "mask",
-    "causal",
-    "scale",
-    "cross",
-    "dv",
-    "rank",
-    "gqa",
-    "causal-cross",
-)
 
 _MASK_NAMES = (
     "mask",
@@ -91,124 +71,6 @@ _FORM_NAMES = {
 }
 _CAUSAL_NAMES = ("is_causal", "causal")
 _SCALE_NAMES = ("scale", "softmax_scale", "sm_scale")
-
-
-class UsageError(AttnlabError, ValueError):
-    """The checker was told something inconsistent about the function (an option value, a missing library)."""
-
-
-def _choice(name: str, value: Any, allowed: tuple) -> Any:
-    if value not in allowed:
-        raise UsageError(f"{name}: expected one of {', '.join(repr(a) for a in allowed)}, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class Spec:
-    """What the function under test is and supports. Every field has a safe default ("auto" detects).
-
-    Attributes:
-        framework: ``"numpy"``, ``"torch"``, ``"jax"`` or ``"auto"`` (from the function's module and globals).
-        signature: ``"plain"`` ``fn(q, k, v, mask=None)``; ``"sdpa"`` ``fn(q, k, v, attn_mask=, is_causal=,
-            scale=)``; ``"jax"`` ``fn(q, k, v, mask=, is_causal=, scale=)``; ``"qkv"`` ``fn(q, k, v)`` only;
-            ``"auto"`` reads the parameter names.
-        mask_convention: ``"allow"`` (bool, True = may attend), ``"block"`` (bool, True = blocked),
-            ``"additive"`` (float, 0 or ``finfo(dtype).min``), ``"keep"`` (int 1 = keep, 0 = masked).
-        layout: ``"bhnd"`` (``[B, h, n, d]``, heads first; any leading dims) or ``"bnhd"`` (``[B, n, h, d]``).
-        returns: ``"output"``, ``"output+weights"`` (a pair ``(out, weights)``) or ``"auto"`` (a pair is a pair).
-        causal_only: the function always applies a causal mask (it takes no causal flag).
-        causal_align: the causal alignment you rely on when ``n_q != n_k``: ``"top_left"``, ``"bottom_right"``,
-            or None (either is accepted; the report says which one the function uses).
-        causal_value: what the causal argument receives: ``"bool"`` (True) or ``"align"`` (the alignment string,
-            ``"top_left"`` / ``"bottom_right"``, as attnlab's own functions take).
-        gqa: K and V may have fewer heads than Q (grouped-query attention).
-        gqa_mapping: which K/V head query head i uses: ``"interleave"`` ``i // (h / h_kv)`` (repeat_interleave,
-            Hugging Face's repeat_kv, PyTorch's enable_gqa) or ``"tile"`` ``i % h_kv``.
-        compute_dtype: ``"auto"`` (a float64 function that computes in float32, e.g. a softmax upcast and cast
-            back, is compared under float32's rule with a ``lower-precision`` note), ``"input"`` (every dtype under
-            its own rule), or a dtype the function documents computing in (its rule applies to more precise inputs).
-        causal_when_no_mask: the function applies a causal mask (top-left) whenever it is given no mask (as
-            Hugging Face's sdpa path does); cases without a mask are then checked as causal.
-        mask_form: the mask interface (see :data:`MASK_FORMS`); the probes draw masks the form can express.
-        ranks: the input ranks the function takes: ``(3, 4)`` (default: 3-D ``[h, n, d]`` is tried, and a clean
-            refusal is "not tested") or ``(4,)`` (never called with 3-D inputs).
-        masked_rows: the fully-masked-row policy the function promises (see :data:`MASKED_ROWS`); another
-            behaviour is a ``masked-row-policy`` finding.
-        dtypes: the dtypes to try (unsupported ones are reported as such, not as bugs).
-        unsupported: capabilities declared unsupported (see :data:`CAPABILITIES`).
-        mask_arg, causal_arg, scale_arg: parameter names, when ``signature="auto"`` guesses wrong.
-    """
-
-    framework: str = "auto"
-    signature: str = "auto"
-    mask_convention: str = "allow"
-    layout: str = "bhnd"
-    returns: str = "auto"
-    causal_only: bool = False
-    causal_align: str | None = None
-    causal_value: str = "bool"
-    gqa: bool = False
-    dtypes: tuple[str, ...] = DTYPES
-    unsupported: frozenset[str] = field(default_factory=frozenset)
-    mask_arg: str | None = None
-    causal_arg: str | None = None
-    scale_arg: str | None = None
-    gqa_mapping: str = "interleave"
-    compute_dtype: str = "auto"
-    masked_rows: str = "any"
-    causal_when_no_mask: bool = False
-    ranks: tuple[int, ...] = (3, 4)
-    mask_form: str = "full"
-
-    def __post_init__(self) -> None:
-        _choice("framework", self.framework, FRAMEWORKS)
-        _choice("signature", self.signature, SIGNATURES)
-        _choice("mask_convention", self.mask_convention, CONVENTIONS)
-        _choice("layout", self.layout, LAYOUTS)
-        _choice("returns", self.returns, RETURNS)
-        _choice("causal_align", self.causal_align, ALIGNS)
-        _choice("causal_value", self.causal_value, ("bool", "align"))
-        _choice("gqa_mapping", self.gqa_mapping, GQA_MAPPINGS)
-        _choice("compute_dtype", self.compute_dtype, ("auto", "input", *DTYPES))
-        _choice("masked_rows", self.masked_rows, MASKED_ROWS)
-        _choice("mask_form", self.mask_form, MASK_FORMS)
-        if self.mask_form in ("valid_lens", "kv_cache", "varlen") and self.mask_convention not in ("allow",):
-            raise UsageError("mask_convention: valid lengths have no convention; leave it 'allow'")
-        object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
-        for r in self.ranks:
-            _choice("ranks", r, (3, 4))
-        if 4 not in self.ranks:
-            raise UsageError(f"ranks: the checker calls with 4-D inputs [B, h, n, d]; got ranks={self.ranks!r}")
-        object.__setattr__(self, "dtypes", tuple(self.dtypes))
-        for d in self.dtypes:
-            _choice("dtypes", d, DTYPES)
-        object.__setattr__(self, "unsupported", frozenset(self.unsupported))
-        for c in self.unsupported:
-            _choice("unsupported", c, CAPABILITIES)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "framework": self.framework,
-            "signature": self.signature,
-            "mask_convention": self.mask_convention,
-            "layout": self.layout,
-            "returns": self.returns,
-            "causal_only": self.causal_only,
-            "causal_align": self.causal_align,
-            "causal_value": self.causal_value,
-            "gqa": self.gqa,
-            "dtypes": list(self.dtypes),
-            "unsupported": sorted(self.unsupported),
-            "mask_arg": self.mask_arg,
-            "causal_arg": self.causal_arg,
-            "scale_arg": self.scale_arg,
-            "gqa_mapping": self.gqa_mapping,
-            "compute_dtype": self.compute_dtype,
-            "masked_rows": self.masked_rows,
-            "causal_when_no_mask": self.causal_when_no_mask,
-            "ranks": list(self.ranks),
-            "mask_form": self.mask_form,
-        }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -267,6 +129,7 @@ class Resolved:
     kind: str = ""
     mode: str = ""
     spec: Any = None
+    device: str = ""  #: where the inputs are created (``"cpu"``, ``"cuda:0"``); ``""`` for NumPy
 
     def describe(self) -> str:
         parts = [a for a in (self.mask_arg, self.causal_arg, self.scale_arg, self.gqa_arg) if a]
@@ -321,28 +184,247 @@ def resolve(fn: Any, spec: Spec) -> Resolved:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the adapter
+# one strategy per framework
 
 
-def _import(framework: str) -> Any:
-    try:
-        if framework == "torch":
+class Framework:
+    """One array library: arrays to and from it (on ``device``), dtype names, what it cannot hold, and whether a
+    returned value is its own array on the inputs' device. ``device`` is the resolved device's name (``""`` for a
+    library without devices). The defaults are NumPy's; :class:`TorchFramework` and :class:`JaxFramework` override
+    them."""
+
+    name = ""
+    array_type = "numpy.ndarray"
+    device = ""
+
+    def __init__(self, device: str | None):
+        if device is not None:
+            raise UsageError(
+                f"device: {device!r} applies to torch and JAX functions; a {self.name} function runs on the CPU "
+                "(leave device unset, or declare framework='torch' / 'jax' if it is one)"
+            )
+
+    def floats(self, x: np.ndarray, dtype: str) -> Any:
+        """A fresh float array of the library holding ``x`` in ``dtype`` (never a view of the checker's data)."""
+        return np.array(x, dtype=dtype)
+
+    def exact(self, x: np.ndarray) -> Any:
+        """A fresh array of the library with ``x``'s values and its bool/int dtype (masks, lengths, cu_seqlens)."""
+        return np.array(x)
+
+    def host(self, x: Any) -> np.ndarray:
+        """``x`` as a NumPy array on the CPU (float32 for bfloat16), for comparisons."""
+        a = np.asarray(x)
+        if a.dtype.kind == "V" or "bfloat16" in str(a.dtype):
+            a = a.astype(np.float32)
+        return a
+
+    def dtype_name(self, x: Any) -> str:
+        """The dtype of the library's array ``x`` by its NumPy name (``torch.float32`` -> ``'float32'``)."""
+        return framework_dtype_name(x)
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def where(self, x: Any) -> str | None:
+        """The device ``x`` is on when it is not the inputs' one, else None."""
+        return None
+
+    def foreign(self, x: Any, what: str) -> str | None:
+        """Why ``x`` is not an array of the function's own library on the inputs' device, or None when it is."""
+        if not self.owns(x):
+            kind = type(x)
+            return (
+                f"the {what} is a {kind.__module__}.{kind.__qualname__}; a {self.name} function must return a "
+                f"{self.array_type}"
+            )
+        elsewhere = self.where(x)
+        if elsewhere is not None:
+            return (
+                f"the {what} is on device {elsewhere} but the inputs were on {self.device}; return it on the inputs' "
+                "device (no .to(...) / .cpu() / device_put on the result)"
+            )
+        return None
+
+    def structural(self) -> dict[str, str]:
+        """Dtypes (capabilities) the library cannot hold here, with the reason."""
+        return {}
+
+
+class NumpyFramework(Framework):
+    name = "numpy"
+
+    def structural(self) -> dict[str, str]:
+        return {"bfloat16": "NumPy has no bfloat16"}
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+
+
+class TorchFramework(Framework):
+    """PyTorch tensors on ``device`` (default: torch's default device)."""
+
+    name = "torch"
+    array_type = "torch.Tensor"
+
+    def __init__(self, device: str | None):
+        try:
             import torch
+        except ImportError:
+            raise missing_extra("torch", "torch") from None
+        self.torch = torch
+        self.place = self._resolve(device)
+        self.device = str(self.place)
 
-            return torch
-        if framework == "jax":
+    def available(self) -> list[str]:
+        """The devices this torch can create tensors on."""
+        torch = self.torch
+        out = ["cpu"]
+        if torch.cuda.is_available():
+            out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            out.append("mps")
+        xpu = getattr(torch, "xpu", None)
+        if xpu is not None and xpu.is_available():
+            out += [f"xpu:{i}" for i in range(xpu.device_count())]
+        return out
+
+    def _resolve(self, device: str | None) -> Any:
+        torch = self.torch
+        if device is None:
+            default = getattr(torch, "get_default_device", None)
+            return default() if default is not None else torch.device("cpu")
+        avail = ", ".join(self.available())
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as err:
+            why = _first_line(err)
+            raise UsageError(f"device: {device!r} is not a torch device ({why}); available: {avail}") from None
+        if dev.type == "meta":
+            raise UsageError(f"device: 'meta' tensors hold no data, so no output could be compared; available: {avail}")
+        try:
+            return torch.empty(0, device=dev).device  # "cuda" -> cuda:0; raises when torch has no such device
+        except Exception as err:
+            raise UsageError(
+                f"device: torch {torch.__version__} has no {device!r} device here ({_first_line(err)}); "
+                f"available: {avail}"
+            ) from None
+
+    def floats(self, x: np.ndarray, dtype: str) -> Any:
+        torch = self.torch
+        t = torch.from_numpy(np.array(x, dtype=np.float64 if dtype == "float64" else np.float32))
+        return t.to(device=self.place, dtype=getattr(torch, dtype)).clone()
+
+    def exact(self, x: np.ndarray) -> Any:
+        return self.torch.from_numpy(np.array(x)).to(self.place)
+
+    def host(self, x: Any) -> np.ndarray:
+        if isinstance(x, np.ndarray) or not isinstance(x, self.torch.Tensor):
+            return super().host(x)
+        t = x.detach().cpu()
+        if t.dtype == self.torch.bfloat16:
+            t = t.float()
+        return t.numpy()
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, self.torch.Tensor)
+
+    def where(self, x: Any) -> str | None:
+        dev = getattr(x, "device", None)
+        return None if dev is None or dev == self.place else str(dev)
+
+
+class JaxFramework(Framework):
+    """JAX arrays, committed to ``device`` (``"cpu"``, ``"gpu"``, ``"cuda:1"``, ``"tpu"``...) when one is given."""
+
+    name = "jax"
+    array_type = "jax.Array"
+
+    def __init__(self, device: str | None):
+        try:
             import jax
             import jax.numpy as jnp
+        except ImportError:
+            raise missing_extra("jax", "jax") from None
+        self.jax, self.jnp = jax, jnp
+        self.place = self._resolve(device)
+        self.device = str(self.place if self.place is not None else jax.devices()[0])
 
-            return jax, jnp
-    except ImportError:
-        raise missing_extra(framework, framework) from None
-    return np
+    def _resolve(self, device: str | None) -> Any:
+        if device is None:
+            return None
+        jax = self.jax
+        avail = ", ".join(str(d) for d in jax.devices())
+        platform, _, index = device.partition(":")
+        if index and not index.isdigit():
+            raise UsageError(
+                f"device: {device!r} is not a JAX device (expected PLATFORM or PLATFORM:INDEX); available: {avail}"
+            )
+        try:
+            devices = jax.devices(platform)
+        except RuntimeError as err:
+            why = _first_line(err)
+            raise UsageError(f"device: JAX has no {device!r} device here ({why}); available: {avail}") from None
+        i = int(index or 0)
+        if i >= len(devices):
+            raise UsageError(f"device: JAX has {len(devices)} {platform} device(s), no {device!r}; available: {avail}")
+        return devices[i]
+
+    def _put(self, a: Any) -> Any:
+        return a if self.place is None else self.jax.device_put(a, self.place)
+
+    def floats(self, x: np.ndarray, dtype: str) -> Any:
+        a = np.asarray(x, dtype=np.float32 if dtype != "float64" else np.float64)
+        return self._put(self.jnp.asarray(a, dtype=dtype))
+
+    def exact(self, x: np.ndarray) -> Any:
+        return self._put(self.jnp.asarray(x))
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, self.jax.Array)
+
+    def where(self, x: Any) -> str | None:
+        try:
+            devices = x.devices()
+        except Exception:  # a tracer or an array without placement
+            return None
+        ours = self.place if self.place is not None else self.jax.devices()[0]
+        return None if ours in devices else ", ".join(sorted(str(d) for d in devices))
+
+    def structural(self) -> dict[str, str]:
+        if not self.jax.config.jax_enable_x64:
+            return {"float64": "JAX runs with jax_enable_x64 off, so float64 arrays become float32"}
+        return {}
+
+
+#: The framework strategies by name.
+FRAMEWORK_STRATEGIES: dict[str, type[Framework]] = {
+    "numpy": NumpyFramework,
+    "torch": TorchFramework,
+    "jax": JaxFramework,
+}
+
+
+def framework_strategy(name: str, device: str | None = None) -> Framework:
+    """The strategy of framework ``name`` with its inputs on ``device`` (a :class:`UsageError` when the library
+    is missing or has no such device)."""
+    if name not in FRAMEWORK_STRATEGIES:
+        raise UsageError(f"framework: could not use {name!r}")
+    try:
+        return FRAMEWORK_STRATEGIES[name](device)
+    except MissingExtraError as err:
+        raise UsageError(str(err)) from None
 
 
 def framework_dtype_name(x: Any) -> str:
     """``'float32'`` for a float32 array of any library."""
     return str(getattr(x, "dtype", type(x).__name__)).replace("torch.", "")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the adapter
 
 
 @dataclass
@@ -357,7 +439,8 @@ class Returned:
 
 
 class Adapter:
-    """Translate canonical float64 cases into the calls ``fn`` expects, and its results back."""
+    """Translate canonical float64 cases into the calls ``fn`` expects, and its results back: a
+    :class:`Framework` strategy for the arrays and an :class:`~attnlab.check.interfaces.Interface` for the mask."""
 
     def __init__(self, fn: Any, spec: Spec):
         self.original = fn
@@ -394,17 +477,20 @@ class Adapter:
         if spec.mask_form == "full" and r.mask_arg in _FORM_NAMES and mode is None:
             spec = replace(spec, mask_form=_FORM_NAMES[r.mask_arg])
         self.spec = spec
+        self.fw = framework_strategy(r.framework, spec.device)
+        if mode is not None and self.fw.device != "cpu":
+            raise UsageError(
+                f"device: module mode builds its identity projections on the CPU, so {prepared.kind} cannot be "
+                f"checked on {self.fw.device}; check the attention function it calls (q, k, v) there instead"
+            )
         if mode is not None:
             r = replace(r, detected=_detect(fn).reason)
-        self.resolved = replace(r, kind=prepared.kind, mode="" if mode is None else mode.family, spec=spec)
+        self.resolved = replace(
+            r, kind=prepared.kind, mode="" if mode is None else mode.family, spec=spec, device=self.fw.device
+        )
         self.framework = self.resolved.framework
         self.interface = interface(spec.mask_form)
-        if self.framework not in ("numpy", "torch", "jax"):
-            raise UsageError(f"framework: could not use {self.framework!r}")
-        try:
-            self._lib = _import(self.framework)
-        except MissingExtraError as err:
-            raise UsageError(str(err)) from None
+        self._unpack: Any = None
 
     # -- what the function can take at all (before trying) --------------------------------------------------
     def structural_unsupported(self) -> dict[str, str]:
@@ -421,18 +507,10 @@ class Adapter:
             out["gqa"] = "not declared (gqa=True / --gqa)"
         if spec.layout == "bnhd":
             out["rank"] = "layout [B, n, h, d] is 4-D only"
-        if spec.mask_form != "full":
-            out["rank"] = f"mask_form={spec.mask_form!r} has a batch axis: inputs are 4-D"
-            if self.resolved.causal_arg is None and not spec.causal_only:
-                out["causal"] = f"no causal flag, and a {spec.mask_form} mask cannot express causal"
+        out.update(self.interface.structural(has_causal_flag=r.causal_arg is not None, causal_only=spec.causal_only))
         if 3 not in spec.ranks:
             out["rank"] = f"declared ranks={spec.ranks!r}"
-        if self.framework == "numpy":
-            out["bfloat16"] = "NumPy has no bfloat16"
-        if self.framework == "jax":
-            jax, _ = self._lib
-            if not jax.config.jax_enable_x64:
-                out["float64"] = "JAX runs with jax_enable_x64 off, so float64 arrays become float32"
+        out.update(self.fw.structural())
         for d in DTYPES:
             if d not in spec.dtypes:
                 out.setdefault(d, "not in the dtypes to try")
@@ -443,64 +521,10 @@ class Adapter:
             out[c] = "declared unsupported"
         return out
 
-    # -- conversions ------------------------------------------------------------------------------------------
-    def to_framework(self, x: np.ndarray, dtype: str) -> Any:
-        """A fresh array of ``fn``'s library holding ``x`` in ``dtype`` (never a view of the checker's data)."""
-        if self.framework == "numpy":
-            return np.array(x, dtype=dtype)
-        if self.framework == "torch":
-            torch = self._lib
-            t = torch.from_numpy(np.array(x, dtype=np.float64 if dtype == "float64" else np.float32))
-            return t.to(getattr(torch, dtype)).clone()
-        _, jnp = self._lib
-        return jnp.asarray(np.asarray(x, dtype=np.float32 if dtype != "float64" else np.float64), dtype=dtype)
-
-    def mask_to_framework(self, allowed: np.ndarray, dtype: str) -> Any:
-        """attnlab's mask (True = may attend) in the declared convention, as an array of ``fn``'s library."""
-        conv = self.spec.mask_convention
-        allowed = self.interface.reduce(np.asarray(allowed))
-        if self.interface.lengths:
-            return self.to_int(allowed)
-        if conv == "allow":
-            m = np.array(allowed, dtype=bool)
-        elif conv == "block":
-            m = np.asarray(_masks.to_blocked(allowed))
-        elif conv == "keep":
-            m = np.asarray(allowed).astype(np.int64)
-        else:
-            # float64 gets float32's minimum: it survives a computation upcast or cast down to float32 (as
-            # reference oracles and Hugging Face's eager softmax do), where float64's would become -inf
-            fill = -3.3895313892515355e38 if dtype == "bfloat16" else float(np.finfo(_ADDITIVE_FILL[dtype]).min)
-            m = np.where(allowed, 0.0, fill)
-            if self.framework == "numpy":
-                return m.astype(dtype)
-            return self.to_framework(m, dtype)
-        if self.framework == "numpy":
-            return m
-        if self.framework == "torch":
-            return self._lib.from_numpy(m.copy())
-        _, jnp = self._lib
-        return jnp.asarray(m)
-
-    def to_layout(self, x: np.ndarray) -> np.ndarray:
-        return np.swapaxes(x, -2, -3) if self.spec.layout == "bnhd" else x
-
-    def from_layout(self, x: np.ndarray) -> np.ndarray:
-        return np.swapaxes(x, -2, -3) if self.spec.layout == "bnhd" else x
-
+    # -- one call ---------------------------------------------------------------------------------------------
     def host(self, x: Any) -> np.ndarray:
-        """``x`` as a NumPy array (float32 for bfloat16), for comparisons."""
-        if isinstance(x, np.ndarray):
-            return x
-        if self.framework == "torch" and _module_root(x) == "torch":
-            t = x.detach().cpu()
-            if t.dtype == self._lib.bfloat16:
-                t = t.float()
-            return t.numpy()
-        a = np.asarray(x)
-        if a.dtype.kind == "V" or "bfloat16" in str(a.dtype):
-            a = a.astype(np.float32)
-        return a
+        """``x`` as a NumPy array on the CPU (float32 for bfloat16), for comparisons."""
+        return self.fw.host(x)
 
     def is_array(self, x: Any) -> bool:
         if isinstance(x, np.ndarray):
@@ -519,65 +543,25 @@ class Adapter:
         scale: float | None,
         gqa: bool,
     ) -> tuple[tuple, dict]:
-        """The positional and keyword arguments of one call."""
-        if self.interface.packed:
-            return self._varlen_call(q, k, v, dtype=dtype, mask=mask, causal=causal, scale=scale)
-        args = tuple(self.to_framework(self.to_layout(x), dtype) for x in (q, k, v))
-        kwargs: dict[str, Any] = {}
+        """The positional and keyword arguments of one call (arrays of ``fn``'s library, on its device)."""
+        inputs = self.interface.inputs(
+            q, k, v, mask, dtype=dtype, layout=self.spec.layout, convention=self.spec.mask_convention, fw=self.fw
+        )
+        self._unpack = inputs.unpack
+        args, kwargs = inputs.tensors, dict(inputs.extra)
         r = self.resolved
-        if mask is not None:
-            m = self.mask_to_framework(mask, dtype)
+        if inputs.mask is not None:
             if r.mask_positional:
-                args = (*args, m)
+                args = (*args, inputs.mask)
             else:
-                kwargs[r.mask_arg] = m
+                kwargs[r.mask_arg] = inputs.mask
         if causal and r.causal_arg is not None:
             kwargs[r.causal_arg] = causal
         if scale is not None:
             kwargs[r.scale_arg] = scale
-        if gqa and r.gqa_arg is not None:
+        if gqa and r.gqa_arg is not None and not self.interface.packed:
             kwargs[r.gqa_arg] = True
         return args, kwargs
-
-    def _varlen_call(
-        self, q: np.ndarray, k: np.ndarray, v: np.ndarray, *, dtype: str, mask: Any, causal: Any, scale: Any
-    ) -> tuple[tuple, dict]:
-        """A packed variable-length call (flash-attn's varlen functions): ``q [total_q, h, d]``, ``k, v [total_k,
-        h_kv, d]``, ``cu_seqlens_q/k`` int32 ``[B + 1]``, ``max_seqlen_q/k``. Sequence b's lengths are the rows
-        and the keys its (prefix) mask allows; the output is unpacked in :meth:`interpret` (missing rows 0)."""
-        lq, lk = Varlen.lengths_of(q, k, mask)
-        self.varlen_rows = (lq, q.shape[-2], q.shape[1])
-
-        def pack(x: np.ndarray, lengths: np.ndarray) -> Any:
-            return self.to_framework(Varlen.pack(x, lengths), dtype)
-
-        def cu(lengths: np.ndarray) -> Any:
-            return self.to_int(Varlen.cu_seqlens(lengths))
-
-        kwargs: dict[str, Any] = {
-            "cu_seqlens_q": cu(lq),
-            "cu_seqlens_k": cu(lk),
-            "max_seqlen_q": int(lq.max(initial=0)),
-            "max_seqlen_k": int(lk.max(initial=0)),
-        }
-        r = self.resolved
-        if causal and r.causal_arg is not None:
-            kwargs[r.causal_arg] = causal
-        if scale is not None:
-            kwargs[r.scale_arg] = scale
-        return (pack(q, lq), pack(k, lk), pack(v, lk)), kwargs
-
-    def to_int(self, x: np.ndarray) -> Any:
-        """An integer array of ``fn``'s library."""
-        if self.framework == "torch":
-            return self._lib.from_numpy(np.array(x))
-        if self.framework == "jax":
-            return self._lib[1].asarray(x)
-        return np.array(x)
-
-    def _unpack(self, out: np.ndarray) -> np.ndarray:
-        """``[total_q, h, d_v]`` back to ``[B, h, n_q, d_v]`` (rows of no sequence are 0)."""
-        return Varlen.unpack(out, *self.varlen_rows)
 
     def interpret(self, value: Any) -> Returned:
         """Translate a return value: an array, or a pair ``(out, weights)``; anything else is a problem."""
@@ -607,34 +591,20 @@ class Adapter:
             return Returned(problem=f"returned {_describe(value)}, not an array")
         if weights is not None and not self.is_array(weights):
             return Returned(problem=f"returned weights that are {_describe(weights)}, not an array")
+        wrong = self.fw.foreign(value, "output") or (None if weights is None else self.fw.foreign(weights, "weights"))
         try:
             out = np.array(self.host(value))
-            if self.interface.packed:
-                if out.ndim != 3 or out.shape[0] != int(sum(self.varlen_rows[0])):
-                    return Returned(problem=f"returned shape {out.shape}; expected [total_q, h, d_v] (packed)")
-                out = self._unpack(out)
-            else:
-                out = self.from_layout(out)
+            unpack = self._unpack or (lambda x: x)
+            out = unpack(out)
+            if isinstance(out, str):
+                return Returned(problem=out)
             w = None if weights is None else np.array(self.host(weights))  # [B, h, n_q, n_k] in every layout
-        except Exception as err:  # garbage that looks like an array
-            return Returned(problem=f"returned something that could not be read as an array ({err})")
+        except Exception as err:  # garbage that looks like an array, or one on a device that holds no data
+            because = f"{wrong}; " if wrong else ""
+            return Returned(problem=f"returned something that could not be read as an array ({because}{err})")
         if out.dtype.kind not in "fc":
             return Returned(problem=f"returned an array of dtype {out.dtype}, not floating point")
-        wrong = self.foreign(value, "output") or (None if weights is None else self.foreign(weights, "weights"))
-        return Returned(out=out, weights=w, out_dtype=framework_dtype_name(value), wrong_type=wrong)
-
-    def foreign(self, x: Any, what: str) -> str | None:
-        """Why ``x`` is not an array of the function's own library, or None when it is."""
-        kind = type(x)
-        name = f"{kind.__module__}.{kind.__qualname__}"
-        if self.framework == "numpy":
-            ok, want = isinstance(x, np.ndarray), "numpy.ndarray"
-        elif self.framework == "torch":
-            ok, want = isinstance(x, self._lib.Tensor), "torch.Tensor"
-        else:
-            jax, _ = self._lib
-            ok, want = isinstance(x, jax.Array), "jax.Array"
-        return None if ok else f"the {what} is a {name}; a {self.framework} function must return a {want}"
+        return Returned(out=out, weights=w, out_dtype=self.fw.dtype_name(value), wrong_type=wrong)
 
     def snapshot(self, args: tuple, kwargs: dict) -> list[tuple[str, np.ndarray]]:
         """Copies of every array argument, to detect writes into the caller's inputs."""
@@ -654,9 +624,6 @@ class Adapter:
             if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
                 changed.append(name)
         return changed
-
-    def with_spec(self, **changes: Any) -> Adapter:
-        return Adapter(self.original, replace(self.spec, **changes))
 
 
 def _describe(x: Any) -> str:

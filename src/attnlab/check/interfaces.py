@@ -3,27 +3,86 @@ arguments and the return value becomes the canonical output.
 
 The checker's cases are canonical (``q [B, h, n_q, d_k]``, a boolean mask ``[B, h, n_q, n_k]``, True = may
 attend); the probes draw masks the interface can express (:meth:`attnlab.check.probes.Battery.random_mask`), and
-an :class:`Interface` reduces them to what the function takes:
+an :class:`Interface` turns them into what the function takes (:meth:`Interface.inputs`):
 
 * :class:`Full` ``[B, h, n_q, n_k]`` and :class:`PerBatch` ``[B, 1, n_q, n_k]`` (Hugging Face's 4-D masks), in
-  the declared convention;
+  the declared convention (:data:`CONVENTIONS`);
 * :class:`KeyPadding` ``[B, n_k]`` (True = a real key with ``allow``; True = padding with ``block``);
 * :class:`Lengths` ``[B]`` int: valid key lengths (``valid_lens``) or a KV cache's lengths (``kv_cache``);
 * :class:`Varlen`: packed sequences, ``q [total_q, h, d]`` with ``cu_seqlens_q/k`` and ``max_seqlen_q/k``.
+
+Arrays are made by the framework strategy (:class:`attnlab.check.adapters.Framework`): on its library and device.
+
+>>> import numpy as np
+>>> Lengths("valid_lens").reduce(np.tril(np.ones((1, 1, 3, 3), bool)))
+array([3])
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["INTERFACES", "Full", "Interface", "KeyPadding", "Lengths", "PerBatch", "Varlen", "interface"]
+from .. import masks as _masks
+
+__all__ = [
+    "CONVENTIONS",
+    "INTERFACES",
+    "Full",
+    "Inputs",
+    "Interface",
+    "KeyPadding",
+    "Lengths",
+    "PerBatch",
+    "Varlen",
+    "interface",
+]
+
+#: The additive fill's dtype per input dtype: float64 gets float32's minimum, so that it survives a computation
+#: upcast or cast down to float32 (as reference oracles and Hugging Face's eager softmax do), where float64's would
+#: become -inf.
+_ADDITIVE_FILL = {"float64": "float32", "float32": "float32", "float16": "float16"}
+_BFLOAT16_MIN = -3.3895313892515355e38
+
+
+def _additive(allowed: np.ndarray, dtype: str, fw: Any) -> Any:
+    fill = _BFLOAT16_MIN if dtype == "bfloat16" else float(np.finfo(_ADDITIVE_FILL[dtype]).min)
+    return fw.floats(np.where(allowed, 0.0, fill), dtype)
+
+
+#: Mask conventions: attnlab's boolean mask (True = may attend) -> the array the function takes, through the
+#: framework strategy ``fw`` (``fw.exact`` keeps bool/int dtypes, ``fw.floats`` makes floats of ``dtype``).
+CONVENTIONS: dict[str, Callable[[np.ndarray, str, Any], Any]] = {
+    "allow": lambda a, dtype, fw: fw.exact(np.array(a, dtype=bool)),
+    "block": lambda a, dtype, fw: fw.exact(np.asarray(_masks.to_blocked(a))),
+    "keep": lambda a, dtype, fw: fw.exact(np.asarray(a).astype(np.int64)),
+    "additive": _additive,
+}
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+@dataclass
+class Inputs:
+    """One call's arrays in the function's library: ``tensors`` (q, k, v as passed), the ``mask`` argument (None:
+    none is passed), ``extra`` keywords the interface itself needs (``cu_seqlens_q`` ...), and ``unpack``: the
+    function's output (as NumPy) -> canonical ``[B, h, n_q, d_v]``, or a problem (a string)."""
+
+    tensors: tuple
+    mask: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    unpack: Callable[[np.ndarray], np.ndarray | str] = _same
 
 
 class Interface:
     """A mask interface. ``reduce`` turns the canonical mask into what the function takes (a boolean array in
-    attnlab's convention, which the adapter converts, or integer lengths, marked by ``lengths = True``)."""
+    attnlab's convention, converted by :data:`CONVENTIONS`, or integer lengths, marked by ``lengths = True``);
+    :meth:`inputs` builds one call's arrays."""
 
     name = "full"
     lengths = False
@@ -32,9 +91,47 @@ class Interface:
     def reduce(self, allowed: np.ndarray) -> np.ndarray:
         return allowed
 
+    def mask_argument(self, allowed: np.ndarray, *, convention: str, dtype: str, fw: Any) -> Any:
+        """The mask argument: ``allowed`` reduced to the interface, in ``convention``, as an array of ``fw``."""
+        m = self.reduce(np.asarray(allowed))
+        return fw.exact(m) if self.lengths else CONVENTIONS[convention](m, dtype, fw)
+
+    def inputs(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        mask: np.ndarray | None,
+        *,
+        dtype: str,
+        layout: str,
+        convention: str,
+        fw: Any,
+    ) -> Inputs:
+        """One call's arrays: q, k, v in ``layout`` and ``dtype``, and the mask argument (when ``mask`` is given)."""
+        swap = layout == "bnhd"
+
+        def lay(x: np.ndarray) -> np.ndarray:
+            return np.swapaxes(x, -2, -3) if swap else x
+
+        tensors = tuple(fw.floats(lay(x), dtype) for x in (q, k, v))
+        m = None if mask is None else self.mask_argument(mask, convention=convention, dtype=dtype, fw=fw)
+        return Inputs(tensors, m, unpack=lay)
+
+    def structural(self, *, has_causal_flag: bool, causal_only: bool) -> dict[str, str]:
+        """Capabilities this interface cannot express, with the reason (an interface with a batch axis: 3-D
+        inputs, and causal without a causal flag)."""
+        out = {"rank": f"mask_form={self.name!r} has a batch axis: inputs are 4-D"}
+        if not has_causal_flag and not causal_only:
+            out["causal"] = f"no causal flag, and a {self.name} mask cannot express causal"
+        return out
+
 
 class Full(Interface):
-    """``[B, h, n_q, n_k]`` (or ``[h, n_q, n_k]`` for 3-D inputs)."""
+    """``[B, h, n_q, n_k]`` (or ``[h, n_q, n_k]`` for 3-D inputs): expresses everything."""
+
+    def structural(self, *, has_causal_flag: bool, causal_only: bool) -> dict[str, str]:
+        return {}
 
 
 class PerBatch(Interface):
@@ -69,11 +166,45 @@ class Lengths(KeyPadding):
 
 class Varlen(Interface):
     """Packed sequences (flash-attn's varlen functions): sequence b's first ``L_q`` queries and ``L_k`` keys
-    (the rows and the keys its prefix mask allows) are concatenated; the output is unpacked, rows of no sequence
-    0."""
+    (the rows and the keys its prefix mask allows) are concatenated into ``q [total_q, h, d]``, ``k, v [total_k,
+    h_kv, d]``, passed with ``cu_seqlens_q/k`` (int32 ``[B + 1]``) and ``max_seqlen_q/k``; the output is unpacked,
+    rows of no sequence 0. The layout does not apply (packed is ``[total, h, d]``)."""
 
     name = "varlen"
     packed = True
+
+    def inputs(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        mask: np.ndarray | None,
+        *,
+        dtype: str,
+        layout: str,
+        convention: str,
+        fw: Any,
+    ) -> Inputs:
+        lq, lk = self.lengths_of(q, k, mask)
+        rows, n_q, h = lq, q.shape[-2], q.shape[1]
+        extra = {
+            "cu_seqlens_q": fw.exact(self.cu_seqlens(lq)),
+            "cu_seqlens_k": fw.exact(self.cu_seqlens(lk)),
+            "max_seqlen_q": int(lq.max(initial=0)),
+            "max_seqlen_k": int(lk.max(initial=0)),
+        }
+
+        def unpack(out: np.ndarray) -> np.ndarray | str:
+            if out.ndim != 3 or out.shape[0] != int(sum(rows)):
+                return f"returned shape {out.shape}; expected [total_q, h, d_v] (packed)"
+            return self.unpack(out, rows, n_q, h)
+
+        tensors = (
+            fw.floats(self.pack(q, lq), dtype),
+            fw.floats(self.pack(k, lk), dtype),
+            fw.floats(self.pack(v, lk), dtype),
+        )
+        return Inputs(tensors, None, extra, unpack)
 
     @staticmethod
     def lengths_of(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +234,7 @@ class Varlen(Interface):
         return full
 
 
-INTERFACES: dict[str, Any] = {
+INTERFACES: dict[str, Callable[[], Interface]] = {
     "full": Full,
     "batch": PerBatch,
     "key_padding": KeyPadding,
@@ -114,5 +245,5 @@ INTERFACES: dict[str, Any] = {
 
 
 def interface(name: str) -> Interface:
-    """The strategy of mask form ``name`` (one of :data:`attnlab.check.adapters.MASK_FORMS`)."""
+    """The strategy of mask form ``name`` (one of :data:`attnlab.check.spec.MASK_FORMS`)."""
     return INTERFACES[name]()

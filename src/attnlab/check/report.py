@@ -240,9 +240,11 @@ class Report:
     # -- text ---------------------------------------------------------------------------------------------------
     def _lines(self) -> list[tuple[str, str]]:
         """(style, text) pairs; the plain text and the rich rendering share them."""
+        device = self.spec.get("device")
+        on = f" on {device}" if device else ""  # the device the inputs were created on (torch, JAX)
         out: list[tuple[str, str]] = [
             ("bold", f"attnlab {self.command}: {self.target}"),
-            ("dim", f"  {self.framework}, called as {self.signature}"),
+            ("dim", f"  {self.framework}{on}, called as {self.signature}"),
         ]
         for f in self.findings:
             out += [

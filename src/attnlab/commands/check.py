@@ -15,19 +15,13 @@ import sys
 from typing import Any
 
 from ..argtypes import float_type, int_type
+from ..check.spec import MAX_TIMEOUT, options
 from ..check.target import TargetError
 from ..check.target import load_target as _load
 from ..cli import one_line
 
 NAME = "check"
 HELP = "check an attention function (file.py:func or package.module:func) and name its bugs"
-
-_FRAMEWORKS = ("auto", "numpy", "torch", "jax")
-_SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
-_CONVENTIONS = ("allow", "block", "additive", "keep")
-
-#: ``--timeout`` and ``--import-timeout`` at most, in seconds (a day).
-MAX_TIMEOUT = 86400.0
 
 
 def load_target(target: str) -> Any:
@@ -46,80 +40,36 @@ def _csv(value: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in value.split(",") if x.strip())
 
 
+def _flag_kwargs(name: str, default: Any, opt: Any) -> dict[str, Any]:
+    """``argparse.add_argument`` keywords of one :class:`~attnlab.check.Spec` option, from its declaration."""
+    help_text = opt.doc.replace("``", "").replace("%", "%%")
+    kw: dict[str, Any] = {"dest": name, "help": help_text}
+    if isinstance(opt.cli, dict):
+        return {"default": default, **kw, **opt.cli}
+    if opt.kind == "flag":
+        return {**kw, "action": "store_true"}
+    kw["default"] = default
+    if opt.metavar:
+        kw["metavar"] = opt.metavar
+    if opt.kind == "choice":
+        kw["choices"] = [c for c in opt.choices if c is not None]
+    elif opt.kind == "names" or (opt.metavar or "").endswith(",..."):
+        kw["type"] = _csv
+    elif opt.kind == "seconds":
+        expected = f"a number of seconds in (0, {MAX_TIMEOUT}]"
+        kw["type"] = float_type(positive=True, maximum=MAX_TIMEOUT, expected=expected)
+    elif opt.kind == "count":
+        kw["type"] = int_type(minimum=0)
+    return kw
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options describing the function: what it is, how it is called, what it supports."""
+    """The target, one flag per :class:`~attnlab.check.Spec` option (``mask_form`` -> ``--mask-form``; generated
+    from the options' declarations, with their documentation as help), and how the report is printed."""
     parser.add_argument("target", help="path/to/file.py:func or package.module:func")
-    parser.add_argument("--framework", choices=_FRAMEWORKS, default="auto", help="array library (default: detect)")
-    parser.add_argument(
-        "--signature",
-        choices=_SIGNATURES,
-        default="auto",
-        help="plain fn(q, k, v, mask=None); sdpa (attn_mask, is_causal, scale); jax (mask, is_causal, scale); "
-        "qkv fn(q, k, v); auto reads the parameter names",
-    )
-    parser.add_argument(
-        "--mask-convention",
-        choices=_CONVENTIONS,
-        default="allow",
-        help="allow: bool True = may attend; block: bool True = blocked; additive: 0 / finfo.min; keep: 1 = keep",
-    )
-    parser.add_argument("--layout", choices=("bhnd", "bnhd"), default="bhnd", help="[B, h, n, d] or [B, n, h, d]")
-    parser.add_argument("--returns", choices=("auto", "output", "output+weights"), default="auto")
-    parser.add_argument("--causal-only", action="store_true", help="the function always applies a causal mask")
-    parser.add_argument("--causal-align", choices=("top_left", "bottom_right"), default=None)
-    parser.add_argument(
-        "--causal-value",
-        choices=("bool", "align"),
-        default="bool",
-        help="the causal argument gets True (bool) or the alignment string (align)",
-    )
-    parser.add_argument("--gqa", action="store_true", help="K and V may have fewer heads than Q")
-    parser.add_argument(
-        "--gqa-mapping",
-        choices=("interleave", "tile"),
-        default=None,
-        help="with --gqa: query head i uses K/V head i // (h/h_kv) (interleave, the default) or i %% h_kv (tile)",
-    )
-    parser.add_argument(
-        "--compute-dtype",
-        choices=("auto", "input", "float64", "float32", "float16", "bfloat16"),
-        default="auto",
-        help="the precision the function documents computing in (auto: float32 computation of float64 inputs is a "
-        "note; input: every dtype under its own rule)",
-    )
-    parser.add_argument(
-        "--masked-rows",
-        choices=("any", "raise", "zeros", "uniform", "nan"),
-        default="any",
-        help="the fully-masked-row policy the function promises (any: an error, zeros or the uniform average)",
-    )
-    parser.add_argument(
-        "--causal-when-no-mask", action="store_true", help="the function is causal whenever it is given no mask"
-    )
-    parser.add_argument(
-        "--mask-form",
-        choices=("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen"),
-        default="full",
-        help="mask interface: [B, h, n_q, n_k] (full), [B, 1, n_q, n_k] (batch), [B, n_k] (key_padding), [B] "
-        "lengths (valid_lens), [B] cache lengths of a decode kernel (kv_cache), packed cu_seqlens (varlen)",
-    )
-    parser.add_argument(
-        "--ranks", choices=("3,4", "4"), default="3,4", help="input ranks the function takes (4: never 3-D inputs)"
-    )
-    parser.add_argument("--dtypes", type=_csv, default=None, help="comma-separated dtypes to try")
-    parser.add_argument("--unsupported", type=_csv, default=(), help="comma-separated capabilities not supported")
-    parser.add_argument("--mask-arg", default=None, help="name of the mask parameter")
-    parser.add_argument("--causal-arg", default=None, help="name of the causal flag parameter")
-    parser.add_argument("--scale-arg", default=None, help="name of the scale parameter")
-    parser.add_argument("--probes", type=_csv, default=None, help="comma-separated probes to run (default all)")
-    seconds = float_type(positive=True, maximum=MAX_TIMEOUT, expected=f"a number of seconds in (0, {MAX_TIMEOUT}]")
-    parser.add_argument(
-        "--timeout", type=seconds, default=10.0, help=f"seconds one call may take, at most {MAX_TIMEOUT} (default 10)"
-    )
-    parser.add_argument(
-        "--import-timeout", type=seconds, default=60.0, help="seconds importing the target may take (default 60)"
-    )
-    parser.add_argument("--seed", type=int_type(minimum=0), default=0, help="random seed, >= 0 (default 0)")
+    for name, default, opt in options():
+        if opt.cli is not False:
+            parser.add_argument("--" + name.replace("_", "-"), **_flag_kwargs(name, default, opt))
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--width", type=int_type(minimum=20), default=None, help="columns of the text report (default: terminal)"
@@ -128,36 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..check import DTYPES, ExitStatus, UsageError, check
+    from ..check import ExitStatus, UsageError, check
 
+    chosen = {name: getattr(args, name) for name, _, opt in options() if opt.cli is not False}
     try:
-        report = check(
-            args.target,
-            framework=args.framework,
-            signature=args.signature,
-            mask_convention=args.mask_convention,
-            layout=args.layout,
-            returns=args.returns,
-            causal_only=args.causal_only,
-            causal_align=args.causal_align,
-            causal_value=args.causal_value,
-            gqa=(args.gqa_mapping or "interleave") if args.gqa else False,
-            compute_dtype=args.compute_dtype,
-            masked_rows=args.masked_rows,
-            causal_when_no_mask=args.causal_when_no_mask,
-            ranks=tuple(int(r) for r in args.ranks.split(",")),
-            mask_form=args.mask_form,
-            dtypes=args.dtypes or DTYPES,
-            unsupported=args.unsupported,
-            mask_arg=args.mask_arg,
-            causal_arg=args.causal_arg,
-            scale_arg=args.scale_arg,
-            timeout=args.timeout,
-            import_timeout=args.import_timeout,
-            probes=args.probes,
-            seed=args.seed,
-            name=args.target,
-        )
+        report = check(args.target, name=args.target, **chosen)
     except UsageError as err:
         sys.stderr.write(f"attnlab check: error: {one_line(err)}\n")
         return ExitStatus.USAGE
