@@ -192,8 +192,12 @@ def test_with_a_device_numpy_is_not_tried_when_every_call_fails():
     assert "numpy" not in r.detected, r.detected
 
 
-@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (this project's test machines have none; see docs/checker.md)")
-def test_sdpa_on_cuda_is_clean_and_its_inputs_are_on_the_gpu():
+#: Every device this machine's torch has: the CPU everywhere, the GPU where there is one (no test is skipped).
+DEVICES = ["cpu"] + (["cuda"] if CUDA else []) + (["mps"] if torch.backends.mps.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_is_clean_on_every_device_here_and_its_inputs_are_on_it(device):
     seen = set()
 
     def attention(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
@@ -202,6 +206,7 @@ def test_sdpa_on_cuda_is_clean_and_its_inputs_are_on_the_gpu():
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
         )
 
-    r = check(attention, gqa=True, device="cuda")
+    r = check(attention, gqa=True, device=device)
     assert r.ok, r.to_text()
-    assert seen == {"cuda:0"} and r.spec["device"] == "cuda:0"
+    placed = str(torch.empty(0, device=device).device)
+    assert seen == {placed} and r.spec["device"] == placed
