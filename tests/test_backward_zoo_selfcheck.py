@@ -323,7 +323,7 @@ def test_mutation_entries_change_the_callers_arrays_and_correct_ones_do_not():
     # flash: the golden lse converted to log2 in place
     entry = _entry("bwd-fa2-lse-in-place")
     kw = _keywords(entry.fn, c)
-    out, lse = entry.options["forward"](c["q"], c["k"], c["v"], **kw)
+    out, lse, *_ = reference(c)  # the golden out and lse, as the checker passes them
     before = lse.copy()
     entry.fn(c["q"], c["k"], c["v"], out, lse, c["d_out"], **kw)
     finite = np.isfinite(before)
