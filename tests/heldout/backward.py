@@ -657,6 +657,8 @@ def jax_custom_vjp_unscaled(q, k, v):
 # the cases
 
 _T06 = {"forward": t06_forward, "lse_units": "log2"}
+_TORCH = {"backward": True, "framework": "torch"}  # (torch and jax are imported lazily here: declared)
+_JAXF = {"backward": True, "framework": "jax"}
 _FATRI = {"forward": fatri_forward}
 
 CASES: list[BackwardCase] = [
@@ -665,12 +667,12 @@ CASES: list[BackwardCase] = [
     BackwardCase("t06", t06_backward, None, {**_T06, "gqa": True}, "triton tutorials/06-fused-attention.py"),
     BackwardCase("t06-golden", t06_backward, None, {"lse_units": "log2"}, "triton 06-fused-attention.py"),
     BackwardCase("fatri", fatri_backward, None, {**_FATRI, "gqa": True}, "flash_attn/flash_attn_triton.py"),
-    BackwardCase("cs336", cs336_attention, None, {"backward": True}, "stanford-cs336 assignment 2 FlashAttention2"),
+    BackwardCase("cs336", cs336_attention, None, _TORCH, "stanford-cs336 assignment 2 FlashAttention2"),
     BackwardCase(
         "faref",
         faref_attention,
         None,
-        {"backward": True, "layout": "bnhd", "gqa": True},
+        {**_TORCH, "layout": "bnhd", "gqa": True},
         "flash-attention tests/test_flash_attn.py attention_ref",
     ),
     BackwardCase("bnhd", bnhd_backward, None, {"layout": "bnhd", "gqa": True}, "flash-attention GQA dk fold"),
@@ -678,7 +680,7 @@ CASES: list[BackwardCase] = [
         "aten", aten_backward, None, {"framework": "torch", "gqa": True}, "pytorch torch._softmax_backward_data"
     ),
     BackwardCase("np-dropout", np_dropout_backward, None, {}, "dropout keep-mask backward (FlashAttention paper §B)"),
-    BackwardCase("jax-vjp", jax_attention, None, {"backward": True}, "jax.vjp through jax.numpy"),
+    BackwardCase("jax-vjp", jax_attention, None, _JAXF, "jax.vjp through jax.numpy"),
     # buggy
     BackwardCase("llmc-no-indicator", llmc_no_indicator_term, "grad-jacobian", {}, "llm.c attention_backward"),
     BackwardCase("llmc-dkey-unscaled", llmc_dkey_unscaled, "grad-scale", {}, "llm.c attention_backward"),
@@ -700,8 +702,8 @@ CASES: list[BackwardCase] = [
     BackwardCase(
         "nats-declared-log2", nats_backward_declared_log2, "grad-lse", {"lse_units": "log2"}, "flash_attn_triton.py"
     ),
-    BackwardCase("cs336-dk-transposed", cs336_dk_transposed, "grad-transposed", {"backward": True}, "cs336 a2"),
-    BackwardCase("cs336-dv-einsum", cs336_dv_einsum_batch, "grad-batch-leak", {"backward": True}, "cs336 a2"),
+    BackwardCase("cs336-dk-transposed", cs336_dk_transposed, "grad-transposed", _TORCH, "cs336 a2"),
+    BackwardCase("cs336-dv-einsum", cs336_dv_einsum_batch, "grad-batch-leak", _TORCH, "cs336 a2"),
     BackwardCase(
         "bnhd-gqa-wrong-group",
         bnhd_gqa_wrong_group,
@@ -711,9 +713,7 @@ CASES: list[BackwardCase] = [
     ),
     BackwardCase("aten-upcast", aten_backward_upcast, "dtype", {"framework": "torch"}, "torch._softmax_backward_data"),
     BackwardCase("np-dropout-redrawn", np_dropout_redrawn, "grad-dropout", {}, "dropout keep-mask backward"),
-    BackwardCase(
-        "jax-custom-vjp-unscaled", jax_custom_vjp_unscaled, "grad-scale", {"backward": True}, "jax custom_vjp"
-    ),
+    BackwardCase("jax-custom-vjp-unscaled", jax_custom_vjp_unscaled, "grad-scale", _JAXF, "jax custom_vjp"),
 ]
 
 for _c in CASES:

@@ -1221,7 +1221,7 @@ def torch_default_dtype_grads(q, k, v, d_out, mask=None, scale=None):
 
 _GQA = {"gqa": True}
 _TORCH = {"framework": "torch"}
-_AUTOGRAD = {"backward": True}
+_AUTOGRAD = {"backward": True, "framework": "torch"}  # (torch is imported lazily here: declared)
 
 CORRECT = [
     Entry("bwd-np-analytic", np_analytic, options=_GQA, doc=np_analytic.__doc__),
