@@ -156,6 +156,10 @@ DIFFERS = {
     "aten-upcast": None,  # right values, float32 gradients for float16 inputs
     "np-dropout-redrawn": "dropout",
     "jax-custom-vjp-unscaled": "cross",
+    "fa1-tile-max": "cross",
+    "torch-gqa-mean": "gqa",
+    "saved-lse-dropout-1-p": "dropout",
+    "saved-lse-over-queries": "cross",
 }
 
 

@@ -654,6 +654,209 @@ def jax_custom_vjp_unscaled(q, k, v):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# FlashAttention (v1) style: Algorithm 1's outer loop over key blocks with O, l, m kept per query row in "HBM"
+# (Dao et al. 2022, and Dao-AILab/flash-attention's early CUDA), Algorithm 4's backward (flash signature)
+
+KB, QB = 3, 2
+
+
+def _fa1_forward(q, k, v, mask, scale, causal, *, keep_tile_max=False):
+    dt = _dt(q)
+    qq = q.astype(dt)
+    kk, vv = (x.astype(dt) for x in _kv_heads(q, k, v))
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    lead = _lead(qq, kk)
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    ok = _ok(mask, causal, n_q, n_k, lead)
+    o = np.zeros((*lead, n_q, v.shape[-1]), dt)
+    l = np.zeros((*lead, n_q), dt)
+    m = np.full((*lead, n_q), -np.inf, dt)
+    stored = np.full((*lead, n_q), -np.inf, dt)  # the m written back to HBM
+    for j0 in range(0, n_k, KB):
+        j1 = min(j0 + KB, n_k)
+        for i0 in range(0, n_q, QB):
+            i1 = min(i0 + QB, n_q)
+            s = np.where(ok[..., i0:i1, j0:j1], qq[..., i0:i1, :] @ _tr(kk[..., j0:j1, :]) * sc, -np.inf)
+            m_t = s.max(axis=-1)
+            p_t = np.exp(s - np.where(np.isfinite(m_t), m_t, 0)[..., None])
+            l_t = p_t.sum(axis=-1)
+            m_old, l_old = m[..., i0:i1], l[..., i0:i1]
+            m_new = np.maximum(m_old, m_t)
+            ms = np.where(np.isfinite(m_new), m_new, 0)
+            a, b = np.exp(m_old - ms), np.exp(m_t - ms)
+            l_new = a * l_old + b * l_t
+            num = (a * l_old)[..., None] * o[..., i0:i1, :] + b[..., None] * (p_t @ vv[..., j0:j1, :])
+            o[..., i0:i1, :] = num / np.where(l_new > 0, l_new, 1)[..., None]
+            l[..., i0:i1], m[..., i0:i1] = l_new, m_new
+            stored[..., i0:i1] = np.where(np.isfinite(m_t), m_t, stored[..., i0:i1]) if keep_tile_max else m_new
+    with np.errstate(divide="ignore"):
+        lse = np.where(l > 0, stored + np.log(np.where(l > 0, l, 1)), -np.inf)
+    return o.astype(q.dtype), lse
+
+
+def fa1_forward(q, k, v, mask=None, scale=None, causal=False):
+    """FlashAttention v1 forward: O, l, m updated in place per query row as the key blocks stream by."""
+    return _fa1_forward(q, k, v, mask, scale, causal)
+
+
+def fa1_forward_tile_max(q, k, v, mask=None, scale=None, causal=False):
+    """Bug (forward): the m written back is the tile's own max m̃_ij, not the running max m_new (the output is
+    right, lse = m + log l is not)."""
+    return _fa1_forward(q, k, v, mask, scale, causal, keep_tile_max=True)
+
+
+def fa1_backward(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False):
+    """FlashAttention v1 backward (Algorithm 4): outer loop over key blocks, D_i = rowsum(dO_i ∘ O_i) per tile,
+    dQ_i read-modify-written in HBM."""
+    dt = _dt(q)
+    qq, do, oo = q.astype(dt), d_out.astype(dt), np.asarray(out, dt)
+    kk, vv = (x.astype(dt) for x in _kv_heads(q, k, v))
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    lead = _lead(qq, kk)
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    ok = _ok(mask, causal, n_q, n_k, lead)
+    lse = np.asarray(lse, dt)
+    lse = np.where(np.isfinite(lse), lse, np.inf)
+    dq = np.zeros((*lead, n_q, q.shape[-1]), dt)
+    dk = np.zeros((*lead, n_k, k.shape[-1]), dt)
+    dv = np.zeros((*lead, n_k, v.shape[-1]), dt)
+    for j0 in range(0, n_k, KB):
+        j1 = min(j0 + KB, n_k)
+        dk_j = np.zeros((*lead, j1 - j0, k.shape[-1]), dt)
+        dv_j = np.zeros((*lead, j1 - j0, v.shape[-1]), dt)
+        for i0 in range(0, n_q, QB):
+            i1 = min(i0 + QB, n_q)
+            s = np.where(ok[..., i0:i1, j0:j1], qq[..., i0:i1, :] @ _tr(kk[..., j0:j1, :]) * sc, -np.inf)
+            p = np.exp(s - lse[..., i0:i1, None])
+            dv_j = dv_j + _tr(p) @ do[..., i0:i1, :]
+            dp = do[..., i0:i1, :] @ _tr(vv[..., j0:j1, :])
+            d_i = np.sum(do[..., i0:i1, :] * oo[..., i0:i1, :], axis=-1, keepdims=True)
+            ds = p * (dp - d_i)
+            dq[..., i0:i1, :] = dq[..., i0:i1, :] + ds @ kk[..., j0:j1, :] * sc
+            dk_j = dk_j + _tr(ds) @ qq[..., i0:i1, :] * sc
+        dk[..., j0:j1, :], dv[..., j0:j1, :] = dk_j, dv_j
+    return dq.astype(q.dtype), _group_sum(dk, k).astype(k.dtype), _group_sum(dv, v).astype(v.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# more PyTorch: torch.func.vjp, a d2l-style dropout Function, a logsumexp saved over the wrong axis, GQA by mean
+
+
+def torch_func_vjp_backward(q, k, v, d_out, mask=None, scale=None):
+    """Correct: ``torch.func.vjp`` through plain torch ops (GQA by repeat_interleave)."""
+    import torch
+
+    def forward(q_, k_, v_):
+        g = q_.shape[-3] // k_.shape[-3]
+        k_, v_ = k_.repeat_interleave(g, dim=-3), v_.repeat_interleave(g, dim=-3)
+        sc = 1.0 / math.sqrt(q_.shape[-1]) if scale is None else float(scale)
+        s = q_ @ k_.transpose(-1, -2) * sc
+        if mask is not None:
+            s = s.masked_fill(~torch.as_tensor(mask, dtype=torch.bool), -math.inf)
+        mx = s.detach().amax(-1, keepdim=True)
+        e = torch.exp(s - torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx)))
+        return e / e.sum(-1, keepdim=True).clamp_min(1.0) @ v_
+
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    _, pull = torch.func.vjp(forward, q.to(cdt), k.to(cdt), v.to(cdt))
+    return tuple(g.to(x.dtype) for g, x in zip(pull(d_out.to(cdt)), (q, k, v), strict=True))
+
+
+def torch_gqa_mean_backward(q, k, v, d_out, mask=None, scale=None):
+    """Bug: GQA dK/dV reduced over each group with ``.mean(dim=...)`` (the expanded heads' average)."""
+    import torch
+
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    g = q.shape[-3] // k.shape[-3]
+    qq, do = q.to(cdt), d_out.to(cdt)
+    kk, vv = (x.to(cdt).repeat_interleave(g, dim=-3) for x in (k, v))
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = qq @ kk.transpose(-1, -2) * sc
+    if mask is not None:
+        s = s.masked_fill(~torch.as_tensor(mask, dtype=torch.bool), -math.inf)
+    mx = s.amax(-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx)))
+    p = e / e.sum(-1, keepdim=True).clamp_min(1.0)
+    dp = do @ vv.transpose(-1, -2)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True))
+    dk, dv = ds.transpose(-1, -2) @ qq * sc, p.transpose(-1, -2) @ do
+    dk, dv = (x.unflatten(-3, (k.shape[-3], g)).mean(dim=-3) for x in (dk, dv))
+    return (ds @ kk * sc).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _saved_lse_class(variant):
+    import torch
+
+    class SavedLse(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, allowed, keep, p):
+            cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+            qq, kk, vv = q.to(cdt), k.to(cdt), v.to(cdt)
+            s = qq @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if allowed is not None:
+                s = s.masked_fill(~allowed, -math.inf)
+            w = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0
+            lse = torch.logsumexp(s, dim=-2 if variant == "lse-axis" else -1)
+            if keep is not None:
+                w = w * keep / (1.0 - p)
+            ctx.save_for_backward(q, k, v, lse, allowed, keep)
+            ctx.p = p
+            return (w @ vv).to(q.dtype)
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, lse, allowed, keep = ctx.saved_tensors
+            cdt = lse.dtype
+            qq, kk, vv, do = q.to(cdt), k.to(cdt), v.to(cdt), grad.to(cdt)
+            sc = 1.0 / math.sqrt(q.shape[-1])
+            s = qq @ kk.transpose(-1, -2) * sc
+            if allowed is not None:
+                s = s.masked_fill(~allowed, -math.inf)
+            lse_b = lse[..., None, :] if variant == "lse-axis" else lse[..., :, None]
+            pr = torch.exp(s - torch.where(torch.isfinite(lse_b), lse_b, torch.full_like(lse_b, math.inf)))
+            if keep is not None:
+                factor = (1.0 - ctx.p) if variant == "dropout-1-p" else 1.0 / (1.0 - ctx.p)
+                mult = keep.to(cdt) * factor
+            else:
+                mult = torch.ones_like(pr)
+            dv = (pr * mult).transpose(-1, -2) @ do
+            dp = (do @ vv.transpose(-1, -2)) * mult
+            ds = pr * (dp - (pr * dp).sum(-1, keepdim=True))
+            return (
+                (ds @ kk * sc).to(q.dtype),
+                (ds.transpose(-1, -2) @ qq * sc).to(k.dtype),
+                dv.to(v.dtype),
+                None,
+                None,
+                None,
+            )
+
+    SavedLse.__qualname__ = f"SavedLse_{variant.replace('-', '_')}"
+    return SavedLse
+
+
+_SAVED: dict[str, Any] = {}
+
+
+def _saved_lse(variant):
+    def attention(q, k, v, mask=None, dropout_mask=None, dropout_p=0.0):
+        import torch
+
+        if variant not in _SAVED:
+            _SAVED[variant] = _saved_lse_class(variant)
+        allowed = None if mask is None else torch.as_tensor(mask, dtype=torch.bool)
+        keep = None if dropout_mask is None else torch.as_tensor(dropout_mask, dtype=torch.bool)
+        return _SAVED[variant].apply(q, k, v, allowed, keep, float(dropout_p))
+
+    attention.__name__ = attention.__qualname__ = f"saved_lse_{variant.replace('-', '_')}"
+    return attention
+
+
+saved_lse_dropout_1_minus_p = _saved_lse("dropout-1-p")
+saved_lse_over_queries = _saved_lse("lse-axis")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the cases
 
 _T06 = {"forward": t06_forward, "lse_units": "log2"}
@@ -681,6 +884,10 @@ CASES: list[BackwardCase] = [
     ),
     BackwardCase("np-dropout", np_dropout_backward, None, {}, "dropout keep-mask backward (FlashAttention paper §B)"),
     BackwardCase("jax-vjp", jax_attention, None, _JAXF, "jax.vjp through jax.numpy"),
+    BackwardCase("fa1", fa1_backward, None, {"forward": fa1_forward, "gqa": True}, "FlashAttention v1 Alg. 1/4"),
+    BackwardCase(
+        "torch-func-vjp", torch_func_vjp_backward, None, {"framework": "torch", "gqa": True}, "torch.func.vjp"
+    ),
     # buggy
     BackwardCase("llmc-no-indicator", llmc_no_indicator_term, "grad-jacobian", {}, "llm.c attention_backward"),
     BackwardCase("llmc-dkey-unscaled", llmc_dkey_unscaled, "grad-scale", {}, "llm.c attention_backward"),
@@ -712,6 +919,18 @@ CASES: list[BackwardCase] = [
         "flash-attention GQA dk fold",
     ),
     BackwardCase("aten-upcast", aten_backward_upcast, "dtype", {"framework": "torch"}, "torch._softmax_backward_data"),
+    BackwardCase(
+        "fa1-tile-max", fa1_backward, "grad-lse", {"forward": fa1_forward_tile_max}, "FlashAttention v1 Alg. 1 m_i"
+    ),
+    BackwardCase(
+        "torch-gqa-mean",
+        torch_gqa_mean_backward,
+        "grad-gqa-sum",
+        {"framework": "torch", "gqa": True},
+        "GQA backward, repeat_interleave adjoint",
+    ),
+    BackwardCase("saved-lse-dropout-1-p", saved_lse_dropout_1_minus_p, "grad-dropout", _TORCH, "d2l-style dropout"),
+    BackwardCase("saved-lse-over-queries", saved_lse_over_queries, "grad-lse", _TORCH, "torch.logsumexp(dim=-2)"),
     BackwardCase("np-dropout-redrawn", np_dropout_redrawn, "grad-dropout", {}, "dropout keep-mask backward"),
     BackwardCase("jax-custom-vjp-unscaled", jax_custom_vjp_unscaled, "grad-scale", _JAXF, "jax custom_vjp"),
 ]
