@@ -828,6 +828,23 @@ def attnlab_flash_backward(q, k, v, out, lse, d_out, mask=None, scale=None, caus
     return g.dq, g.dk, g.dv
 
 
+def attnlab_flash_plain(q, k, v, d_out, mask=None, scale=None, causal=False):
+    """Correct: ``flash_attention`` + ``flash_attention_backward`` (masked_rows="zero") behind the plain signature."""
+    from attnlab.kernels import flash_attention, flash_attention_backward
+
+    r = flash_attention(q, k, v, mask=mask, scale=scale, causal=causal, masked_rows="zero")
+    g = flash_attention_backward(
+        q, k, v, r.output, r.lse, d_out, mask=mask, scale=scale, causal=causal, masked_rows="zero"
+    )
+    return g.dq, g.dk, g.dv
+
+
+def attnlab_core_flash(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False):
+    """Correct: the core's ``attention_backward`` behind the flash signature (``out`` and ``lse`` unused: the trace
+    recomputes the weights)."""
+    return attnlab_core_backward(q, k, v, d_out, mask=mask, scale=scale, causal=causal)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # PyTorch: custom autograd.Functions (checked with backward=True), SDPA, plain ops, a torch plain-signature bwd
 
@@ -1235,6 +1252,13 @@ CORRECT = [
         doc=attnlab_flash_backward.__doc__,
     ),
     Entry("bwd-attnlab-flash-golden-lse", attnlab_flash_backward, options=_GQA, doc="as bwd-attnlab-flash, golden lse"),
+    Entry("bwd-attnlab-flash-plain", attnlab_flash_plain, options=_GQA, doc=attnlab_flash_plain.__doc__),
+    Entry(
+        "bwd-attnlab-core-flash",
+        attnlab_core_flash,
+        options={"forward": attnlab_flash_forward, **_GQA},
+        doc=attnlab_core_flash.__doc__,
+    ),
     Entry("bwd-fa2-nats", fa2_backward, options={"forward": fa2_forward, **_GQA}, doc=fa2_backward.__doc__),
     Entry("bwd-fa2-nats-golden-lse", fa2_backward, doc="fa2_backward given the checker's golden out and lse (nats)"),
     Entry(
