@@ -1,0 +1,80 @@
+"""The backward zoo through the checker (issue 14): every broken backward named by its code, every correct one clean.
+
+Entry points per DECISIONS.md ("Backward oracle"), chosen by :func:`zoo.backward_zoo.run_check`:
+``attnlab.check(fn, backward=True, ...)`` for torch forwards, ``attnlab.check_backward(bwd, forward=..., ...)``
+for hand-written backward passes (plain and flash signatures).
+"""
+
+from __future__ import annotations
+
+import pytest
+from zoo.backward_zoo import BROKEN, CORRECT, ENTRIES, fa2_backward, fa2_forward, np_jacobian_missing, run_check
+
+import attnlab
+from attnlab.check import CODES
+
+BACKWARD_CODES = (
+    "grad-mismatch",
+    "grad-jacobian",
+    "grad-delta",
+    "grad-scale",
+    "grad-transposed",
+    "grad-masked-leak",
+    "grad-masked-row",
+    "grad-gqa-sum",
+    "grad-lse",
+    "grad-accumulate",
+    "grad-causal",
+    "grad-dropout",
+    "grad-batch-leak",
+)
+
+
+def test_every_backward_code_is_registered():
+    """Each code has a meaning (in the forward's CODES or the backward's own registry) and a fix line."""
+    from attnlab.check import backward as grad
+
+    known = {**CODES, **getattr(grad, "BACKWARD_CODES", {})}
+    for code in (*BACKWARD_CODES, "dtype", "mutates-input", "crash", "timeout", "output-type"):
+        assert known.get(code), code
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_backward_zoo_entry_is_diagnosed_by_its_code(entry):
+    report = run_check(entry)
+    codes = set(report.codes)
+    text = report.to_text()
+    assert set(entry.expected) <= codes, text
+    assert codes <= set(entry.expected) | set(entry.also), text
+    assert report.ok == (not entry.expected), text
+    for f in report.findings:
+        assert f.message and f.evidence and f.fix, f
+        assert f.severity == "bug"
+
+
+def test_zoo_covers_every_named_backward_code():
+    covered = {c for e in BROKEN for c in e.expected}
+    named = set(BACKWARD_CODES) - {"grad-mismatch"} | {"dtype", "mutates-input"}
+    assert named <= covered, named - covered
+    assert len(BROKEN) >= 18 and len(CORRECT) >= 10
+
+
+def test_check_with_a_backward_callable_names_the_bug():
+    """``attnlab.check(fwd, backward=bwd)``: the forward battery and the hand-written backward together."""
+    report = attnlab.check(fa2_forward, backward=fa2_backward)
+    assert report.ok, report.to_text()
+
+
+def test_check_backward_without_forward_uses_the_golden_lse():
+    report = attnlab.check_backward(fa2_backward)
+    assert report.ok, report.to_text()
+    report = attnlab.check_backward(fa2_backward, lse_units="log2")
+    assert "grad-lse" in report.codes, report.to_text()
+
+
+def test_assert_attention_grads_correct_raises_on_a_broken_backward():
+    from attnlab.testing import assert_attention_grads_correct
+
+    assert_attention_grads_correct(CORRECT[0].fn)
+    with pytest.raises(AssertionError, match="grad-jacobian"):
+        assert_attention_grads_correct(np_jacobian_missing)
