@@ -1,6 +1,6 @@
 """The backward zoo through the checker (issue 14): every broken backward named by its code, every correct one clean.
 
-Entry points per DECISIONS.md ("Backward oracle"), chosen by :func:`zoo.backward_zoo.run_check`:
+Entry points as documented in docs/checker.md ("Backward"), chosen by :func:`zoo.backward_zoo.run_check`:
 ``attnlab.check(fn, backward=True, ...)`` for torch forwards, ``attnlab.check_backward(bwd, forward=..., ...)``
 for hand-written backward passes (plain and flash signatures).
 """

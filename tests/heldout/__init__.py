@@ -9,8 +9,7 @@ for :func:`attnlab.check.check` that describe the function (what a user would de
 The acceptance rule (issue 13) is measured by ``tests/test_check_heldout.py`` and printed by
 ``benchmarks/check_acceptance.py``: at least 90 % of the buggy cases named by their primary code, no finding on any
 correct case, and no buggy case with a clean verdict.
-
-Helpers "diag" and "bwd" (who write the checker) must never open this package.
+Whoever changes the checker tunes it on the zoo (tests/zoo), never on this package: it measures bug classes.
 """
 
 from __future__ import annotations

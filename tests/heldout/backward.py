@@ -1,7 +1,7 @@
 """Held-out backward passes (issue 14 acceptance): implementations the checker's authors never read.
 
-Helpers "diag" and "bwd" must never open this file. Each :class:`BackwardCase` is checked by :func:`run_check`
-(the entry points of DECISIONS.md, "Backward oracle"): ``options["backward"] is True`` means
+The checker is tuned on the zoo, never on this file. Each :class:`BackwardCase` is checked by :func:`run_check`
+(the entry points documented in docs/checker.md, "Backward"): ``options["backward"] is True`` means
 ``attnlab.check(fn, **options)`` (a forward, gradients by autograd / ``jax.vjp``); otherwise
 ``attnlab.check_backward(fn, **options)`` (a hand-written backward; ``options["forward"]`` its forward).
 

@@ -1,6 +1,6 @@
 """The backward zoo (issue 14 §4): deliberately broken attention backward passes, and correct ones.
 
-Every :class:`~zoo.Entry` here is checked with :func:`run_check`, which picks the entry point of DECISIONS.md
+Every :class:`~zoo.Entry` here is checked with :func:`run_check`, which picks the entry point documented in docs/checker.md
 ("Backward oracle") from the entry's options:
 
 * ``options["backward"] is True``: ``attnlab.check(fn, **options)`` — ``fn`` is a PyTorch forward
