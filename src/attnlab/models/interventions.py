@@ -27,6 +27,7 @@ import numpy as np
 
 from ..core.softmax import log_softmax
 from ..errors import OptionError, ShapeError
+from ..validate import check_int
 
 __all__ = [
     "AttentionMaps",
@@ -236,7 +237,7 @@ def _kl(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
 def _single_token(model: Any, text: str, name: str) -> int:
     ids = model.encode(text)
     if len(ids) != 1:
-        raise ShapeError(f"{name}: {text!r} is {len(ids)} tokens ({ids}); expected exactly one token")
+        raise OptionError(f"{name}: {text!r} is {len(ids)} tokens ({ids}); expected exactly one token")
     return ids[0]
 
 
@@ -274,11 +275,11 @@ def intervene(
     n = len(ids)
     if n < 2:
         raise ShapeError(f"prompt: expected at least 2 tokens, got {n} ({ids})")
-    t = n - 1 if target is None else int(target)
+    t = n - 1 if target is None else check_int("target", target)
     if t < 0:
         t += n
     if not 1 <= t < n:
-        raise ShapeError(f"target: position {target} is outside 1..{n - 1} (prompt of {n} tokens)")
+        raise OptionError(f"target: position {target} is outside 1..{n - 1} (prompt of {n} tokens)")
     L = model.config.num_layers
     if layer is not None and not (isinstance(layer, int) and -L <= layer < L):
         raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
@@ -288,15 +289,15 @@ def intervene(
     if isinstance(target_token, str):
         y = _single_token(model, target_token, "target_token")
     elif target_token is not None:
-        y = int(target_token)
+        y = check_int("target_token", target_token)
         if not 0 <= y < model.config.vocab_size:
-            raise ShapeError(f"target_token: id {y} is outside the vocabulary [0, {model.config.vocab_size})")
+            raise OptionError(f"target_token: id {y} is outside the vocabulary [0, {model.config.vocab_size})")
     rep_id = 0
     if method != "delete":
         rep = 0 if replacement is None else replacement
-        rep_id = _single_token(model, rep, "replacement") if isinstance(rep, str) else int(rep)
+        rep_id = _single_token(model, rep, "replacement") if isinstance(rep, str) else check_int("replacement", rep)
         if not 0 <= rep_id < model.config.vocab_size:
-            raise ShapeError(f"replacement: id {rep_id} is outside the vocabulary [0, {model.config.vocab_size})")
+            raise OptionError(f"replacement: id {rep_id} is outside the vocabulary [0, {model.config.vocab_size})")
     base = llama_forward(model, ids, return_attention=True)
     logp = log_softmax(base.logits[0, t].astype(np.float64))
     if y is None:
