@@ -119,6 +119,10 @@ def test_intervention_errors(model):
         intervene(model, PROMPT, method="replace", replacement=" New York")
     with pytest.raises(OptionError, match=r"layer: expected an int in \[0, 30\), got 30"):
         intervene(model, PROMPT, layer=30)
+    with pytest.raises(OptionError, match=r"^layer: expected an int, got True$"):  # a bool is not layer 1
+        intervene(model, PROMPT, layer=True)
+    with pytest.raises(OptionError, match=r"^target: expected an int, got 'x'$"):
+        intervene(model, PROMPT, target="x")
     with pytest.raises(ShapeError, match=r"prompt: expected at least 2 tokens"):
         intervene(model, "Hi")
 

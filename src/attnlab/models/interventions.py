@@ -234,6 +234,14 @@ def _kl(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
     return np.sum(p * (logp - logq), axis=-1)
 
 
+def _index(name: str, value: Any, count: int, where: str = "") -> int:
+    """``value`` as an index into ``count`` items, ``-count <= value < count`` (negative counts from the end)."""
+    i = check_int(name, value)
+    if not -count <= i < count:
+        raise OptionError(f"{name}: expected an int in [0, {count}){where}, got {value!r}")
+    return i % count
+
+
 def _single_token(model: Any, text: str, name: str) -> int:
     ids = model.encode(text)
     if len(ids) != 1:
@@ -281,9 +289,7 @@ def intervene(
     if not 1 <= t < n:
         raise OptionError(f"target: position {target} is outside 1..{n - 1} (prompt of {n} tokens)")
     L = model.config.num_layers
-    if layer is not None and not (isinstance(layer, int) and -L <= layer < L):
-        raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
-    layer = None if layer is None else layer % L
+    layer = None if layer is None else _index("layer", layer, L)
     ids = ids[: t + 1]  # later tokens cannot influence position t (causal)
     y: int | None = None  # the tracked token, checked before any forward pass
     if isinstance(target_token, str):
@@ -370,11 +376,9 @@ def intervene_minilm(
     if n < 3:
         raise ShapeError(f"sentence: {sentence!r} has no word pieces between [CLS] and [SEP]")
     L = m.config.num_layers
-    if layer is not None and not (isinstance(layer, int) and -L <= layer < L):
-        raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
-    layer = None if layer is None else layer % L
-    if target is not None and not -n <= int(target) < n:
-        raise ShapeError(f"target: position {target} is outside 0..{n - 1} ({n} tokens with [CLS] and [SEP])")
+    layer = None if layer is None else _index("layer", layer, L)
+    if target is not None and not -n <= check_int("target", target) < n:
+        raise OptionError(f"target: position {target} is outside 0..{n - 1} ({n} tokens with [CLS] and [SEP])")
     base = m.encode(ids, am)
     maps = np.stack([a[0] for a in base.attentions])  # [L, h, n, n]
     att = maps.mean(axis=2) if target is None else maps[:, :, int(target) % n, :]  # [L, h, n]
@@ -487,13 +491,11 @@ def attention_maps(
     else:
         raise OptionError(f"model: expected 'smollm2' or 'minilm', got {model!r}")
     L = len(maps)
-    if not (isinstance(layer, int) and -L <= layer < L):
-        raise OptionError(f"layer: expected an int in [0, {L}) for {name}, got {layer!r}")
-    w = get(layer % L)  # [h, n, n]
+    layer = _index("layer", layer, L, f" for {name}")
+    w = get(layer)  # [h, n, n]
     h = w.shape[0]
     if head is not None:
-        if not (isinstance(head, int) and -h <= head < h):
-            raise OptionError(f"head: expected an int in [0, {h}) for {name}, got {head!r}")
+        head = _index("head", head, h, f" for {name}")
         return AttentionMaps(
             weights=np.asarray(w[head % h], dtype=np.float64),
             allowed=allowed,
