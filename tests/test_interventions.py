@@ -111,7 +111,7 @@ def test_target_token_and_target_position(model):
 
 
 def test_intervention_errors(model):
-    with pytest.raises(OptionError, match=r"method: expected 'delete' or 'replace', got 'swap'"):
+    with pytest.raises(OptionError, match=r"^method: expected one of 'delete', 'replace', got 'swap'$"):
         intervene(model, PROMPT, method="swap")
     with pytest.raises(OptionError, match=r"target: position 9 is outside 1..4 \(prompt of 5 tokens\)"):
         intervene(model, PROMPT, target=9)

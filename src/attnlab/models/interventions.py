@@ -21,13 +21,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from ..core.softmax import log_softmax
 from ..errors import OptionError, ShapeError
-from ..validate import check_int
+from ..validate import check_choice, check_int
 
 __all__ = [
     "AttentionMaps",
@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 Method = Literal["delete", "replace"]
+
+#: The values of :data:`Method`.
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -277,8 +280,7 @@ def intervene(
     """
     from .llama import llama_forward
 
-    if method not in ("delete", "replace"):
-        raise OptionError(f"method: expected 'delete' or 'replace', got {method!r}")
+    check_choice("method", method, METHODS)
     ids = model.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
     n = len(ids)
     if n < 2:
@@ -368,8 +370,7 @@ def intervene_minilm(
     """
     from .minilm import MiniLM
 
-    if method not in ("delete", "replace"):
-        raise OptionError(f"method: expected 'delete' or 'replace', got {method!r}")
+    check_choice("method", method, METHODS)
     m = model if model is not None else MiniLM.load()
     ids, am = m.tokenize([sentence])
     n = ids.shape[1]
