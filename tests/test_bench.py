@@ -102,6 +102,10 @@ def test_bench_options_are_one_checked_frozen_value():
     assert r.config["heads"] == 2 and r.config["sizes"] == [32, 48] and r.config["kernel"]
     with pytest.raises(OptionError, match=r"^options: expected a BenchOptions, got dict$"):
         bench.run_bench({"heads": 2})
+    with pytest.raises(OptionError, match=r"^contexts: expected an int >= 11, got 10$"):
+        bench.decode_scaling((10,))  # too short for the timed steps: named, not an IndexError
+    with pytest.raises(OptionError, match=r"^n: expected an int >= 1, got '4096'$"):
+        bench.long_context("4096")
 
 
 def test_decode_fit_recovers_a_line():

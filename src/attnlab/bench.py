@@ -863,7 +863,12 @@ def decode_scaling(
 ) -> list[DecodeRow]:
     """Time one KV-cache decode step (append one token, attend) at each context length, against recomputing
     causal attention over the whole context with the tiled kernel (what generation without a cache repeats).
+
+    Each context needs at least :func:`decode_minimum` ``(repetitions)`` tokens (an OptionError otherwise).
     """
+    repetitions = check_int("repetitions", repetitions, minimum=1)
+    contexts = _ints("contexts", contexts, decode_minimum(repetitions))
+    heads, d = check_int("heads", heads, minimum=1), check_int("d", d, minimum=1)
     from .kernels.kv_cache import KVCache, cached_attention
     from .kernels.tiled import flash_attention
 
@@ -938,7 +943,9 @@ def _long_child(n: int, d: int, heads: int) -> None:  # pragma: no cover - runs 
 def long_context(n: int = 65536, *, d: int = 64, heads: int = 1, timeout: float = 600) -> LongRun:
     """Run one causal forward at ``n`` tokens in a fresh Python process (NumPy and attnlab only) and report its
     time and the whole process's peak RSS."""
-    code = f"from attnlab.bench import _long_child; _long_child({int(n)}, {int(d)}, {int(heads)})"
+    n, d, heads = (check_int(name, x, minimum=1) for name, x in (("n", n), ("d", d), ("heads", heads)))
+    timeout = check_float("timeout", timeout, positive=True)
+    code = f"from attnlab.bench import _long_child; _long_child({n}, {d}, {heads})"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_child_env(), check=False
     )
