@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -77,6 +78,34 @@ def test_naive_skipped_above_memory_limit_and_bad_method():
     assert tiled_row.vs_torch is None and tiled_row.vs_floor is None
     with pytest.raises(OptionError, match="methods: unknown method 'fast'"):
         bench.run_bench(sizes=(32,), d=(8,), heads=1, causal=(False,), repetitions=1, methods=("fast",))
+
+
+def test_bench_options_are_one_checked_frozen_value():
+    o = bench.BenchOptions(sizes=[32, np.int64(48)], d=[8], heads=1, causal=[True], repetitions=1, methods=["tiled"])
+    assert o.sizes == (32, 48) and type(o.sizes[1]) is int and o.causal == (True,) and o.methods == ("tiled",)
+    assert o.kernel_options() == {"block_q": None, "block_k": None, "num_threads": None}
+    assert o.to_json()["sizes"] == [32, 48] and o.to_json()["decode_contexts"] == []
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.heads = 2  # type: ignore[misc]
+    assert bench.check_bench_options(heads=2) == bench.BenchOptions(heads=2)
+    for bad, message in (
+        ({"heads": 0}, "^heads: expected an int >= 1, got 0$"),
+        ({"causal": (1,)}, r"^causal: expected a non-empty list of bools, got \(1,\)$"),
+        ({"backward": 1}, "^backward: expected one of False, True, got 1$"),
+        ({"decode_contexts": (10,), "repetitions": 1}, "^decode_contexts: expected an int >= 11, got 10$"),
+        ({"sizes": "64"}, "^sizes: expected a non-empty list of ints >= 1, got '64'$"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            bench.BenchOptions(**bad)
+    r = bench.run_bench(o, heads=2)  # keywords beside the value replace its fields
+    assert [(row.method, row.heads, row.n) for row in r.rows] == [("tiled", 2, 32), ("tiled", 2, 48)]
+    assert r.config["heads"] == 2 and r.config["sizes"] == [32, 48] and r.config["kernel"]
+    with pytest.raises(OptionError, match=r"^options: expected a BenchOptions, got dict$"):
+        bench.run_bench({"heads": 2})
+    with pytest.raises(OptionError, match=r"^contexts: expected an int >= 11, got 10$"):
+        bench.decode_scaling((10,))  # too short for the timed steps: named, not an IndexError
+    with pytest.raises(OptionError, match=r"^n: expected an int >= 1, got '4096'$"):
+        bench.long_context("4096")
 
 
 def test_decode_fit_recovers_a_line():
@@ -239,7 +268,7 @@ def test_isolate_runs_each_method_in_its_own_process():
 def test_every_option_is_checked_before_any_work(monkeypatch, capsys, argv, message):
     """One line on stderr, exit status 2, and nothing measured first."""
 
-    def no_work(**kwargs):
+    def no_work(*args, **kwargs):
         raise AssertionError("run_bench was called")
 
     monkeypatch.setattr(bench, "run_bench", no_work)
@@ -262,6 +291,6 @@ def test_unwritable_output_is_refused_before_the_run(monkeypatch, capsys, tmp_pa
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
         path, message = str(ro / "x.json"), "is not writable"
-    monkeypatch.setattr(bench, "run_bench", lambda **kw: (_ for _ in ()).throw(AssertionError("ran")))
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("ran")))
     assert main(["bench", "--json", path]) == 2
     assert message in capsys.readouterr().err

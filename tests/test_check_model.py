@@ -8,7 +8,17 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from attnlab.check.model import check_causal_lm, check_encoder, check_model, hf_causal_lm, minilm, tiny_model
+from attnlab.check.model import (
+    check_causal_lm,
+    check_encoder,
+    check_model,
+    hf_causal_lm,
+    load_local,
+    minilm,
+    tiny_model,
+)
+from attnlab.cli import main
+from attnlab.errors import OptionError
 
 TABLE = np.random.default_rng(0).normal(size=(50, 8))
 
@@ -84,16 +94,34 @@ def test_minilm_from_the_package_is_clean():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="vocab_size: expected an int >= 2, got 1"):
+    with pytest.raises(OptionError, match=r"^vocab_size: expected an int >= 2, got 1$"):
         check_causal_lm(_prefix_mean, vocab_size=1)
-    with pytest.raises(ValueError, match="kind: expected one of gpt2, llama, bert, got 'gpt5'"):
+    with pytest.raises(OptionError, match=r"^kind: expected one of 'gpt2', 'llama', 'bert', got 'gpt5'$"):
         tiny_model("gpt5")
-    with pytest.raises(ValueError, match=r"model: expected a Hugging Face model with a \.config, got function"):
+    with pytest.raises(OptionError, match=r"model: expected a Hugging Face model with a \.config, got function"):
         check_model(_prefix_mean)
-    with pytest.raises(ValueError, match="kind: expected 'causal-lm' or 'encoder', got 'seq2seq'"):
+    with pytest.raises(OptionError, match=r"^kind: expected one of 'causal-lm', 'encoder', got 'seq2seq'$"):
         check_model(tiny_model("bert"), kind="seq2seq")
+    with pytest.raises(OptionError, match=r"^kind: expected one of 'causal-lm', 'encoder', got 'decoder'$"):
+        load_local("/nonexistent", kind="decoder")
 
 
 def test_torch_outputs_are_accepted():
     r = check_causal_lm(lambda ids: torch.from_numpy(_prefix_mean(ids)), vocab_size=50)
     assert r.ok
+
+
+def test_load_local_reads_a_saved_model_offline(tmp_path, capsys):
+    """load_local (what `attnlab check-model DIR` uses) gives back the model saved there, with its weights."""
+    saved = tiny_model("llama", seed=3)
+    saved.save_pretrained(tmp_path)
+    lm = load_local(str(tmp_path), kind="causal-lm")
+    assert type(lm).__name__ == "LlamaForCausalLM"
+    ids = torch.arange(1, 9)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(lm(input_ids=ids).logits, saved.eval()(input_ids=ids).logits, rtol=0, atol=0)
+    base = load_local(str(tmp_path), kind="encoder")  # AutoModel: the transformer without its LM head
+    assert type(base).__name__ == "LlamaModel"
+    assert main(["check-model", str(tmp_path), "--kind", "causal-lm", "--seq-len", "8", "--no-color"]) == 0
+    out = capsys.readouterr().out
+    assert "called as causal LM" in out and "future-tokens ok" in out and "OK clean" in out

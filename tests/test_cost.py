@@ -172,3 +172,27 @@ def test_cost_command_with_huge_causal_n(capsys):
     out = capsys.readouterr().out
     assert "500,000,000,000,000,000,500,000,000,000,000,000" in out and "4,500,000,001,500,000,000" in out
     assert "×3e-09 tokens" in out
+
+
+def test_cost_command_passes_on_every_attention_cost_keyword():
+    """`attnlab cost` reads attention_cost's keywords from its signature: each has an option of the same name."""
+    import argparse
+    import inspect
+
+    from attnlab.commands import cost as command
+
+    params = inspect.signature(attention_cost).parameters
+    assert command.cost_options() == tuple(params)[1:] == ("n_k", "batch", "d_model", "heads", "kv_heads", "layers",
+                                                            "dtype", "causal")  # fmt: skip
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = vars(parser.parse_args(["16"]))
+    assert {name: args[name] for name in command.cost_options()} == {name: params[name].default for name in params
+                                                                      if name != "n_q"}  # fmt: skip
+    text = command.cost_text([16, 32], heads=4, kv_heads=2, dtype="float32", causal=True)
+    assert text.splitlines()[0] == (
+        "attention cost: B=1, d_model=512, h=4 (d_head=128), h_kv=2 (GQA), layers=1, float32 (4 B/element), causal"
+    )
+    assert text == command.cost_text([16, 32], n_k=None, batch=1, heads=4, kv_heads=2, dtype="float32", causal=True)
+    with pytest.raises(TypeError):
+        command.cost_text([16], head=4)

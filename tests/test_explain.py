@@ -17,7 +17,7 @@ from reference import reference_attention
 
 from attnlab import masks
 from attnlab.cli import main
-from attnlab.errors import MaskedRowError, MaskError, ShapeError
+from attnlab.errors import MaskedRowError, MaskError, OptionError, ShapeError
 from attnlab.explain import (
     MISTAKES,
     compare,
@@ -269,7 +269,7 @@ def test_explain_errors_name_the_argument():
         explain(np.ones((2, 2, 2)), K, V)
     with pytest.raises(ShapeError, match="k: last dim d_k=2 does not match q's d_k=3"):
         explain(np.ones((3, 3)), K, V)
-    with pytest.raises(ShapeError, match=r"padding: 5 real key positions; expected 0 <= padding <= n_k=3"):
+    with pytest.raises(OptionError, match=r"padding: 5 real key positions; expected 0 <= padding <= n_k=3"):
         explain(Q, K, V, padding=5)
     with pytest.raises(MaskError, match="n_q=2 != n_k=3"):
         explain(Q[:2], K, V, causal=True)

@@ -4,6 +4,7 @@ and accumulator against an independent dense computation, the articles' numbers,
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from reference import reference_attention
 
 from attnlab.cli import main
-from attnlab.errors import MaskedRowError, ShapeError
+from attnlab.errors import MaskedRowError, OptionError
 from attnlab.explain import Setup, explain_online, setup_from_example, to_dict, to_markdown, to_text
 
 
@@ -93,7 +94,7 @@ def test_masked_rows_follow_the_policy():
 
 def test_bad_block_size_names_the_argument():
     for bad in (0, -1, 1.5, True, "2"):
-        with pytest.raises(ShapeError, match=r"block_k: expected a positive int \(keys per block\)"):
+        with pytest.raises(OptionError, match=rf"^block_k: expected an int >= 1, got {re.escape(repr(bad))}$"):
             explain_online(setup_from_example("2x2"), bad)
 
 

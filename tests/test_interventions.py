@@ -111,14 +111,18 @@ def test_target_token_and_target_position(model):
 
 
 def test_intervention_errors(model):
-    with pytest.raises(OptionError, match=r"method: expected 'delete' or 'replace', got 'swap'"):
+    with pytest.raises(OptionError, match=r"^method: expected one of 'delete', 'replace', got 'swap'$"):
         intervene(model, PROMPT, method="swap")
-    with pytest.raises(ShapeError, match=r"target: position 9 is outside 1..4 \(prompt of 5 tokens\)"):
+    with pytest.raises(OptionError, match=r"target: position 9 is outside 1..4 \(prompt of 5 tokens\)"):
         intervene(model, PROMPT, target=9)
-    with pytest.raises(ShapeError, match=r"replacement: ' New York' is 2 tokens"):
+    with pytest.raises(OptionError, match=r"replacement: ' New York' is 2 tokens"):
         intervene(model, PROMPT, method="replace", replacement=" New York")
     with pytest.raises(OptionError, match=r"layer: expected an int in \[0, 30\), got 30"):
         intervene(model, PROMPT, layer=30)
+    with pytest.raises(OptionError, match=r"^layer: expected an int, got True$"):  # a bool is not layer 1
+        intervene(model, PROMPT, layer=True)
+    with pytest.raises(OptionError, match=r"^target: expected an int, got 'x'$"):
+        intervene(model, PROMPT, target="x")
     with pytest.raises(ShapeError, match=r"prompt: expected at least 2 tokens"):
         intervene(model, "Hi")
 
@@ -202,7 +206,7 @@ def test_bad_target_token_and_replacement_are_refused_before_any_forward_pass(sm
         raise AssertionError("a forward pass ran before the arguments were checked")
 
     monkeypatch.setattr(llama, "llama_forward", no_forward)
-    with pytest.raises(ShapeError, match=r"target_token: ' Paris is' is 2 tokens"):
+    with pytest.raises(OptionError, match=r"target_token: ' Paris is' is 2 tokens"):
         intervene(smollm2, "The capital of France is", target_token=" Paris is")
-    with pytest.raises(ShapeError, match=r"replacement: id -1 is outside the vocabulary"):
+    with pytest.raises(OptionError, match=r"replacement: id -1 is outside the vocabulary"):
         intervene(smollm2, "The capital of France is", method="replace", replacement=-1)

@@ -281,7 +281,7 @@ def test_positions_rope_on_the_real_model(model, model64):
     assert r.without_rope < 1e-2 < 1.0 < r.with_rope  # float32 noise through 30 layers vs. a real change
     assert r.tokens == ("the", "·quick", "·brown", "·fox", "·jumps")
     assert "RoPE" in r.text() and "§16" in r.text()
-    with pytest.raises(ShapeError, match=r"perm: expected a permutation of range\(5\), got \[0, 0, 1, 2, 3\]"):
+    with pytest.raises(OptionError, match=r"perm: expected a permutation of range\(5\), got \[0, 0, 1, 2, 3\]"):
         position_check(model, ids, perm=[0, 0, 1, 2, 3])
 
 

@@ -120,8 +120,8 @@ def test_each_layer_matches_hf(model, model64, hf, layer):
     assert w.w_q.dtype == np.float32 and w.head_dim == 32
     x = hf["hidden_states"][layer]
     mask = masks.from_hf(hf["attention_mask"])  # [B, 1, 1, n]
-    r = multi_head_attention(x, None, w, mask, return_weights=True)
-    r64 = multi_head_attention(x.astype(np.float64), None, model64.attention(layer), mask, return_weights=True)
+    r = multi_head_attention(x, None, w, mask)
+    r64 = multi_head_attention(x.astype(np.float64), None, model64.attention(layer), mask)
     valid = hf["attention_mask"].astype(bool)  # valid query positions [B, n]
     assert r.weights.shape == hf["attentions"][layer].shape and r.weights.dtype == np.float32
     assert r64.output.dtype == np.float64

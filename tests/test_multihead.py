@@ -167,7 +167,7 @@ def test_layer_matches_per_head_reference(b, n_q, n_k, h_kv, n_rep, d, cross, bi
     n_k = n_k if cross else n_q
     lengths = rng.integers(1, n_k + 1, size=b)
     allowed = masks.key_padding(lengths, n_k)
-    r = multi_head_attention(x_q, x_kv, w, allowed, return_weights=True)
+    r = multi_head_attention(x_q, x_kv, w, allowed)
     out, weights = reference_mha(x_q, x_kv, w, allowed)
     np.testing.assert_allclose(r.output, out, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(r.weights, weights, rtol=1e-12, atol=1e-14)
@@ -209,15 +209,25 @@ def test_torch_inputs_stay_torch():
     np.testing.assert_allclose(r.output.numpy(), multi_head_attention(x, None, w, causal=True).output, rtol=1e-12)
 
 
-def test_average_weights_and_dtype():
+def test_weights_are_in_the_result_and_the_old_flags_warn():
     rng = np.random.default_rng(4)
     w = random_weights(rng, 8, 4).astype(np.float32)
     x = rng.standard_normal((2, 3, 8)).astype(np.float32)
-    per = multi_head_attention(x, None, w, return_weights=True)
-    avg = multi_head_attention(x, None, w, average_weights=True)
-    assert per.output.dtype == np.float32 and per.weights.shape == (2, 4, 3, 3)
-    np.testing.assert_allclose(avg.weights, per.weights.mean(axis=1), rtol=1e-6)
-    assert multi_head_attention(x, None, w).weights is None
+    r = multi_head_attention(x, None, w, causal=True)
+    assert r.output.dtype == np.float32 and r.weights.dtype == np.float32 and r.weights.shape == (2, 4, 3, 3)
+    _, ref = reference_mha(x.astype(np.float64), None, w.astype(np.float64), np.tril(np.ones((3, 3), bool)))
+    np.testing.assert_allclose(r.weights, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r.mean_weights(), ref.mean(axis=1), rtol=1e-5, atol=1e-6)
+    assert r.mean_weights().shape == (2, 3, 3) and r.mean_weights().dtype == np.float32
+    assert r.weights is r.weights  # computed once
+    assert not np.shares_memory(r.weights, r.trace.weights)  # a copy: writing into it cannot reach the backward
+    with pytest.warns(FutureWarning, match=r"return_weights= is no longer needed: result\.weights is always there"):
+        per = multi_head_attention(x, None, w, return_weights=True, causal=True)
+    np.testing.assert_array_equal(per.weights, r.weights)
+    with pytest.warns(FutureWarning, match=r"average_weights= is no longer needed: result\.mean_weights\(\)"):
+        avg = multi_head_attention(x, None, w, average_weights=True, causal=True)
+    np.testing.assert_array_equal(avg.weights, r.mean_weights())  # as before, for a release
+    assert avg.averaged and not r.averaged
 
 
 def test_inputs_are_not_modified():
@@ -341,8 +351,10 @@ def test_mixed_libraries_and_options_are_named():
         multi_head_attention(x, np.ma.masked_array(x), w)
     with pytest.raises(DTypeError, match=r"^x_q: dtype datetime64\[s\] is not supported"):
         multi_head_attention(x.astype("datetime64[s]"), None, w)
-    with pytest.raises(OptionError, match=r"^return_weights: expected True or False, got 'yes'$"):
+    with pytest.raises(OptionError, match=r"^return_weights: expected one of False, True, got 'yes'$"):
         multi_head_attention(x, None, w, return_weights="yes")
+    with pytest.raises(OptionError, match=r"^training: expected one of False, True, got 1$"):
+        multi_head_attention(x, None, w, training=1)
     with pytest.raises(OptionError, match=r"^n_rep: expected an int >= 1, got 1\.5$"):
         repeat_kv(np.ones((1, 2, 3, 4)), 1.5)
     with pytest.raises(DTypeError, match=r"^x: expected an array"):

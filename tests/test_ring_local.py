@@ -69,7 +69,7 @@ def test_zigzag_pairs_an_early_and_a_late_chunk():
 
 
 def test_layout_errors_name_the_argument():
-    with pytest.raises(attnlab.ShapeError, match=r"layout: expected one of 'contiguous', 'zigzag', got 'ring'"):
+    with pytest.raises(attnlab.OptionError, match=r"layout: expected one of 'contiguous', 'zigzag', got 'ring'"):
         RingLayout(8, 2, "ring")
     with pytest.raises(attnlab.OptionError, match=r"world_size: expected an int >= 1, got 0"):
         RingLayout(8, 0)

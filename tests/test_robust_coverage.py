@@ -92,8 +92,13 @@ def test_apply_rope_is_a_rotation_of_each_pair(n, half, offset, magnitude, dtype
     ("call", "error", "message"),
     [
         (lambda: attnlab.rope_tables(np.arange(4), 7), attnlab.ShapeError, "head_dim"),
-        (lambda: attnlab.rope_tables([0.5, 1.5], 8), attnlab.ShapeError, "positions: expected integers"),
-        (lambda: attnlab.rope_tables(np.arange(4), 8, base=-1), attnlab.ShapeError, "base"),
+        (lambda: attnlab.rope_tables([0.5, 1.5], 8), attnlab.DTypeError, "positions: expected integers"),
+        (
+            lambda: attnlab.rope_tables(np.arange(4), 8, base=-1),
+            attnlab.OptionError,
+            "base: expected a finite number > 1",
+        ),
+        (lambda: attnlab.rope_tables(np.arange(4), 8, base="x"), attnlab.OptionError, "base: expected a finite number"),
         (lambda: attnlab.apply_rope(np.ones((4, 6)), attnlab.rope_tables(np.arange(4), 8)), attnlab.ShapeError, "x"),
         (lambda: attnlab.permutation_demo(1), attnlab.OptionError, "n: expected an int >= 2"),
     ],

@@ -21,7 +21,7 @@ from attnlab.core.rope import (
     rope_tables,
     rotate_half,
 )
-from attnlab.errors import OptionError, ShapeError
+from attnlab.errors import DTypeError, OptionError, ShapeError
 
 
 def _hf_rope(q, k, positions, base):
@@ -120,7 +120,7 @@ def test_inputs_not_modified():
 def test_errors_name_the_argument():
     with pytest.raises(ShapeError, match=r"head_dim: expected a positive even integer.*got 7"):
         rope_tables([0, 1], 7)
-    with pytest.raises(ShapeError, match=r"positions: expected integers, got dtype float64"):
+    with pytest.raises(DTypeError, match=r"positions: expected integers, got dtype float64"):
         rope_tables(np.array([0.5]), 8)
     with pytest.raises(ShapeError, match=r"positions: expected non-negative positions, got minimum -1"):
         rope_tables([-1, 0], 8)
@@ -128,7 +128,7 @@ def test_errors_name_the_argument():
         apply_rope(np.zeros((2, 8)), rope_tables([0, 1, 2], 8))
     with pytest.raises(ShapeError, match=r"w: dim 0 of shape \(6, 2\) must be num_heads=2 times an even head_dim"):
         interleaved_to_half(np.zeros((6, 2)), 2)
-    with pytest.raises(ShapeError, match=r"base: expected a finite number > 1"):
+    with pytest.raises(OptionError, match=r"^base: expected a finite number > 1, got 1.0$"):
         rope_frequencies(8, base=1.0)
 
 
@@ -153,7 +153,7 @@ def test_permutation_demo_rope_breaks_equivariance():
     assert r.with_rope > 1e-2
     text = r.text()
     assert "Without positions" in text and "With RoPE" in text and "§16" in text
-    with pytest.raises(ShapeError, match=r"perm: expected a permutation of range\(3\), got \[0, 0, 1\]"):
+    with pytest.raises(OptionError, match=r"perm: expected a permutation of range\(3\), got \[0, 0, 1\]"):
         permutation_demo(n=3, perm=[0, 0, 1])
     with pytest.raises(OptionError, match=r"n: expected an int >= 2"):
         permutation_demo(n=1)

@@ -46,7 +46,7 @@ def test_from_torch_mha_parity(bias):
     w = weights_io.from_torch_mha(mha)
     assert w.w_q.dtype == np.float32 and w.num_heads == 4 and (w.b_q is None) == (not bias)
     mask = masks.from_torch_mha(key_padding_mask=kpm.numpy(), attn_mask=am.numpy())
-    r = multi_head_attention(x.numpy(), None, w, mask, return_weights=True)
+    r = multi_head_attention(x.numpy(), None, w, mask)
     np.testing.assert_allclose(r.output, out_t, atol=1e-6, rtol=0)
     np.testing.assert_allclose(r.weights, w_t, atol=1e-6, rtol=0)
     assert r.output.dtype == np.float32
@@ -65,7 +65,7 @@ def test_from_torch_mha_cross_attention_with_kdim():
     w = weights_io.from_torch_mha(mha.state_dict(), num_heads=2)
     mask = masks.from_torch_mha(key_padding_mask=kpm, attn_mask=am)  # torch tensors in, torch mask out
     assert isinstance(mask, torch.Tensor)
-    r = multi_head_attention(x_q.numpy(), x_kv.numpy(), w, mask.numpy(), return_weights=True)
+    r = multi_head_attention(x_q.numpy(), x_kv.numpy(), w, mask.numpy())
     np.testing.assert_allclose(r.output, out_t, atol=1e-6, rtol=0)
     np.testing.assert_allclose(r.weights, w_t, atol=1e-6, rtol=0)
 
@@ -83,7 +83,7 @@ def test_to_torch_mha_parity(d_kv):
     am_bool, kpm = torch.isinf(am), torch.isinf(kpm)  # the bool forms: True = blocked
     out_t, w_t = _torch_run(mha, torch.from_numpy(x_q), torch.from_numpy(x_kv), kpm, am_bool)
     mask = masks.from_torch_mha(key_padding_mask=kpm.numpy(), attn_mask=am_bool.numpy())
-    r = multi_head_attention(x_q, x_kv, w, mask, return_weights=True)
+    r = multi_head_attention(x_q, x_kv, w, mask)
     np.testing.assert_allclose(r.output, out_t, atol=1e-6, rtol=0)
     np.testing.assert_allclose(r.weights, w_t, atol=1e-6, rtol=0)
     back = weights_io.from_torch_mha(sd, num_heads=4)

@@ -34,16 +34,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from .errors import OptionError
 from .kernels.threads import BlasInfo, available_cores, blas_report
-from .validate import check_float, check_int
+from .validate import check_choice, check_float, check_int
 
 __all__ = [
+    "BenchOptions",
     "BenchResult",
     "BenchRow",
     "CpuInfo",
@@ -503,10 +504,10 @@ def _groups(names: list[str]) -> list[list[str]]:
 SETTLE_S = 0.05
 
 
-def _ints(name: str, values: Any, minimum: int) -> list[int]:
+def _ints(name: str, values: Any, minimum: int) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise OptionError(f"{name}: expected a non-empty list of ints >= {minimum}, got {values!r}")
-    out = [check_int(name, v, minimum=minimum) for v in values]
+    out = tuple(check_int(name, v, minimum=minimum) for v in values)
     if not out:
         raise OptionError(f"{name}: expected a non-empty list of ints >= {minimum}, got []")
     return out
@@ -518,50 +519,112 @@ def decode_minimum(repetitions: int) -> int:
     return max(9, repetitions) + 2
 
 
-def check_bench_options(
-    *,
-    sizes: Sequence[int] = (1024, 2048, 4096),
-    d: Sequence[int] = (64,),
-    heads: int = 8,
-    batch: int = 1,
-    causal: Sequence[bool] = (False, True),
-    repetitions: int = 3,
-    methods: Sequence[str] = METHODS,
-    backward: bool = False,
-    block_q: int | None = None,
-    block_k: int | None = None,
-    num_threads: int | None = None,
-    naive_max_gb: float = 4.0,
-    decode_contexts: Sequence[int] = (),
-    long_n: int | None = None,
-    isolate: int | None = None,
-) -> None:
-    """Raise :class:`~attnlab.errors.OptionError` naming the first option of :func:`run_bench` that cannot run,
-    before any work (``attnlab bench`` calls it before it starts)."""
-    _ints("sizes", sizes, 1)
-    _ints("d", d, 1)
-    check_int("heads", heads, minimum=1)
-    check_int("batch", batch, minimum=1)
-    if isinstance(causal, (str, bytes)) or not list(causal) or not all(isinstance(c, bool) for c in causal):
-        raise OptionError(f"causal: expected a non-empty list of bools, got {causal!r}")
-    check_int("repetitions", repetitions, minimum=1)
-    if isinstance(methods, (str, bytes)) or not list(methods):
-        raise OptionError(f"methods: expected a non-empty list of {', '.join(METHODS)}, got {methods!r}")
-    for name in methods:
+def _bools(name: str, values: Any) -> tuple[bool, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise OptionError(f"{name}: expected a non-empty list of bools, got {values!r}")
+    out = tuple(values)
+    if not out or not all(isinstance(c, bool) for c in out):
+        raise OptionError(f"{name}: expected a non-empty list of bools, got {values!r}")
+    return out
+
+
+def _methods(values: Any) -> tuple[str, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or not list(values):
+        raise OptionError(f"methods: expected a non-empty list of {', '.join(METHODS)}, got {values!r}")
+    for name in values:
         if name not in METHODS:
             raise OptionError(f"methods: unknown method {name!r}; expected some of {', '.join(METHODS)}")
-    if not isinstance(backward, bool):
-        raise OptionError(f"backward: expected a bool, got {backward!r}")
-    for name, value in (("block_q", block_q), ("block_k", block_k), ("num_threads", num_threads)):
-        if value is not None:
-            check_int(name, value, minimum=1)
-    check_float("naive_max_gb", naive_max_gb, minimum=0.0, finite=False)
-    if decode_contexts:
-        _ints("decode_contexts", decode_contexts, decode_minimum(repetitions))
-    if long_n is not None:
-        check_int("long_n", long_n, minimum=1)
-    if isolate is not None:
-        check_int("isolate", isolate, minimum=1)
+    return tuple(values)
+
+
+def _optional_int(name: str, value: Any, minimum: int) -> int | None:
+    return None if value is None else check_int(name, value, minimum=minimum)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What :func:`run_bench` measures, checked once on construction (an :class:`~attnlab.errors.OptionError` names
+    the first option that cannot run, before any work). Sequences are kept as tuples, numbers as Python ints.
+
+    Attributes:
+        sizes, d, heads, batch, causal: the grid: float32 inputs ``[batch, heads, n, d]`` for each ``n`` in
+            ``sizes``, each ``d`` and each causal flag.
+        repetitions: timed runs per method and cell (the median is reported): tiled and floor interleaved, every
+            other method in a block of its own after one untimed call, each timed call after :data:`SETTLE_S` of
+            idle. One more untimed run per cell measures peak memory. With ``isolate``: the timed calls in each
+            process.
+        methods: some of ``naive``, ``tiled``, ``floor``, ``torch``.
+        backward: also time the backward pass (tiled, naive analytic and torch autograd).
+        block_q, block_k, num_threads: passed to the tiled kernel (:meth:`kernel_options`).
+        naive_max_gb: skip the naive method where its score matrices would need more memory than this.
+        decode_contexts: also time a KV-cache decode step at these context lengths (:func:`decode_scaling`; each
+            at least :func:`decode_minimum` tokens).
+        long_n: also run one causal single-head d=64 forward at this n in a fresh process (:func:`long_context`).
+        isolate: time each method in ``isolate`` fresh Python processes per cell instead of this one (the methods'
+            processes alternating; each process makes one untimed call, then ``repetitions`` timed ones): the
+            median of the processes' medians is reported, and the ratios are computed from those medians.
+
+    >>> BenchOptions(sizes=[512], methods=["tiled"]).sizes
+    (512,)
+    >>> BenchOptions(heads=0)
+    Traceback (most recent call last):
+    ...
+    attnlab.errors.OptionError: heads: expected an int >= 1, got 0
+    """
+
+    sizes: Sequence[int] = (1024, 2048, 4096)
+    d: Sequence[int] = (64,)
+    heads: int = 8
+    batch: int = 1
+    causal: Sequence[bool] = (False, True)
+    repetitions: int = 3
+    methods: Sequence[str] = METHODS
+    backward: bool = False
+    block_q: int | None = None
+    block_k: int | None = None
+    num_threads: int | None = None
+    naive_max_gb: float = 4.0
+    decode_contexts: Sequence[int] = ()
+    long_n: int | None = None
+    isolate: int | None = None
+
+    def __post_init__(self) -> None:
+        repetitions = check_int("repetitions", self.repetitions, minimum=1)
+        checked = {
+            "sizes": _ints("sizes", self.sizes, 1),
+            "d": _ints("d", self.d, 1),
+            "heads": check_int("heads", self.heads, minimum=1),
+            "batch": check_int("batch", self.batch, minimum=1),
+            "causal": _bools("causal", self.causal),
+            "repetitions": repetitions,
+            "methods": _methods(self.methods),
+            "backward": check_choice("backward", self.backward, (False, True)),
+            "block_q": _optional_int("block_q", self.block_q, 1),
+            "block_k": _optional_int("block_k", self.block_k, 1),
+            "num_threads": _optional_int("num_threads", self.num_threads, 1),
+            "naive_max_gb": check_float("naive_max_gb", self.naive_max_gb, minimum=0.0, finite=False),
+            "decode_contexts": _ints("decode_contexts", self.decode_contexts, decode_minimum(repetitions))
+            if self.decode_contexts
+            else (),
+            "long_n": _optional_int("long_n", self.long_n, 1),
+            "isolate": _optional_int("isolate", self.isolate, 1),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every option by name, sequences as lists (what :attr:`BenchResult.config` holds besides the kernel)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def kernel_options(self) -> dict[str, int | None]:
+        """The tiled kernel's keywords: ``block_q``, ``block_k``, ``num_threads``."""
+        return {"block_q": self.block_q, "block_k": self.block_k, "num_threads": self.num_threads}
+
+
+def check_bench_options(**options: Any) -> BenchOptions:
+    """``BenchOptions(**options)``: the options of :func:`run_bench` checked before any work (``attnlab bench``
+    calls it before it starts); kept for the callers of the keyword form."""
+    return BenchOptions(**options)
 
 
 def _time_in_process(
@@ -652,61 +715,39 @@ def _time_isolated(
 
 
 def run_bench(
+    options: BenchOptions | None = None,
+    /,
     *,
-    sizes: Sequence[int] = (1024, 2048, 4096),
-    d: Sequence[int] = (64,),
-    heads: int = 8,
-    batch: int = 1,
-    causal: Sequence[bool] = (False, True),
-    repetitions: int = 3,
-    methods: Sequence[str] = METHODS,
-    backward: bool = False,
-    block_q: int | None = None,
-    block_k: int | None = None,
-    num_threads: int | None = None,
-    naive_max_gb: float = 4.0,
-    decode_contexts: Sequence[int] = (),
-    long_n: int | None = None,
-    isolate: int | None = None,
     progress: Progress | None = None,
     seed: int = 0,
+    **fields: Any,
 ) -> BenchResult:
     """Time every method on float32 inputs ``[batch, heads, n, d]`` for each size, d and causal flag.
 
     Args:
-        sizes, d, heads, batch, causal: the grid.
-        repetitions: timed runs per method and cell (the median is reported): tiled and floor interleaved, every
-            other method in a block of its own after one untimed call, each timed call after :data:`SETTLE_S` of
-            idle. One more untimed run per cell measures peak memory. With ``isolate``: the timed calls in each
-            process.
-        methods: some of ``naive``, ``tiled``, ``floor``, ``torch``.
-        backward: also time the backward pass (tiled, naive analytic and torch autograd).
-        block_q, block_k, num_threads: passed to the tiled kernel.
-        naive_max_gb: skip the naive method where its score matrices would need more memory than this.
-        decode_contexts: also time a KV-cache decode step at these context lengths (:func:`decode_scaling`; each
-            at least :func:`decode_minimum` tokens).
-        long_n: also run one causal single-head d=64 forward at this n in a fresh process (:func:`long_context`).
-        isolate: time each method in ``isolate`` fresh Python processes per cell instead of this one (the methods'
-            processes alternating; each process makes one untimed call, then ``repetitions`` timed ones): the
-            median of the processes' medians is reported, and the ratios are computed from those medians.
+        options: what to measure, a :class:`BenchOptions` (default ``BenchOptions()``).
         progress: called as ``progress(description, done, total)`` after every step.
+        seed: the inputs' random seed (cell ``i`` uses ``seed + i``).
+        **fields: :class:`BenchOptions` fields, the keyword spelling: ``run_bench(sizes=(512,), heads=4)`` is
+            ``run_bench(BenchOptions(sizes=(512,), heads=4))``; given with ``options``, they replace its fields.
 
     Raises:
-        OptionError: an option that cannot run (:func:`check_bench_options`), before any work.
+        OptionError: an option that cannot run, before any work.
 
     Returns:
         :class:`BenchResult`; ``result.table()`` is what ``attnlab bench`` prints.
     """
-    check_bench_options(
-        sizes=sizes, d=d, heads=heads, batch=batch, causal=causal, repetitions=repetitions, methods=methods,
-        backward=backward, block_q=block_q, block_k=block_k, num_threads=num_threads, naive_max_gb=naive_max_gb,
-        decode_contexts=decode_contexts, long_n=long_n, isolate=isolate,
-    )  # fmt: skip
-    kw = {"block_q": block_q, "block_k": block_k, "num_threads": num_threads}
-    passes = ("forward", "backward") if backward else ("forward",)
-    cells = [(p, n, dd, c) for p in passes for dd in d for c in causal for n in sizes]
-    per_cell = isolate if isolate else repetitions + 1
-    total = len(cells) * per_cell + 1 + len(decode_contexts) + (1 if long_n else 0)
+    if options is None:
+        o = BenchOptions(**fields)
+    elif isinstance(options, BenchOptions):
+        o = replace(options, **fields) if fields else options
+    else:
+        raise OptionError(f"options: expected a BenchOptions, got {type(options).__name__}")
+    kw = o.kernel_options()
+    passes = ("forward", "backward") if o.backward else ("forward",)
+    cells = [(p, n, dd, c) for p in passes for dd in o.d for c in o.causal for n in o.sizes]
+    per_cell = o.isolate if o.isolate else o.repetitions + 1
+    total = len(cells) * per_cell + 1 + len(o.decode_contexts) + (1 if o.long_n else 0)
     done = 0
 
     def tick(desc: str) -> None:
@@ -715,19 +756,19 @@ def run_bench(
         if progress is not None:
             progress(desc, done, total)
 
-    gemm = gemm_rate(1024 if max(sizes) < 1024 else 2048)
+    gemm = gemm_rate(1024 if max(o.sizes) < 1024 else 2048)
     _warm_up_tiled(kw)
     tick("GEMM rate")
     rng = np.random.default_rng(seed)
     rows: list[BenchRow] = []
     for index, (pass_, n, dd, c) in enumerate(cells):
         label = f"{pass_} n={n} d={dd} causal={c}"
-        naive_ok = _naive_bytes(batch, heads, n) <= naive_max_gb * 2**30
+        naive_ok = _naive_bytes(o.batch, o.heads, n) <= o.naive_max_gb * 2**30
         fastest: dict[str, float] = {}
-        if isolate:
+        if o.isolate:
             # the processes make their own inputs: no arrays here, only what is skipped and why
             fns: dict[str, Callable[[], Any] | str] = {}
-            for name in methods:
+            for name in o.methods:
                 if name == "naive" and not naive_ok:
                     fns[name] = "skipped: the dense score matrices exceed --naive-max-gb"
                 elif name == "floor" and pass_ == "backward":
@@ -736,25 +777,30 @@ def run_bench(
                     fns[name] = "skipped: PyTorch not installed"
                 else:
                     fns[name] = _no_call
-            spec = {"seed": seed + index, "batch": batch, "heads": heads, "n": n, "d": dd, "causal": c,
-                    "backward": pass_ == "backward", "kw": kw, "repetitions": repetitions}  # fmt: skip
+            spec = {"seed": seed + index, "batch": o.batch, "heads": o.heads, "n": n, "d": dd, "causal": c,
+                    "backward": pass_ == "backward", "kw": kw, "repetitions": o.repetitions}  # fmt: skip
             times, peaks, fastest = _time_isolated(
-                fns, spec, isolate, lambda label=label: tick(f"{label}: one process of each method")
+                fns, spec, o.isolate, lambda label=label: tick(f"{label}: one process of each method")
             )
         else:
-            q, k, v = (rng.standard_normal((batch, heads, n, dd), dtype=np.float32) for _ in range(3))
-            fns = _make_methods(q, k, v, c, pass_ == "backward", methods, kw, naive_ok)
-            steps = iter(["warm-up", *(f"{i + 1}/{repetitions} of the repetitions" for i in range(repetitions))])
+            q, k, v = (rng.standard_normal((o.batch, o.heads, n, dd), dtype=np.float32) for _ in range(3))
+            fns = _make_methods(q, k, v, c, pass_ == "backward", o.methods, kw, naive_ok)
+            steps = iter(["warm-up", *(f"{i + 1}/{o.repetitions} of the repetitions" for i in range(o.repetitions))])
             times, peaks = _time_in_process(
-                fns, pass_ == "backward", repetitions, lambda label=label, steps=steps: tick(f"{label}: {next(steps)}")
+                fns,
+                pass_ == "backward",
+                o.repetitions,
+                lambda label=label, steps=steps: tick(f"{label}: {next(steps)}"),
             )
         med = {name: statistics.median(ts) for name, ts in times.items()}
-        fl = _flops(batch, heads, n, dd, c, pass_ == "backward")
-        for name in methods:
+        fl = _flops(o.batch, o.heads, n, dd, c, pass_ == "backward")
+        for name in o.methods:
             fn = fns.get(name)
             if not callable(fn):
                 rows.append(
-                    BenchRow(pass_, name, batch, heads, n, dd, c, (), None, None, None, None, None, None, str(fn or ""))
+                    BenchRow(
+                        pass_, name, o.batch, o.heads, n, dd, c, (), None, None, None, None, None, None, str(fn or "")
+                    )
                 )
                 continue
             m = med[name]
@@ -762,8 +808,8 @@ def run_bench(
                 BenchRow(
                     pass_=pass_,
                     method=name,
-                    batch=batch,
-                    heads=heads,
+                    batch=o.batch,
+                    heads=o.heads,
                     n=n,
                     d=dd,
                     causal=c,
@@ -778,36 +824,21 @@ def run_bench(
                 )
             )
     decode: list[DecodeRow] = []
-    if decode_contexts:
-        decode = list(decode_scaling(decode_contexts, heads=heads, d=d[0], repetitions=max(9, repetitions)))
-        for _ in decode_contexts:
+    if o.decode_contexts:
+        decode = list(decode_scaling(o.decode_contexts, heads=o.heads, d=o.d[0], repetitions=max(9, o.repetitions)))
+        for _ in o.decode_contexts:
             tick("decode")
     long = None
-    if long_n:
-        long = long_context(long_n)
+    if o.long_n:
+        long = long_context(o.long_n)
         tick("long context")
     return BenchResult(
         rows=tuple(rows),
         gemm_gflops=gemm,
         blas=blas_report(),
-        torch=_torch_info() if "torch" in methods else None,
+        torch=_torch_info() if "torch" in o.methods else None,
         cores=available_cores(),
-        config={
-            "kernel": _kernel_line(kw),
-            "sizes": list(sizes),
-            "d": list(d),
-            "heads": heads,
-            "batch": batch,
-            "causal": list(causal),
-            "repetitions": repetitions,
-            "methods": list(methods),
-            "backward": backward,
-            "block_q": block_q,
-            "block_k": block_k,
-            "num_threads": num_threads,
-            "isolate": isolate,
-            "dtype": "float32",
-        },
+        config={"kernel": _kernel_line(kw), **o.to_json(), "dtype": "float32"},
         decode=tuple(decode),
         long=long,
         cpu=cpu_report(),
@@ -832,7 +863,12 @@ def decode_scaling(
 ) -> list[DecodeRow]:
     """Time one KV-cache decode step (append one token, attend) at each context length, against recomputing
     causal attention over the whole context with the tiled kernel (what generation without a cache repeats).
+
+    Each context needs at least :func:`decode_minimum` ``(repetitions)`` tokens (an OptionError otherwise).
     """
+    repetitions = check_int("repetitions", repetitions, minimum=1)
+    contexts = _ints("contexts", contexts, decode_minimum(repetitions))
+    heads, d = check_int("heads", heads, minimum=1), check_int("d", d, minimum=1)
     from .kernels.kv_cache import KVCache, cached_attention
     from .kernels.tiled import flash_attention
 
@@ -907,7 +943,9 @@ def _long_child(n: int, d: int, heads: int) -> None:  # pragma: no cover - runs 
 def long_context(n: int = 65536, *, d: int = 64, heads: int = 1, timeout: float = 600) -> LongRun:
     """Run one causal forward at ``n`` tokens in a fresh Python process (NumPy and attnlab only) and report its
     time and the whole process's peak RSS."""
-    code = f"from attnlab.bench import _long_child; _long_child({int(n)}, {int(d)}, {int(heads)})"
+    n, d, heads = (check_int(name, x, minimum=1) for name, x in (("n", n), ("d", d), ("heads", heads)))
+    timeout = check_float("timeout", timeout, positive=True)
+    code = f"from attnlab.bench import _long_child; _long_child({n}, {d}, {heads})"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_child_env(), check=False
     )

@@ -346,6 +346,30 @@ def to_torch_attention(weights: MultiHeadWeights, *, dtype: Any = None, device: 
     return m.eval()
 
 
+#: The names of a Llama-style attention block's q, k, v and o layers (``transformers``' ``LlamaAttention``).
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+#: The same for a BERT-style self-attention block, under ``encoder.layer.{i}.attention.``.
+BERT_PROJECTIONS = ("self.query", "self.key", "self.value", "output.dense")
+
+
+def _projections(sd: Mapping[str, Any], base: str, names: tuple[str, str, str, str], dtype: Any) -> dict[str, Any]:
+    """``w_q ... w_o`` and ``b_q ... b_o`` (``None`` where absent) from the four layers ``base + name`` (q, k, v, o)."""
+    out: dict[str, Any] = {}
+    for part, name in zip("qkvo", names, strict=True):
+        out[f"w_{part}"] = _matrix(sd, f"{base}{name}.weight", dtype)
+        out[f"b_{part}"] = _get(sd, f"{base}{name}.bias", dtype, required=False)
+    return out
+
+
+def _by_name(w: MultiHeadWeights, base: str, names: tuple[str, str, str, str]) -> dict[str, tuple[Any, Any]]:
+    """The inverse of :func:`_projections`: ``base + name`` -> ``(w_x, b_x)`` for the q, k, v and o layers."""
+    return {
+        f"{base}{name}": (getattr(w, f"w_{part}"), getattr(w, f"b_{part}"))
+        for part, name in zip("qkvo", names, strict=True)
+    }
+
+
 def from_torch_attention(
     module: Any,
     *,
@@ -393,16 +417,14 @@ def from_torch_attention(
             f"state_dict: {p}in_proj_weight / q_proj_weight is nn.MultiheadAttention's layout; use "
             f"weights_io.from_torch_mha"
         )
-    wq, bq = _pair(sd, p + "q_proj", dtype)
-    wk, bk = _pair(sd, p + "k_proj", dtype)
-    wv, bv = _pair(sd, p + "v_proj", dtype)
-    wo, bo = _pair(sd, p + "o_proj", dtype)
-    if d is None and wq.shape[1] % h == 0:
-        d = wq.shape[1] // h
-    if h_kv is None and d and wk.shape[1] % d == 0:
-        h_kv = wk.shape[1] // d
+    arrays = _projections(sd, p, LLAMA_PROJECTIONS, dtype)
+    width_q, width_kv = arrays["w_q"].shape[1], arrays["w_k"].shape[1]
+    if d is None and width_q % h == 0:
+        d = width_q // h
+    if h_kv is None and d and width_kv % d == 0:
+        h_kv = width_kv // d
     try:
-        return MultiHeadWeights(wq, wk, wv, wo, bq, bk, bv, bo, num_heads=h, num_kv_heads=h_kv, head_dim=d)
+        return MultiHeadWeights(**arrays, num_heads=h, num_kv_heads=h_kv, head_dim=d)
     except ShapeError as err:
         raise ShapeError(
             f"state_dict: {err} (w_q = {p}q_proj.weight transposed, likewise k, v, o; q_proj.weight is [h * head_dim, "
@@ -418,10 +440,6 @@ def _layer_index(layer: Any) -> int:
     return check_int("layer", layer, minimum=0)
 
 
-def _pair(sd: Mapping[str, Any], base: str, dtype: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    return _matrix(sd, base + ".weight", dtype), _get(sd, base + ".bias", dtype, required=False)
-
-
 def from_bert(
     state_dict: Any, layer: int, *, num_heads: int, prefix: str | None = None, dtype: Any = None
 ) -> MultiHeadWeights:
@@ -434,12 +452,8 @@ def from_bert(
     tail = f"encoder.layer.{i}.attention.self.query.weight"
     sd = _state(state_dict)
     p = _find_prefix(sd, tail, prefix, "BERT-style")
-    base = f"{p}encoder.layer.{i}.attention."
-    wq, bq = _pair(sd, base + "self.query", dtype)
-    wk, bk = _pair(sd, base + "self.key", dtype)
-    wv, bv = _pair(sd, base + "self.value", dtype)
-    wo, bo = _pair(sd, base + "output.dense", dtype)
-    return MultiHeadWeights(wq, wk, wv, wo, bq, bk, bv, bo, num_heads=num_heads)
+    arrays = _projections(sd, f"{p}encoder.layer.{i}.attention.", BERT_PROJECTIONS, dtype)
+    return MultiHeadWeights(**arrays, num_heads=num_heads)
 
 
 def from_llama(
@@ -468,14 +482,8 @@ def from_llama(
     tail = f"layers.{i}.self_attn.q_proj.weight"
     sd = _state(state_dict)
     p = _find_prefix(sd, tail, prefix, "Llama-style")
-    base = f"{p}layers.{i}.self_attn."
-    wq, bq = _pair(sd, base + "q_proj", dtype)
-    wk, bk = _pair(sd, base + "k_proj", dtype)
-    wv, bv = _pair(sd, base + "v_proj", dtype)
-    wo, bo = _pair(sd, base + "o_proj", dtype)
-    return MultiHeadWeights(
-        wq, wk, wv, wo, bq, bk, bv, bo, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim
-    )
+    arrays = _projections(sd, f"{p}layers.{i}.self_attn.", LLAMA_PROJECTIONS, dtype)
+    return MultiHeadWeights(**arrays, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
 
 
 def _export(pairs: dict[str, tuple[Any, Any]]) -> dict[str, np.ndarray]:
@@ -507,14 +515,7 @@ def to_bert(weights: MultiHeadWeights, layer: int, *, prefix: str = "") -> dict[
             f"weights: {'; '.join(why)}, which a BERT layer cannot hold; use weights_io.to_llama (GQA, any "
             f"head_dim) or weights_io.to_torch_attention (every layout)"
         )
-    return _export(
-        {
-            base + "self.query": (w.w_q, w.b_q),
-            base + "self.key": (w.w_k, w.b_k),
-            base + "self.value": (w.w_v, w.b_v),
-            base + "output.dense": (w.w_o, w.b_o),
-        }
-    )
+    return _export(_by_name(w, base, BERT_PROJECTIONS))
 
 
 def to_llama(weights: MultiHeadWeights, layer: int, *, prefix: str = "model.") -> dict[str, np.ndarray]:
@@ -530,11 +531,4 @@ def to_llama(weights: MultiHeadWeights, layer: int, *, prefix: str = "model.") -
             f"(k_proj and v_proj read the layer's own input); use weights_io.to_torch_attention"
         )
     base = f"{_prefix(prefix)}layers.{_layer_index(layer)}.self_attn."
-    return _export(
-        {
-            base + "q_proj": (w.w_q, w.b_q),
-            base + "k_proj": (w.w_k, w.b_k),
-            base + "v_proj": (w.w_v, w.b_v),
-            base + "o_proj": (w.w_o, w.b_o),
-        }
-    )
+    return _export(_by_name(w, base, LLAMA_PROJECTIONS))

@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import OptionError
+
 __all__ = ["Detected", "Prepared", "code_functions", "detect_framework", "prepare", "signature_of"]
 
 _LIBS = {"torch": "torch", "jax": "jax", "jaxlib": "jax", "flax": "jax", "equinox": "jax"}
@@ -242,14 +244,14 @@ def prepare(fn: Any) -> Prepared:
     gets a module mode (:func:`attnlab.check.modules.module_mode`).
 
     Raises:
-        ValueError: a class that cannot be instantiated without arguments (pass an instance).
+        OptionError: a class that cannot be instantiated without arguments (pass an instance).
     """
     kind = describe_kind(fn)
     if inspect.isclass(fn):
         try:
             fn = fn()
         except Exception as err:
-            raise ValueError(
+            raise OptionError(
                 f"fn: the class {fn.__name__} cannot be instantiated without arguments ({type(err).__name__}: "
                 f"{err}); pass an instance, e.g. {fn.__name__}(...)"
             ) from None

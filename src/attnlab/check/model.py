@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import missing_extra
+from ..errors import OptionError, missing_extra
+from ..validate import check_choice, check_int
 from .probes import FIXES
 from .report import Finding, ProbeResult, Report
 
@@ -40,11 +41,15 @@ __all__ = [
     "check_model",
     "hf_causal_lm",
     "hf_encoder",
+    "load_local",
     "minilm",
     "tiny_model",
 ]
 
 TINY_KINDS = ("gpt2", "llama", "bert")
+
+#: What :func:`check_model` and :func:`load_local` check a model as.
+MODEL_KINDS = ("causal-lm", "encoder")
 
 
 class _Model:
@@ -156,8 +161,7 @@ def _first_change(a: np.ndarray, b: np.ndarray, tol: float) -> tuple[int, int, f
 
 def _check_ids(vocab_size: Any, seq_len: Any, batch: Any) -> None:
     for name, val, low in (("vocab_size", vocab_size, 2), ("seq_len", seq_len, 4), ("batch", batch, 2)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < low:
-            raise ValueError(f"{name}: expected an int >= {low}, got {val!r}")
+        check_int(name, val, minimum=low)
 
 
 def check_causal_lm(
@@ -385,8 +389,7 @@ def tiny_model(kind: str, *, seed: int = 0, attn_implementation: str = "eager") 
         attn_implementation: ``"eager"``, ``"sdpa"``, or a name registered with
             ``transformers.AttentionInterface`` (how tests plug in a broken attention).
     """
-    if kind not in TINY_KINDS:
-        raise ValueError(f"kind: expected one of {', '.join(TINY_KINDS)}, got {kind!r}")
+    check_choice("kind", kind, TINY_KINDS)
     tr = _transformers()
     torch = _torch()
     torch.manual_seed(seed)
@@ -431,6 +434,16 @@ def minilm(*, attn_implementation: str = "eager") -> Any:
     ).eval()
 
 
+def load_local(path: str, *, kind: str = "causal-lm", attn_implementation: str = "eager") -> Any:
+    """A Hugging Face model from a local directory, offline (``AutoModelForCausalLM`` for ``kind="causal-lm"``,
+    ``AutoModel`` for ``"encoder"``); transformers' own errors (a bad directory, an unknown
+    ``attn_implementation``) pass through."""
+    kind = check_choice("kind", kind, MODEL_KINDS)
+    tr = _transformers()
+    cls = tr.AutoModelForCausalLM if kind == "causal-lm" else tr.AutoModel
+    return cls.from_pretrained(str(path), local_files_only=True, attn_implementation=attn_implementation)
+
+
 def check_model(
     model: Any, *, kind: str | None = None, seq_len: int = 12, seed: int = 0, name: str | None = None
 ) -> Report:
@@ -441,12 +454,11 @@ def check_model(
     """
     cfg = getattr(model, "config", None)
     if cfg is None:
-        raise ValueError(f"model: expected a Hugging Face model with a .config, got {type(model).__name__}")
+        raise OptionError(f"model: expected a Hugging Face model with a .config, got {type(model).__name__}")
     if kind is None:
         causal = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) or bool(getattr(cfg, "is_decoder", 0))
         kind = "causal-lm" if causal else "encoder"
-    if kind not in ("causal-lm", "encoder"):
-        raise ValueError(f"kind: expected 'causal-lm' or 'encoder', got {kind!r}")
+    check_choice("kind", kind, MODEL_KINDS)
     vocab = int(cfg.vocab_size)
     label = name or f"{type(model).__name__} ({getattr(cfg, 'model_type', '?')}, attn {cfg._attn_implementation})"
     if kind == "causal-lm":

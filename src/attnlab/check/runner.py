@@ -419,8 +419,3 @@ class Runner:
 def loaded_frameworks() -> tuple[str, ...]:
     """The array libraries (``torch``, ``jax``) this process has imported."""
     return tuple(f for f in ("torch", "jax") if f in sys.modules)
-
-
-def finite_rows(x: np.ndarray) -> np.ndarray:
-    """Per row ``[..., n_q]``: every entry finite."""
-    return np.all(np.isfinite(x), axis=-1)

@@ -14,6 +14,10 @@ import argparse
 import importlib.util
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..bench import BenchOptions
 
 NAME = "bench"
 HELP = "time and peak memory of naive, tiled, GEMM floor and torch attention against n"
@@ -61,7 +65,7 @@ class _PlainProgress:
         self.stream.flush()
 
 
-#: run_bench's argument -> the option that sets it, so that an error names what the user typed
+#: BenchOptions' field -> the option that sets it, so that an error names what the user typed
 FLAGS = {"sizes": "--sizes", "d": "--d", "heads": "--heads", "batch": "--batch", "repetitions": "--repetitions",
          "block_q": "--block-q", "block_k": "--block-k", "num_threads": "--threads", "naive_max_gb": "--naive-max-gb",
          "decode_contexts": "--decode", "long_n": "--long", "isolate": "--isolate"}  # fmt: skip
@@ -80,8 +84,9 @@ def _check_output(option: str, path: str) -> None:
         raise OptionError(f"{option}: {path!r} is not writable")
 
 
-def _kwargs(args: argparse.Namespace) -> dict:
-    from ..bench import decode_minimum
+def _options(args: argparse.Namespace) -> BenchOptions:
+    """The command line as a checked :class:`~attnlab.bench.BenchOptions` (an OptionError names the first bad one)."""
+    from ..bench import BenchOptions, decode_minimum
     from ..errors import OptionError
 
     if args.decode is not None:
@@ -92,7 +97,7 @@ def _kwargs(args: argparse.Namespace) -> dict:
                 f"them), got {short[0]}"
             )
     decode = None if args.decode is None else (args.decode or [1024, 2048, 4096, 8192])
-    return dict(
+    return BenchOptions(
         sizes=args.sizes,
         d=args.d,
         heads=args.heads,
@@ -112,12 +117,11 @@ def _kwargs(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import check_bench_options, plot, run_bench
+    from ..bench import plot, run_bench
     from ..errors import OptionError
 
     try:  # every option, before any work
-        kwargs = _kwargs(args)
-        check_bench_options(**kwargs)
+        options = _options(args)
         if args.json:
             _check_output("--json", args.json)
         if args.plot:
@@ -130,12 +134,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.no_progress:
-            result = run_bench(**kwargs)
+            result = run_bench(options)
         else:
             try:
                 from rich.progress import Progress
             except ImportError:
-                result = run_bench(progress=_PlainProgress(sys.stderr), **kwargs)
+                result = run_bench(options, progress=_PlainProgress(sys.stderr))
             else:
                 with Progress(transient=True) as bar:
                     task = bar.add_task("bench", total=None)
@@ -143,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
                     def update(desc: str, done: int, total: int) -> None:
                         bar.update(task, description=desc, completed=done, total=total)
 
-                    result = run_bench(progress=update, **kwargs)
+                    result = run_bench(options, progress=update)
     except (ValueError, RuntimeError) as err:
         sys.stderr.write(f"attnlab bench: error: {err}\n")
         return 1

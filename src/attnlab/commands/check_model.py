@@ -87,7 +87,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..check.model import check_causal_lm, check_encoder, check_model, minilm, tiny_model
+    from ..check.model import check_causal_lm, check_encoder, check_model, load_local, minilm, tiny_model
     from ..errors import OptionError
     from .check import TargetError, load_target
 
@@ -117,12 +117,8 @@ def run(args: argparse.Namespace) -> int:
         elif args.model == "minilm":
             model = minilm(attn_implementation=args.attn_implementation)
         elif Path(args.model).is_dir():
-            # NOTE(issue 15): a private name across modules; check/ (owned elsewhere) should make it public
-            from ..check.model import _transformers
-
-            tr = _transformers()
-            cls = tr.AutoModelForCausalLM if args.kind == "causal-lm" else tr.AutoModel
-            model = cls.from_pretrained(args.model, local_files_only=True, attn_implementation=args.attn_implementation)
+            # without --kind: AutoModel, as before (check_model then tells the kind from the model's class)
+            model = load_local(args.model, kind=args.kind or "encoder", attn_implementation=args.attn_implementation)
         else:
             raise OptionError(
                 f"unknown model {args.model!r}; expected one of {', '.join([*BUILTIN, 'minilm', 'smollm2'])}, a local "

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
+from typing import Any
 
 from ..argtypes import int_type
 
@@ -40,40 +42,28 @@ def _flops(n: int) -> str:
     return f"{n} FLOP"
 
 
-def cost_text(
-    lengths: list[int],
-    *,
-    n_k: int | None = None,
-    batch: int = 1,
-    d_model: int = 512,
-    heads: int = 8,
-    kv_heads: int | None = None,
-    layers: int = 1,
-    dtype: str = "float16",
-    causal: bool = False,
-) -> str:
+def cost_options() -> tuple[str, ...]:
+    """The keywords of :func:`attnlab.cost.attention_cost` after ``n_q`` (``n_k``, ``batch`` ... ``causal``): the
+    options ``attnlab cost`` passes on, read from its signature so that the two cannot drift apart."""
+    from ..cost import attention_cost
+
+    return tuple(inspect.signature(attention_cost).parameters)[1:]
+
+
+def cost_text(lengths: list[int], **options: Any) -> str:
     """The table ``attnlab cost`` prints: one row per sequence length, then growth and crossover.
 
-    Every count is an exact int (any size: ``attnlab cost 1000000000000000000 --causal`` works); with ``causal`` a
-    column gives the exact number of allowed (query, key) pairs per sequence and head.
+    ``options`` are :func:`attnlab.cost.attention_cost`'s keywords (``n_k``, ``batch``, ``d_model``, ``heads``,
+    ``kv_heads``, ``layers``, ``dtype``, ``causal``; its defaults where left out). Every count is an exact int (any
+    size: ``attnlab cost 1000000000000000000 --causal`` works); with ``causal`` a column gives the exact number of
+    allowed (query, key) pairs per sequence and head.
     """
     from ..cost import attention_cost, crossover_length
 
-    costs = [
-        attention_cost(
-            n,
-            n_k,
-            batch=batch,
-            d_model=d_model,
-            heads=heads,
-            kv_heads=kv_heads,
-            layers=layers,
-            dtype=dtype,
-            causal=causal,
-        )
-        for n in lengths
-    ]
+    dtype = options.get("dtype", inspect.signature(attention_cost).parameters["dtype"].default)  # its name
+    costs = [attention_cost(n, **options) for n in lengths]
     c0 = costs[0]
+    causal, batch, d_model, heads, layers = c0.causal, c0.batch, c0.d_model, c0.heads, c0.layers
     header = ["n_q", "n_k", *(["causal pairs"] if causal else []), "projections", "QKᵀ + AV", "attn/proj"]
     header += ["score elements", "score memory", "KV cache"]
     rows = [
@@ -111,7 +101,7 @@ def cost_text(
             f"×{_ratio(c.score_elements, c0.score_elements, '.6g')} score elements, "
             f"×{_ratio(c.attention_flops, c0.attention_flops, '.6g')} QKᵀ + AV FLOPs"
         )
-    x = crossover_length(d_model, heads=heads, kv_heads=kv_heads)
+    x = crossover_length(d_model, heads=heads, kv_heads=c0.kv_heads)
     lines.append(f"self-attention: QKᵀ + AV exceed the projections beyond n = {x} tokens (projections dominate below)")
     return "\n".join(lines) + "\n"
 
@@ -156,16 +146,5 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    text = cost_text(
-        args.n,
-        n_k=args.n_k,
-        batch=args.batch,
-        d_model=args.d_model,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
-        layers=args.layers,
-        dtype=args.dtype,
-        causal=args.causal,
-    )
-    sys.stdout.write(text)
+    sys.stdout.write(cost_text(args.n, **{name: getattr(args, name) for name in cost_options()}))
     return 0

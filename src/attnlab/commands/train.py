@@ -92,7 +92,6 @@ def _forward(params, batch, *, training, rng, dropout_p):
         dropout_p=dropout_p,
         rng=rng,
         training=training,
-        return_weights=True,
     )
     logits = r.output[:, 0] @ params["w_r"] + params["b_r"]  # [B, n_values]
     logits = logits - logits.max(axis=-1, keepdims=True)

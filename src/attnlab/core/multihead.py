@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import KW_ONLY, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -357,26 +358,45 @@ def _float_dtype(dtype: Any) -> np.dtype:
 class MultiHeadResult:
     """What :func:`multi_head_attention` returns, including everything :func:`multi_head_backward` needs.
 
+    The attention weights are always there, read from the trace: :attr:`weights` per head, :meth:`mean_weights`
+    averaged over the heads (no flag asks for them).
+
     Shapes:
         * ``output [B, n_q, d_model]`` in the input dtype;
-        * ``weights [B, h, n_q, n_k]`` per head (``[B, n_q, n_k]`` if averaged), or ``None`` unless requested;
-          these are the softmax weights *before* dropout (rows sum to 1);
         * ``trace``: the core :class:`~attnlab.core.AttentionTrace` of the heads (``q [B, h, n_q, head_dim]``,
-          ``k, v [B, h, n_k, head_dim]`` after :func:`repeat_kv`), in the compute dtype;
+          ``k, v [B, h, n_k, head_dim]`` after :func:`repeat_kv`, ``weights [B, h, n_q, n_k]``), in the compute
+          dtype;
         * ``dropout``: the :class:`~attnlab.core.dropout.Dropout` applied (keep mask ``[B, h, n_q, n_k]``), or
           ``None`` when off (evaluation, or ``dropout_p=0``);
         * ``heads [B, n_q, h * head_dim]``: the concatenated head outputs (the input of ``W_O``), compute dtype;
-        * ``x_q``, ``x_kv``: the inputs in the compute dtype (``x_kv`` is ``None`` for self attention).
+        * ``x_q``, ``x_kv``: the inputs in the compute dtype (``x_kv`` is ``None`` for self attention);
+        * ``averaged``: ``True`` only under the deprecated ``average_weights=True``, where :attr:`weights` is
+          :meth:`mean_weights` as it was before (goes with the flag in the next release).
     """
 
     output: Any
-    weights: Any | None
     trace: AttentionTrace = field(repr=False)
     dropout: Dropout | None = field(repr=False)
     heads: Any = field(repr=False)
     x_q: Any = field(repr=False)
     x_kv: Any | None = field(repr=False)
     params: MultiHeadWeights = field(repr=False)
+    averaged: bool = field(default=False, repr=False)
+
+    @cached_property
+    def weights(self) -> Any:
+        """``[B, h, n_q, n_k]``: every head's softmax weights *before* dropout (rows sum to 1), in the output's dtype
+        (a copy of ``trace.weights``, which are in the compute dtype); ``[B, n_q, n_k]`` under the deprecated
+        ``average_weights=True``."""
+        if self.averaged:
+            return self.mean_weights()
+        return namespace(self.output).astype(self.trace.weights, self.output.dtype)
+
+    def mean_weights(self) -> Any:
+        """``[B, n_q, n_k]``: the weights averaged over the heads (``nn.MultiheadAttention``'s
+        ``average_attn_weights=True``), in the output's dtype."""
+        xp = namespace(self.output)
+        return xp.astype(xp.mean(self.trace.weights, axis=1), self.output.dtype)
 
 
 def _check_x(xp: Any, x: Any, name: str, width: int, wname: str) -> tuple[int, ...]:
@@ -408,10 +428,10 @@ def multi_head_attention(
     dropout_p: float = 0.0,
     rng: np.random.Generator | None = None,
     training: bool = False,
-    return_weights: bool = False,
-    average_weights: bool = False,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     attn_bias: Any = None,
+    return_weights: bool | None = None,
+    average_weights: bool | None = None,
 ) -> MultiHeadResult:
     """Multi-head attention (MHA, GQA or MQA), self or cross, with every mask option of the core.
 
@@ -431,20 +451,23 @@ def multi_head_attention(
             weights are scaled by ``1 / (1 - dropout_p)`` (inverted dropout).
         rng: the ``numpy.random.Generator`` dropout draws from (required when dropout is active).
         training: dropout is applied only in training mode; evaluation is deterministic.
-        return_weights: also return the attention weights (before dropout).
-        average_weights: return them averaged over heads, ``[B, n_q, n_k]`` (default: per head).
         max_bytes: the memory limit of the dense scores, as in :func:`~attnlab.scaled_dot_product_attention`.
         attn_bias: the old name of ``bias``, accepted with a :class:`FutureWarning` until the next release.
+        return_weights: deprecated, accepted with a :class:`FutureWarning` until the next release: the weights are
+            always in the result (``result.weights``).
+        average_weights: deprecated likewise: ``result.mean_weights()`` averages over heads; with
+            ``average_weights=True`` ``result.weights`` is still that average, as before.
 
     Returns:
-        a :class:`MultiHeadResult` (``.output [B, n_q, d_model]``, ``.weights``, and the trace for the backward).
+        a :class:`MultiHeadResult`: ``.output [B, n_q, d_model]``, ``.weights [B, h, n_q, n_k]``,
+        ``.mean_weights()`` ``[B, n_q, n_k]``, and the trace for the backward.
 
     >>> rng = np.random.default_rng(0)
     >>> w = init_multi_head(8, 4, num_kv_heads=2, rng=rng)
     >>> x = rng.standard_normal((2, 5, 8))
-    >>> r = multi_head_attention(x, None, w, causal=True, return_weights=True)
-    >>> r.output.shape, r.weights.shape
-    ((2, 5, 8), (2, 4, 5, 5))
+    >>> r = multi_head_attention(x, None, w, causal=True)
+    >>> r.output.shape, r.weights.shape, r.mean_weights().shape
+    ((2, 5, 8), (2, 4, 5, 5), (2, 5, 5))
     >>> bool(np.allclose(r.weights.sum(-1), 1.0)), float(r.weights[0, 0, 0, 1])
     (True, 0.0)
     """
@@ -474,13 +497,14 @@ def multi_head_attention(
             f"mask: 3-D shape {shape_of(mask)} is ambiguous for multi-head scores [B, h, n_q, n_k]; "
             f"give [n_q, n_k], or add the head axis: mask[:, None] -> [B, 1, n_q, n_k]"
         )
-    for name, flag in (
-        ("training", training),
-        ("return_weights", return_weights),
-        ("average_weights", average_weights),
+    check_choice("training", training, (False, True))
+    for name, flag, now in (
+        ("return_weights", return_weights, "result.weights is always there"),
+        ("average_weights", average_weights, "result.mean_weights() averages the weights over heads"),
     ):
-        if not isinstance(flag, bool):
-            raise OptionError(f"{name}: expected True or False, got {flag!r}")
+        if flag is not None:
+            check_choice(name, flag, (False, True))
+            warnings.warn(f"multi_head_attention: {name}= is no longer needed: {now}", FutureWarning, stacklevel=2)
     dropout_p = check_p(dropout_p)
 
     cdt, out_dtype = compute_dtypes(xp, x_q=x_q, x_kv=x_kv, **params)
@@ -507,20 +531,15 @@ def multi_head_attention(
         if done is None:  # float32 overflowed somewhere: the whole layer again in float64
             done = _mha_forward(xp, x_q, x_kv, weights, xp.float64, opts, draw)
     trace, drop, heads, out, xq, xkv = done
-
-    w = None
-    if return_weights or average_weights:
-        w = xp.mean(trace.weights, axis=1) if average_weights else trace.weights
-        w = xp.astype(w, out_dtype)
     return MultiHeadResult(
         output=cast_checked(xp, out, out_dtype, "output"),
-        weights=w,
         trace=trace,
         dropout=drop,
         heads=heads,
         x_q=xq,
         x_kv=xkv,
         params=weights,
+        averaged=average_weights is True,
     )
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError, OptionError, ShapeError
+from ..validate import check_float
 
 __all__ = [
     "RopeTables",
@@ -76,8 +77,8 @@ def rope_frequencies(head_dim: int, *, base: float = 10000.0) -> np.ndarray:
     [1.0, 0.1]
     """
     d = check_head_dim(head_dim)
-    if not (np.isfinite(base) and base > 1):
-        raise ShapeError(f"base: expected a finite number > 1, got {base!r}")
+    if check_float("base", base) <= 1:
+        raise OptionError(f"base: expected a finite number > 1, got {base!r}")
     return 1.0 / (float(base) ** (np.arange(0, d, 2, dtype=np.float64) / d))
 
 
@@ -98,7 +99,7 @@ def rope_tables(positions: Any, head_dim: int, *, base: float = 10000.0, dtype: 
     """
     pos = np.asarray(positions)
     if pos.dtype.kind not in "iu":
-        raise ShapeError(f"positions: expected integers, got dtype {pos.dtype} (shape {pos.shape})")
+        raise DTypeError(f"positions: expected integers, got dtype {pos.dtype} (shape {pos.shape})")
     if pos.ndim not in (1, 2):
         raise ShapeError(f"positions: expected shape [n] or [B, n], got {pos.shape}")
     if pos.size and pos.min() < 0:

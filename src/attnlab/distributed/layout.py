@@ -29,7 +29,7 @@ import numpy as np
 
 from .._arrays import namespace, shape_of
 from ..errors import ShapeError
-from ..validate import check_int
+from ..validate import check_choice, check_int
 
 __all__ = ["LAYOUTS", "Layout", "RingLayout"]
 
@@ -68,8 +68,7 @@ class RingLayout:
     def __post_init__(self) -> None:
         for name, val in (("n", self.n), ("world_size", self.world_size)):
             check_int(name, val, minimum=1)
-        if self.kind not in LAYOUTS:
-            raise ShapeError(f"layout: expected one of {', '.join(map(repr, LAYOUTS))}, got {self.kind!r}")
+        check_choice("layout", self.kind, LAYOUTS)
         need = self.world_size * (2 if self.kind == "zigzag" else 1)
         if self.n < need:
             raise ShapeError(

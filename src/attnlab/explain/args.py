@@ -199,7 +199,7 @@ def setup_from_args(args: argparse.Namespace) -> Any:
         try:
             ex = example(args.example)
         except KeyError as err:
-            raise ShapeError(f"EXAMPLE: {err.args[0]}") from None
+            raise OptionError(f"EXAMPLE: {err.args[0]}") from None
         if ex.q is None:
             return args.example
         _check_sizes(args, int(np.shape(ex.q)[0]), int(np.shape(ex.k)[0]))

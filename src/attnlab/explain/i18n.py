@@ -421,9 +421,9 @@ _M.update(
         "lesson.do.row_sum": ("row {r}: sum = {s}", "第 {r} 行：行和 = {s}"),
         "lesson.do.dropped_note": (
             "After inverted dropout the rows no longer sum to 1, and that is not a bug (001 §18). The weights "
-            "attnlab returns (multi_head_attention(..., return_weights=True)) are the ones before dropout.",
+            "attnlab returns (multi_head_attention(...).weights) are the ones before dropout.",
             "反向缩放的 Dropout（inverted dropout）之后行和不再等于 1，这不是实现错误（001 §18）。attnlab 返回的权重"
-            "（multi_head_attention(..., return_weights=True)）是 Dropout 之前的权重。",
+            "（multi_head_attention(...).weights）是 Dropout 之前的权重。",
         ),
         "lesson.do.output": ("The output with dropout", "有 Dropout 时的输出"),
         "lesson.do.output_note": (

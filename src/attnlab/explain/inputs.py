@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DTypeError, MaskError, NonFiniteError, ShapeError
+from ..validate import check_choice
 
 __all__ = [
     "load_inputs",
@@ -152,8 +153,7 @@ def parse_mask(text: str, name: str = "mask", *, convention: str = "allow") -> n
     """
     from .. import masks
 
-    if convention not in ("allow", "block"):
-        raise MaskError(f"{name}: convention must be 'allow' (True = may attend) or 'block', got {convention!r}")
+    check_choice("convention", convention, ("allow", "block"))  # allow: True = may attend
     s = text.strip()
     if s.startswith("["):
         try:

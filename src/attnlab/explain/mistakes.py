@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core import masked_softmax
+from ..validate import check_int
 from .fmt import num, vec
 from .i18n import check_lang, tr
 from .steps import Setup
@@ -78,8 +79,7 @@ def compare(setup: Setup, name: str, *, heads: int = 8, lang: str = "en") -> Mis
     """
     if name not in MISTAKES:
         raise KeyError(f"mistake: no mistake {name!r}; choose one of {', '.join(MISTAKES)}")
-    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
-        raise ValueError(f"heads: expected an int >= 1, got {heads!r}")
+    heads = check_int("heads", heads, minimum=1)
     lang = check_lang(lang)
     right = setup.trace(masked_rows="zero")
     rw, ro = np.asarray(right.weights), np.asarray(right.output)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..validate import check_int
 from .fmt import num, vec
 from .i18n import check_lang, tr
 from .steps import MAX_WRITTEN, Explanation, Setup, Step
@@ -31,9 +31,7 @@ _MAX_TERMS = 4
 
 
 def _check_block(block_k: object) -> int:
-    if isinstance(block_k, bool) or not isinstance(block_k, (int, np.integer)) or block_k < 1:
-        raise ShapeError(f"block_k: expected a positive int (keys per block), got {block_k!r}")
-    return int(block_k)
+    return check_int("block_k", block_k, minimum=1)
 
 
 def _pv_terms(p: np.ndarray, v: np.ndarray) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..core.attention import scaled_dot_product_attention
 from ..core.rope import apply_rope, check_head_dim, rope_tables
-from ..errors import ShapeError
+from ..errors import OptionError
 from ..validate import check_int
 
 __all__ = ["PermutationDemo", "permutation_demo"]
@@ -77,7 +77,7 @@ def permutation_demo(
     else:
         p = np.asarray(perm)
         if p.shape != (n,) or not np.array_equal(np.sort(p), np.arange(n)):
-            raise ShapeError(f"perm: expected a permutation of range({n}), got {np.asarray(perm).tolist()}")
+            raise OptionError(f"perm: expected a permutation of range({n}), got {np.asarray(perm).tolist()}")
     x = rng.standard_normal((n, d))
     wq, wk, wv = (rng.standard_normal((d, d)) / np.sqrt(d) for _ in range(3))
     tables = rope_tables(np.arange(n), d, base=base, dtype=np.float64)

@@ -24,7 +24,8 @@ import numpy as np
 from .. import masks as _masks
 from ..core import attention_trace, softmax
 from ..core.attention import AttentionTrace
-from ..errors import MaskError, ShapeError
+from ..errors import MaskError, OptionError, ShapeError
+from ..validate import check_choice, check_float, check_int
 from .fmt import num, vec
 from .i18n import check_lang, tr
 
@@ -90,12 +91,9 @@ class Setup:
         if self.key_labels is not None and len(self.key_labels) != n_k:
             raise ShapeError(f"key_labels: {len(self.key_labels)} label(s) for n_k={n_k} keys")
         if self.padding is not None:
-            if isinstance(self.padding, bool) or not isinstance(self.padding, (int, np.integer)):
-                raise ShapeError(f"padding: expected the number of real key positions (an int), got {self.padding!r}")
-            if not 0 <= self.padding <= n_k:
-                raise ShapeError(f"padding: {self.padding} real key positions; expected 0 <= padding <= n_k={n_k}")
-        if self.padding_side not in ("left", "right"):
-            raise ShapeError(f"padding_side: expected 'left' or 'right', got {self.padding_side!r}")
+            if check_int("padding", self.padding, minimum=0) > n_k:
+                raise OptionError(f"padding: {self.padding} real key positions; expected 0 <= padding <= n_k={n_k}")
+        check_choice("padding_side", self.padding_side, ("left", "right"))
         if self.causal not in (False, True, "top_left", "bottom_right"):
             raise MaskError(f"causal: expected True, False, 'top_left' or 'bottom_right', got {self.causal!r}")
         if self.causal is True and n_q != n_k:
@@ -109,8 +107,7 @@ class Setup:
                     f"bias: shape {b.shape} does not broadcast to the scores [n_q, n_k] = {(n_q, n_k)}; give one "
                     f"number per key [1, n_k] or a full [n_q, n_k]"
                 ) from None
-        if not math.isfinite(float(self.shift)):
-            raise ShapeError(f"shift: expected a finite number, got {self.shift!r}")
+        check_float("shift", self.shift)
 
     @property
     def n_q(self) -> int:
@@ -642,7 +639,7 @@ def setup_from_example(name: str, **options: Any) -> Setup:
 
     ex = example(name)
     if ex.q is None or ex.k is None:
-        raise ShapeError(f"example {name!r} does not start from Q and K ({ex.title}); it has no attention setup")
+        raise OptionError(f"example {name!r} does not start from Q and K ({ex.title}); it has no attention setup")
     base: dict[str, Any] = {
         "causal": ex.causal,
         "scale": ex.scale,

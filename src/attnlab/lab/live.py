@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ShapeError
 from .i18n import t
 from .svg import grid_svg, heatmap_svg, last_row_svg
 
@@ -178,7 +179,7 @@ def _forward(key: str, text: str) -> LiveResult:
 
             ids = m.encode(text)
             if not ids:
-                raise ValueError("empty sentence")
+                raise ShapeError(f"text: {text!r} has no tokens; expected at least one")
             if len(ids) > MAX_TOKENS:
                 ids, truncated = ids[:MAX_TOKENS], True
             out = llama_forward(m, ids, return_attention=True)

@@ -248,7 +248,10 @@ def _(PR, T, lang, mo):
         )
 
     def revealed(book, set_book, qid, pred, show, body):
-        """Lock the prediction at the reveal; then the feedback and the result (or the request to predict)."""
+        """Hidden until the reveal switch is on; then lock the prediction and show the feedback and the result (or
+        the request to predict). ``body()`` makes the result, only once it is shown."""
+        if not show.value:
+            return mo.md(T(lang, "*(hidden until you reveal)*"))
         new = PR.commit(book, qid, pred.value, show.value)
         if new is not book:
             set_book(new)
@@ -266,12 +269,8 @@ def _(mo, question):
 
 
 @app.cell
-def _(L, T, get_book, lang, mo, pred_shift, revealed, set_book, show_shift, state):
-    (
-        revealed(get_book(), set_book, "shift", pred_shift, show_shift, lambda: L.exp_shift(state, 10.0, lang)[1])
-        if show_shift.value
-        else mo.md(T(lang, "*(hidden until you reveal)*"))
-    )
+def _(L, get_book, lang, pred_shift, revealed, set_book, show_shift, state):
+    revealed(get_book(), set_book, "shift", pred_shift, show_shift, lambda: L.exp_shift(state, 10.0, lang)[1])
     return
 
 
@@ -283,14 +282,8 @@ def _(mo, question):
 
 
 @app.cell
-def _(L, T, get_book, lang, mo, pred_temp, revealed, set_book, show_temp, state):
-    (
-        revealed(
-            get_book(), set_book, "temperature", pred_temp, show_temp, lambda: L.exp_temperature(state, 3.0, lang)[1]
-        )
-        if show_temp.value
-        else mo.md(T(lang, "*(hidden until you reveal)*"))
-    )
+def _(L, get_book, lang, pred_temp, revealed, set_book, show_temp, state):
+    revealed(get_book(), set_book, "temperature", pred_temp, show_temp, lambda: L.exp_temperature(state, 3.0, lang)[1])
     return
 
 
@@ -302,18 +295,14 @@ def _(mo, question):
 
 
 @app.cell
-def _(L, T, get_book, lang, mo, pred_value, revealed, set_book, show_value, state):
-    (
-        revealed(
-            get_book(),
-            set_book,
-            "value",
-            pred_value,
-            show_value,
-            lambda: L.exp_value(state, 0, (100.0, 0.0), lang)[2],
-        )
-        if show_value.value
-        else mo.md(T(lang, "*(hidden until you reveal)*"))
+def _(L, get_book, lang, pred_value, revealed, set_book, show_value, state):
+    revealed(
+        get_book(),
+        set_book,
+        "value",
+        pred_value,
+        show_value,
+        lambda: L.exp_value(state, 0, (100.0, 0.0), lang)[2],
     )
     return
 
@@ -327,12 +316,8 @@ def _(T, lang, mo, question):
 
 
 @app.cell
-def _(L, T, four_t, get_book, lang, mo, pred_four, revealed, set_book, show_four):
-    (
-        revealed(get_book(), set_book, "four", pred_four, show_four, lambda: L.four_pairs(float(four_t.value), lang)[1])
-        if show_four.value
-        else mo.md(T(lang, "*(hidden until you reveal)*"))
-    )
+def _(L, four_t, get_book, lang, pred_four, revealed, set_book, show_four):
+    revealed(get_book(), set_book, "four", pred_four, show_four, lambda: L.four_pairs(float(four_t.value), lang)[1])
     return
 
 
@@ -344,18 +329,14 @@ def _(mo, question):
 
 
 @app.cell
-def _(I, L, T, get_book, lang, mo, pred_self, revealed, set_book, show_self, state):
-    (
-        revealed(
-            get_book(),
-            set_book,
-            "self100",
-            pred_self,
-            show_self,
-            lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
-        )
-        if show_self.value
-        else mo.md(T(lang, "*(hidden until you reveal)*"))
+def _(I, L, T, get_book, lang, pred_self, revealed, set_book, show_self, state):
+    revealed(
+        get_book(),
+        set_book,
+        "self100",
+        pred_self,
+        show_self,
+        lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
     )
     return
 
@@ -368,12 +349,8 @@ def _(mo, question):
 
 
 @app.cell
-def _(L, T, get_book, lang, mo, pred_bias, revealed, set_book, show_bias, state):
-    (
-        revealed(get_book(), set_book, "selfbias", pred_bias, show_bias, lambda: L.exp_bias(state, None, lang)[1])
-        if show_bias.value
-        else mo.md(T(lang, "*(hidden until you reveal)*"))
-    )
+def _(L, get_book, lang, pred_bias, revealed, set_book, show_bias, state):
+    revealed(get_book(), set_book, "selfbias", pred_bias, show_bias, lambda: L.exp_bias(state, None, lang)[1])
     return
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from ..core.softmax import log_softmax
 from ..errors import OptionError, ShapeError
+from ..validate import check_choice, check_int
 
 __all__ = [
     "AttentionMaps",
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 Method = Literal["delete", "replace"]
+
+#: The values of :data:`Method`.
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -233,10 +237,18 @@ def _kl(logp: np.ndarray, logq: np.ndarray) -> np.ndarray:
     return np.sum(p * (logp - logq), axis=-1)
 
 
+def _index(name: str, value: Any, count: int, where: str = "") -> int:
+    """``value`` as an index into ``count`` items, ``-count <= value < count`` (negative counts from the end)."""
+    i = check_int(name, value)
+    if not -count <= i < count:
+        raise OptionError(f"{name}: expected an int in [0, {count}){where}, got {value!r}")
+    return i % count
+
+
 def _single_token(model: Any, text: str, name: str) -> int:
     ids = model.encode(text)
     if len(ids) != 1:
-        raise ShapeError(f"{name}: {text!r} is {len(ids)} tokens ({ids}); expected exactly one token")
+        raise OptionError(f"{name}: {text!r} is {len(ids)} tokens ({ids}); expected exactly one token")
     return ids[0]
 
 
@@ -268,35 +280,32 @@ def intervene(
     """
     from .llama import llama_forward
 
-    if method not in ("delete", "replace"):
-        raise OptionError(f"method: expected 'delete' or 'replace', got {method!r}")
+    check_choice("method", method, METHODS)
     ids = model.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
     n = len(ids)
     if n < 2:
         raise ShapeError(f"prompt: expected at least 2 tokens, got {n} ({ids})")
-    t = n - 1 if target is None else int(target)
+    t = n - 1 if target is None else check_int("target", target)
     if t < 0:
         t += n
     if not 1 <= t < n:
-        raise ShapeError(f"target: position {target} is outside 1..{n - 1} (prompt of {n} tokens)")
+        raise OptionError(f"target: position {target} is outside 1..{n - 1} (prompt of {n} tokens)")
     L = model.config.num_layers
-    if layer is not None and not (isinstance(layer, int) and -L <= layer < L):
-        raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
-    layer = None if layer is None else layer % L
+    layer = None if layer is None else _index("layer", layer, L)
     ids = ids[: t + 1]  # later tokens cannot influence position t (causal)
     y: int | None = None  # the tracked token, checked before any forward pass
     if isinstance(target_token, str):
         y = _single_token(model, target_token, "target_token")
     elif target_token is not None:
-        y = int(target_token)
+        y = check_int("target_token", target_token)
         if not 0 <= y < model.config.vocab_size:
-            raise ShapeError(f"target_token: id {y} is outside the vocabulary [0, {model.config.vocab_size})")
+            raise OptionError(f"target_token: id {y} is outside the vocabulary [0, {model.config.vocab_size})")
     rep_id = 0
     if method != "delete":
         rep = 0 if replacement is None else replacement
-        rep_id = _single_token(model, rep, "replacement") if isinstance(rep, str) else int(rep)
+        rep_id = _single_token(model, rep, "replacement") if isinstance(rep, str) else check_int("replacement", rep)
         if not 0 <= rep_id < model.config.vocab_size:
-            raise ShapeError(f"replacement: id {rep_id} is outside the vocabulary [0, {model.config.vocab_size})")
+            raise OptionError(f"replacement: id {rep_id} is outside the vocabulary [0, {model.config.vocab_size})")
     base = llama_forward(model, ids, return_attention=True)
     logp = log_softmax(base.logits[0, t].astype(np.float64))
     if y is None:
@@ -361,19 +370,16 @@ def intervene_minilm(
     """
     from .minilm import MiniLM
 
-    if method not in ("delete", "replace"):
-        raise OptionError(f"method: expected 'delete' or 'replace', got {method!r}")
+    check_choice("method", method, METHODS)
     m = model if model is not None else MiniLM.load()
     ids, am = m.tokenize([sentence])
     n = ids.shape[1]
     if n < 3:
         raise ShapeError(f"sentence: {sentence!r} has no word pieces between [CLS] and [SEP]")
     L = m.config.num_layers
-    if layer is not None and not (isinstance(layer, int) and -L <= layer < L):
-        raise OptionError(f"layer: expected an int in [0, {L}), got {layer!r}")
-    layer = None if layer is None else layer % L
-    if target is not None and not -n <= int(target) < n:
-        raise ShapeError(f"target: position {target} is outside 0..{n - 1} ({n} tokens with [CLS] and [SEP])")
+    layer = None if layer is None else _index("layer", layer, L)
+    if target is not None and not -n <= check_int("target", target) < n:
+        raise OptionError(f"target: position {target} is outside 0..{n - 1} ({n} tokens with [CLS] and [SEP])")
     base = m.encode(ids, am)
     maps = np.stack([a[0] for a in base.attentions])  # [L, h, n, n]
     att = maps.mean(axis=2) if target is None else maps[:, :, int(target) % n, :]  # [L, h, n]
@@ -486,13 +492,11 @@ def attention_maps(
     else:
         raise OptionError(f"model: expected 'smollm2' or 'minilm', got {model!r}")
     L = len(maps)
-    if not (isinstance(layer, int) and -L <= layer < L):
-        raise OptionError(f"layer: expected an int in [0, {L}) for {name}, got {layer!r}")
-    w = get(layer % L)  # [h, n, n]
+    layer = _index("layer", layer, L, f" for {name}")
+    w = get(layer)  # [h, n, n]
     h = w.shape[0]
     if head is not None:
-        if not (isinstance(head, int) and -h <= head < h):
-            raise OptionError(f"head: expected an int in [0, {h}) for {name}, got {head!r}")
+        head = _index("head", head, h, f" for {name}")
         return AttentionMaps(
             weights=np.asarray(w[head % h], dtype=np.float64),
             allowed=allowed,

@@ -25,7 +25,7 @@ import numpy as np
 from ..core import attention_trace
 from ..core.multihead import MultiHeadWeights, merge_heads, repeat_kv, split_heads
 from ..core.rope import RopeTables, apply_rope, rope_tables
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, OptionError, ShapeError
 from ..validate import check_choice, check_int
 
 __all__ = [
@@ -516,7 +516,7 @@ def position_check(model: LlamaModel, token_ids: Any, *, perm: Any = None, seed:
     else:
         p = np.asarray(perm)
         if p.shape != (n,) or not np.array_equal(np.sort(p), np.arange(n)):
-            raise ShapeError(f"perm: expected a permutation of range({n}), got {np.asarray(perm).tolist()}")
+            raise OptionError(f"perm: expected a permutation of range({n}), got {np.asarray(perm).tolist()}")
     diffs = []
     for rope in (False, True):
         base = llama_forward(model, ids, rope=rope, causal=False).logits[0]  # [n, vocab]

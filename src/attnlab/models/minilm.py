@@ -331,7 +331,7 @@ class MiniLM:
         hidden, attns, blocks = [x], [], []
         for i in range(c.num_layers):
             pre = f"encoder.layer.{i}."
-            r = multi_head_attention(x, None, self.attention(i), allowed, return_weights=True)
+            r = multi_head_attention(x, None, self.attention(i), allowed)
             blocks.append(r.output)
             attns.append(r.weights)
             x = _layer_norm(

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from .._arrays import to_numpy
-from ..errors import DTypeError, ShapeError, missing_extra
+from ..errors import DTypeError, OptionError, ShapeError, missing_extra
 from ..explain.fmt import num
+from ..validate import check_int
 from . import layout
 
 __all__ = ["FORMATS", "growth_plot", "head_grid", "heatmap", "last_row_bar", "mask_picture", "save", "to_bytes"]
@@ -412,9 +413,7 @@ def head_grid(
     ql = _labels(query_labels, n_q, "query_labels", "q")
     kl = _labels(key_labels, n_k, "key_labels", "k")
     names = _labels(head_names, h, "head_names", "head ")
-    if isinstance(columns, bool) or not isinstance(columns, int) or columns < 1:
-        raise ShapeError(f"columns: expected an int >= 1, got {columns!r}")
-    cols = min(columns, h)
+    cols = min(check_int("columns", columns, minimum=1), h)
     rows = -(-h // cols)
     cells = Cells.of(w, ok)
     fig = _new_figure(None)
@@ -586,7 +585,7 @@ def growth_plot(
     """
     ts = np.asarray(sorted(set(int(t) for t in (*lengths, *compare))), dtype=np.float64)
     if ts.size == 0 or (ts < 1).any():
-        raise ShapeError(f"lengths: expected positive ints, got {list(lengths)}")
+        raise OptionError(f"lengths: expected positive ints, got {list(lengths)}")
     fig = _new_figure((6, 3.6))
     ax = fig.add_subplot()
     ax.loglog(ts, ts**2, "o-", color="#3182bd", label="T² score elements")
@@ -620,7 +619,7 @@ def to_bytes(fig: Any, fmt: str = "png", *, dpi: int = 120) -> bytes:
     """The figure encoded as ``png``, ``svg`` (with real ``<text>`` elements) or ``pdf``."""
     fmt = fmt.lower().lstrip(".")
     if fmt not in FORMATS:
-        raise ValueError(f"fmt: {fmt!r} is not one of {', '.join(FORMATS)}")
+        raise OptionError(f"fmt: {fmt!r} is not one of {', '.join(FORMATS)}")
     from matplotlib import rc_context
 
     buf = io.BytesIO()
@@ -634,7 +633,7 @@ def save(fig: Any, path: str | Path, *, dpi: int = 150) -> Path:
     p = Path(path)
     fmt = p.suffix.lower().lstrip(".")
     if fmt not in FORMATS:
-        raise ValueError(f"path: {str(path)!r} must end in .png, .svg or .pdf (got {p.suffix or 'no extension'!r})")
+        raise OptionError(f"path: {str(path)!r} must end in .png, .svg or .pdf (got {p.suffix or 'no extension'!r})")
     if p.parent and not p.parent.exists():
         raise FileNotFoundError(f"path: folder {str(p.parent)!r} does not exist")
     p.write_bytes(to_bytes(fig, fmt, dpi=dpi))
