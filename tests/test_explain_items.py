@@ -183,6 +183,53 @@ def test_lessons_refuse_modes_that_need_q_and_k(capsys):
     assert code == 2 and "--tiled and --backward: give one of them" in err
 
 
+def test_mask_is_not_access_control_against_a_two_layer_reference(capsys):
+    # 001 §17.5: b may not see the secret; its output still moves after two layers, by A[b,a]·A[a,secret]·99
+    x = np.array([[1.0, 0], [0, 1], [1, 1]])
+    allowed = masks.causal(3).copy()
+    allowed[2, 0] = False
+    s = x @ x.T / np.sqrt(2)
+    a = np.where(allowed, np.exp(s - s.max(-1, keepdims=True)), 0.0)
+    a /= a.sum(-1, keepdims=True)  # independent float64 softmax
+    v, v2 = x.copy(), x.copy()
+    v2[0] = [100, 0]
+    assert a[2, 0] == 0 and np.abs(a @ v2 - a @ v)[2].max() == 0
+    moved = np.abs(a @ (a @ v2) - a @ (a @ v))[2].max()
+    assert moved == pytest.approx(a[2, 1] * a[1, 0] * 99, rel=1e-12) and round(moved, 4) == 10.7967
+    code, out, _ = run(capsys, "mask-not-access", "--format", "json")
+    assert code == 0 and "10.7967" in out and "b's weight on the secret: 0" in out
+
+
+def test_long_context_counts_match_the_mask_and_the_cost_formulas(capsys):
+    # 001 §19: the window's pairs counted on the mask itself; the KV cache from the formula B·L·layers·h_kv·d·2·bytes
+    pairs = [int(masks.window(n, left=1023).sum()) for n in (4096, 8192)]
+    assert pairs == [3670528, 7864832] and round(pairs[1] / pairs[0], 4) == 2.1427
+    mib = [n * 32 * h * 128 * 2 * 2 / 2**20 for n in (4096,) for h in (32, 8, 1)]
+    assert mib == [2048, 512, 64]
+    code, out, _ = run(capsys, "long-context", "--format", "text")
+    assert code == 0
+    assert "4,096 -> 8,192: 4x the score elements, 2.1427x with a window of 1,024 keys, 2x the KV cache" in out
+
+
+def test_invariants_lesson_reports_each_invariant(capsys):
+    code, out, _ = run(capsys, "invariants", "--format", "text")
+    assert code == 0
+    for line in (
+        "shape(Q Kᵀ) = [n_q, n_k] = [2, 3]",
+        "masked A_ij = 0: max |A_ij| over masked (i, j) = 0",
+        "valid rows sum to 1: 1, 1",
+        "O = A V: holds",
+        "d_k(Q) = d_k(K): 2 = 2",
+        "n_k(K) = n_k(V): 3 = 3",
+        "attnlab.invariants.check: 0 violations",
+    ):
+        assert line in out
+    e = explain_lesson("invariants")
+    q, k, v = np.eye(2), np.array([[1.0, 0], [0, 1], [1, 1]]), np.array([[10.0, 0], [0, 10], [5, 5]])
+    ref = attention_trace(q, k, v, np.array([[True, True, False], [True, True, True]]))
+    np.testing.assert_allclose(e.weights, ref.weights, rtol=0, atol=1e-15)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 中文
 
@@ -200,7 +247,7 @@ ALLOWED = set(
     o_i s_ij q_i k_j v_j Q_r K_r V_r H_r r d Concat Bernoulli Mask Padding Token token batch Batch Kernel
     Jacobian Kronecker E f cols R scale Kᵀ Aᵀ dSᵀ dV dA dS dQ dK NaN I N P n² d² d_model² keep_ij max_d H_ h-1
     rowmax dim log-sum-exp Notebook x2 x2-causal query-axis no-scale sqrt-d-model softmax-then-mask inverted-mask
-    d_k=2 all Vᵀ Sᵀ K_0ᵀ K_1ᵀ""".split()
+    d_k=2 all Vᵀ Sᵀ K_0ᵀ K_1ᵀ tiled shape check loss""".split()
 )
 ALLOWED |= set(EXAMPLE_NAMES) | {n[1:] for n in EXAMPLE_NAMES if n[0].isdigit()}
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_²ᵀ'-]*")

@@ -64,7 +64,7 @@ def preset_select(page: Page):
 
 
 def fill(page: Page, name: str, m: np.ndarray) -> None:
-    box = page.get_by_placeholder(f"rows of {name}")
+    box = page.locator(f"[data-testid='al-input-{name.lower()}'] textarea")
     box.fill("\n".join(", ".join(f"{x:g}" for x in r) for r in m))
     box.blur()
 
@@ -350,7 +350,7 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     assert (grid.get_attribute("data-layers"), grid.get_attribute("data-heads")) == ("30", "9")
     assert page.locator("[data-testid='al-live-last']").count() == 1
     assert page.evaluate(CLIP_JS, "[data-testid='al-live-heatmap'], [data-testid='al-live-last']") == []
-    box = page.get_by_placeholder("a sentence")
+    box = page.locator("[data-testid='al-input-sentence'] input")
     box.fill("Paris is the capital of France")
     t0 = time.perf_counter()
     page.get_by_role("button", name="run", exact=True).click()
