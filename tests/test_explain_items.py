@@ -305,3 +305,121 @@ def test_catalogue_is_complete_and_uses_the_articles_terms():
     for term in ("查询", "键", "值", "因果遮罩", "温度", "缩放", "行和", "权重"):
         assert term in zh and term in TERMS.values()
     assert explain_example("2x2", lang="zh").step("weights").title == "权重（softmax）"
+
+
+#: Bad input a learner types, each answered in Chinese: the catalogue's messages (explain's input checks, the
+#: command line's values, argparse's own) and the core's errors by class (a fully masked row by its rows).
+ZH_ERRORS = [
+    ("--q", "1,x", "--k", "1,0", "--v", "1"),
+    ("--q", "1,0;1", "--k", "1,0", "--v", "1"),
+    ("--q", "1,0", "--k", "1,0,0", "--v", "1"),
+    ("--q", "1,0", "--k", "1,0", "--v", "1;2"),
+    ("--q", "1,0", "--k", "1,0"),
+    ("--q", "[1, 2", "--k", "1", "--v", "1"),
+    ("--q", "1,inf", "--k", "1,0", "--v", "1"),
+    ("nope",),
+    ("2x2", "--q", "1"),
+    ("2x2", "--tokens", "a b c"),
+    ("--q", "missing.npy", "--k", "1", "--v", "1"),
+    ("2x2", "--padding", "0"),
+    ("2x2", "--padding", "5"),
+    ("2x2", "--mask", "1 2; 1 1"),
+    ("2x2", "--mask", "1 0 1"),
+    ("2x2", "--mask", "0 0; 1 1"),
+    ("cross", "--causal"),
+    ("2x2", "--temperature", "x"),
+    ("2x2", "--temperature", "0"),
+    ("2x2", "--shift", "nan"),
+    ("2x2", "--format", "xml"),
+    ("2x2", "--mistake", "nope"),
+    ("2x2", "--dropout", "2"),
+    ("2x2", "--tiled", "0"),
+    ("2x2", "--width"),
+    ("2x2", "--bogus"),
+    ("2x2", "--backward", "--grad-out", "1,0"),
+    ("2x2", "--backward", "--tiled", "1"),
+    ("variance", "--backward"),
+    ("2x2", "--scale", "1e308", "--shift", "1e308"),
+    (),
+]
+
+
+def zh_error_left(text: str) -> set[str]:
+    """English left in a Chinese message, after the option names, quoted values and file names the user typed."""
+    text = re.sub(r"--[\w-]+|'[^']*'|\S+\.npy", " ", text)
+    return english_left(text) - HELP_ALLOWED
+
+
+@pytest.mark.parametrize("argv", ZH_ERRORS, ids=[" ".join(a) or "(nothing)" for a in ZH_ERRORS])
+def test_lang_zh_errors_leave_no_english(capsys, argv):
+    code, out, err = run(capsys, *argv, "--lang", "zh")
+    assert code == 2 and out == ""
+    assert err.startswith("attnlab explain：错误：") and err.count("\n") == 1, err
+    assert re.search(r"[\u4e00-\u9fff]{2}", err.split("：错误：", 1)[1]), err
+    assert not zh_error_left(err), f"English left in {err!r}: {sorted(zh_error_left(err))}"
+
+
+def test_errors_keep_their_english_by_default(capsys):
+    # the same mechanism in English: the catalogue's English text, as before (robust and CLI tests pin more)
+    code, _, err = run(capsys, "2x2", "--mask", "1 2; 1 1")
+    assert code == 2 and "--mask: '2' at row 0, column 1 is not a mask entry; use 1/0, true/false or ■/⬚" in err
+    code, _, err = run(capsys, "2x2", "--format", "xml")
+    assert code == 2 and "invalid choice: 'xml'" in err
+
+
+HELP_ALLOWED = {"attnlab", "explain", "heatmap", "usage", "SmolLM2", "MiniLM", "smollm2", "minilm", "weights",
+                "last-row", "mask", "growth", "rich", "text", "markdown", "json", "auto", "allow", "block", "right",
+                "left", "en", "zh", "is_causal", "ATTNLAB_LANG", "softmax-then-mask", "no-scale", "sqrt-d-model",
+                "query-axis", "inverted-mask", "Attention", "SDPA", "attention_backward", "true", "false", "JAX",
+                "B", "C", "G", "N", "P", "S", "T", "dL", "dO", "PNG", "SVG", "PDF", "JSON"}  # fmt: skip
+#: (typed values, choices, metavars, library and format names)
+
+
+def help_english_left(text: str) -> set[str]:
+    text = re.sub(r"-\n\s+", "-", text)  # argparse wraps lines after a hyphen: dot-\n product
+    text = re.sub(r"--[\w-]+|-[hqkvo]\b|\{[^}]*\}|'[^']*'|\w*\.(json|csv|npy|npz|png|svg|pdf)\b", " ", text)
+    return english_left(text) - HELP_ALLOWED
+
+
+@pytest.mark.parametrize("command", ["explain", "heatmap"])
+@pytest.mark.parametrize("how", ["--lang", "ATTNLAB_LANG"])
+def test_help_in_chinese_leaves_no_english(capsys, monkeypatch, command, how):
+    if how == "ATTNLAB_LANG":
+        monkeypatch.setenv("ATTNLAB_LANG", "zh")
+        code = main([command, "--help"])
+    else:
+        monkeypatch.delenv("ATTNLAB_LANG", raising=False)
+        code = main([command, "--help", "--lang", "zh"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("用法：attnlab " + command)
+    for words in ("选项", "查询", "键", "值", "因果遮罩", "温度", "显示此帮助信息并退出"):
+        assert words in out, words
+    assert not help_english_left(out), sorted(help_english_left(out))
+
+
+def test_help_stays_english_by_default(capsys, monkeypatch):
+    monkeypatch.delenv("ATTNLAB_LANG", raising=False)
+    assert main(["explain", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: attnlab explain") and "queries [n_q, d_k]" in out and "查询" not in out
+
+
+def test_attnlab_lang_sets_the_default_language(capsys, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_LANG", "zh")
+    code, out, _ = run(capsys, "2x2", "--format", "text")
+    assert code == 0 and "权重（softmax）" in out
+    code, out, _ = run(capsys, "2x2", "--format", "text", "--lang", "en")
+    assert code == 0 and "Weights (softmax)" in out
+
+
+def test_one_catalogue_without_repeated_strings():
+    import attnlab.i18n as I
+
+    assert tr("label.weights", "zh") == I.tr("label.weights", "zh")
+    from attnlab.lab import i18n as lab_i18n  # noqa: F401  (registers the lab's table)
+
+    pairs = [(e["en"], e["zh"]) for e in I.MESSAGES.values()]
+    repeated = {p for p in pairs if pairs.count(p) > 1}
+    assert repeated <= {("000, self-test", "000，自测")}, repeated  # two items of the same article passage
+    with pytest.raises(KeyError):
+        I.register("test", {"label.weights": ("weights", "重量")})

@@ -92,8 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_args(args)
         return mod.run(args)
     except AttnlabError as err:
+        from .i18n import error_message, tr
+
         sys.stdout.flush()
-        sys.stderr.write(f"attnlab {mod.NAME}: error: {one_line(err)}\n")
+        lang = getattr(args, "lang", "en")  # a command with --lang: its errors in that language
+        msg = one_line(error_message(err, lang)) if lang != "en" else one_line(err)
+        sys.stderr.write(tr("cli.error", lang, prog=f"attnlab {mod.NAME}", msg=msg) + "\n")
         return 2
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "cli_lang",
     "error_message",
     "localize_parser",
+    "localize_type",
     "localized",
     "register",
     "text",
@@ -191,6 +192,51 @@ def cli_lang(argv: Sequence[str] | None = None) -> str:
     return lang if lang in LANGS else "en"
 
 
+def localize_type(fn: Any, lang: str, key: str, /, **fields: Any) -> Any:
+    """An argparse ``type=`` that says why ``fn`` refused a value with the catalogue's ``key`` in ``lang`` (``{got}``
+    is the value typed); English keeps ``fn``'s own message. ``fn=None`` with ``choices=``: a check of the choice."""
+    import argparse
+
+    choices = fields.get("choices")
+    if lang == "en":
+        return fn
+    if fn is None:
+
+        def fn(text: str) -> str:
+            if text not in choices:
+                raise argparse.ArgumentTypeError(text)
+            return text
+
+        fields = {**fields, "choices": ", ".join(choices)}
+
+    def parse(text: str) -> Any:
+        try:
+            return fn(text)
+        except (argparse.ArgumentTypeError, ValueError):
+            raise argparse.ArgumentTypeError(tr(key, lang, got=text, **fields)) from None
+
+    parse.__name__ = getattr(fn, "__name__", "value")
+    return parse
+
+
+#: argparse's own messages (its fixed English templates; attnlab's messages come from the catalogue) -> key.
+_ARGPARSE = (
+    ("unrecognized arguments: ", "argparse.unrecognized"),
+    ("expected one argument", "argparse.expected_one"),
+    ("ignored explicit argument ", "argparse.ignored"),
+    ("the following arguments are required: ", "argparse.required"),
+    ("not allowed with argument ", "argparse.not_allowed"),
+    ("expected a value, got ", "argparse.expected_value"),
+)
+
+
+def _argparse_message(message: str, lang: str) -> str:
+    for prefix, key in _ARGPARSE:
+        if message.startswith(prefix):
+            return tr(key, lang, rest=message[len(prefix) :])
+    return tr("argparse.other", lang)
+
+
 def localize_parser(parser: Any, lang: str, *, command: str) -> None:
     """``parser``'s own words (usage, section titles, ``-h``) and ``command``'s description in ``lang``; English
     leaves argparse as it is."""
@@ -213,9 +259,25 @@ def localize_parser(parser: Any, lang: str, *, command: str) -> None:
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
             action.help = tr("argparse.help", lang)
+
+    def error(message: str) -> None:  # argparse's one-line error (cli._Parser's form), in ``lang``
+        flag = ""
+        if message.startswith("argument ") and ": " in message:
+            names, message = message[len("argument ") :].split(": ", 1)
+            parts = names.split("/")
+            flag = next((p for p in parts if p.startswith("--")), parts[0]) + "："
+        text = message if _is_ours(message, lang) else _argparse_message(message, lang)
+        parser.exit(2, tr("cli.error", lang, prog=parser.prog, msg=flag + text) + "\n")
+
+    parser.error = error
     key = f"help.{command}.description"
     if key in MESSAGES or (_load_areas() is None and key in MESSAGES):
         parser.description = tr(key, lang)
+
+
+def _is_ours(message: str, lang: str) -> bool:
+    """A message a :func:`localize_type` wrote (already in ``lang``): it has a CJK character."""
+    return lang != "en" and any("\u4e00" <= c <= "\u9fff" for c in message)
 
 
 register(
@@ -239,8 +301,8 @@ register(
             "{name}：各行长度不一：第 {row} 行有 {n} 个数字，第 0 行有 {n0} 个；每行需要同样的长度",
         ),
         "input.not_json": (
-            "{name}: {text!r} looks like JSON but is not valid JSON ({why})",
-            "{name}：{text!r} 看起来像 JSON，但不是合法的 JSON（{why}）",
+            "{name}: {text!r} looks like JSON but is not valid JSON (at character {pos})",
+            "{name}：{text!r} 看起来像 JSON，但不是合法的 JSON（第 {pos} 个字符处）",
         ),
         "input.mixed_rows": (
             "{name}: row {i} is {row!r}, not a list of numbers; mix of rows and numbers",
@@ -264,7 +326,7 @@ register(
         ),
         "input.no_example": (
             "EXAMPLE: no worked example {name!r}; choose one of {names}",
-            "EXAMPLE：没有名为 {name!r} 的示例；可选：{names}",
+            "示例：没有名为 {name!r} 的示例；可选：{names}",
         ),
         "input.missing": (
             "missing {flags}: give a named example (see --list) or all of --q, --k, --v",
@@ -350,7 +412,55 @@ register(
         "plot.growth.y": ("elements of the T×T score matrix", "T×T 分数矩阵的元素数"),
         "plot.growth.mem": ("MiB ({heads} head(s), {b} B each)", "MiB（{heads} 个头，每个元素 {b} 字节）"),
         "plot.growth.title": ("dense attention stores T² scores per head", "稠密 Attention 每个头存储 T² 个分数"),
+        "heatmap.growth_input": (
+            "--kind growth draws the T² plot from no input; drop {flag}",
+            "--kind growth 不需要输入就能画 T² 图；请去掉 {flag}",
+        ),
+        "heatmap.one_source": ("{a}: one source at a time; {b} is given too", "{a}：一次只能用一个来源；{b} 也给出了"),
+        "heatmap.no_source": (
+            "give a named example (see --list), --q/--k/--v, --weights or --model",
+            "请给出一个命名示例（见 --list）、--q/--k/--v、--weights 或 --model",
+        ),
+        "heatmap.model_only": ("{flag}: applies to --model only", "{flag}：只用于 --model"),
+        "heatmap.need_text": (
+            "--text: give the prompt/sentence whose attention --model should draw",
+            "--text：请给出 --model 要画注意力的提示或句子",
+        ),
+        "heatmap.masked_row": ("{msg}{hint}", "{msg}{hint}"),
+        "heatmap.wrote": ("wrote {path}", "已写入 {path}"),
         "plot.from_file": ("weights from {path}", "来自 {path} 的权重"),
+        # ---- the command line's values (localize_type) and argparse's own messages, in Chinese
+        "argtype.int": ("expected an int >= {lo}, got {got!r}", "需要一个 >= {lo} 的整数，实际是 {got!r}"),
+        "argtype.int_range": (
+            "expected an int in [{lo}, {hi}], got {got!r}",
+            "需要 [{lo}, {hi}] 中的整数，实际是 {got!r}",
+        ),
+        "argtype.float": ("expected a finite number, got {got!r}", "需要一个有限的数，实际是 {got!r}"),
+        "argtype.temperature": (
+            "expected a finite number >= 2.2250738585072014e-308 (so that 1/T is finite), got {got!r}",
+            "温度需要一个有限的数，且 >= 2.2250738585072014e-308（使 1/T 有限），实际是 {got!r}",
+        ),
+        "argtype.probability": (
+            "expected a probability 0 <= p < 1, got {got!r}",
+            "需要一个概率 0 <= p < 1，实际是 {got!r}",
+        ),
+        "argtype.file": ("no readable file {got!r}", "没有可读取的文件 {got!r}"),
+        "argtype.output": (
+            "cannot write {got!r}: expected {suffixes} in a folder that exists and is writable",
+            "无法写入 {got!r}：需要以 {suffixes} 结尾，且所在文件夹存在并可写",
+        ),
+        "argtype.text": ("expected some text, got {got!r}", "需要一些文本，实际是 {got!r}"),
+        "argtype.choice": ("expected one of {choices}, got {got!r}", "需要 {choices} 之一，实际是 {got!r}"),
+        "argparse.unrecognized": ("unrecognized arguments: {rest}", "无法识别的参数：{rest}"),
+        "argparse.expected_one": ("expected one argument", "需要一个值"),
+        "argparse.ignored": ("ignored explicit argument {rest}", "这个选项不接受值：{rest}"),
+        "argparse.required": ("the following arguments are required: {rest}", "缺少必需的参数：{rest}"),
+        "argparse.not_allowed": ("not allowed with argument {rest}", "不能与参数 {rest} 同时使用"),
+        "argparse.expected_value": ("expected a value, got {rest}", "需要一个值，实际是 {rest}"),
+        "argparse.other": (
+            "the command line is not valid (see --help)",
+            "命令行有误（见 --help；英文原文：改用 --lang en 查看）",
+        ),
         # ---- any other attnlab error, by its class (the English text is there with --lang en)
         "error.masked_row": (
             "query row(s) {rows} may attend to no key at all (every key is masked)",

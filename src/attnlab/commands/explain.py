@@ -31,6 +31,7 @@ _MISTAKES = ("softmax-then-mask", "no-scale", "sqrt-d-model", "query-axis", "inv
 def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
     """explain's options, with their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
     from ..explain.i18n import tr
+    from ..i18n import localize_type
 
     def h(key: str, **fields: object) -> str:
         return tr(f"help.{key}", lang, **fields)
@@ -40,22 +41,33 @@ def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
 
     add_input_arguments(parser, lang)
     o = parser.add_argument_group(h("group.output"))
+    names = (*_MISTAKES, "all")
     o.add_argument(
         "--mistake",
         action="append",
-        choices=(*_MISTAKES, "all"),
+        choices=names,
+        type=localize_type(None, lang, "argtype.choice", choices=names),
         metavar=h("metavar.name"),
         help=h("mistake", names=", ".join(_MISTAKES)),
     )
-    o.add_argument("--heads", type=int_type(minimum=1, maximum=2**20), default=8, metavar=mv("heads"), help=h("heads"))
-    o.add_argument("--format", choices=("auto", "rich", "text", "markdown", "json"), default="auto", help=h("format"))
-    o.add_argument("--width", type=int_type(minimum=20), default=100, metavar=mv("width"), help=h("width"))
-    o.add_argument("--tiled", type=int_type(minimum=1), metavar="B", help=h("tiled"))
+    heads = localize_type(int_type(minimum=1, maximum=2**20), lang, "argtype.int_range", lo=1, hi=2**20)
+    o.add_argument("--heads", type=heads, default=8, metavar=mv("heads"), help=h("heads"))
+    formats = ("auto", "rich", "text", "markdown", "json")
+    fmt = localize_type(None, lang, "argtype.choice", choices=formats)
+    o.add_argument("--format", choices=formats, type=fmt, default="auto", help=h("format"))
+    width = localize_type(int_type(minimum=20), lang, "argtype.int", lo=20)
+    o.add_argument("--width", type=width, default=100, metavar=mv("width"), help=h("width"))
+    o.add_argument(
+        "--tiled", type=localize_type(int_type(minimum=1), lang, "argtype.int", lo=1), metavar="B", help=h("tiled")
+    )
     add_lang_argument(o, lang)
     o.add_argument("--backward", action="store_true", help=h("backward"))
     o.add_argument("--grad-out", metavar="G", help=h("grad_out"))
-    o.add_argument("--dropout", type=probability, metavar="P", help=h("dropout"))
-    o.add_argument("--seed", type=int_type(minimum=0), default=0, metavar=mv("seed"), help=h("seed"))
+    o.add_argument(
+        "--dropout", type=localize_type(probability, lang, "argtype.probability"), metavar="P", help=h("dropout")
+    )
+    seed = localize_type(int_type(minimum=0), lang, "argtype.int", lo=0)
+    o.add_argument("--seed", type=seed, default=0, metavar=mv("seed"), help=h("seed"))
     o.add_argument("--positions", action="store_true", help=h("positions"))
 
 

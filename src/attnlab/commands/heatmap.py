@@ -141,7 +141,7 @@ def source_name(args: argparse.Namespace) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
     """heatmap's options, with their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
-    from ..i18n import tr
+    from ..i18n import localize_type, tr
 
     def h(key: str, **fields: Any) -> str:
         return tr(f"help.heatmap.{key}", lang, **fields)
@@ -151,19 +151,28 @@ def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
 
     add_input_arguments(parser, lang)
     s = parser.add_argument_group(h("group.sources"))
-    s.add_argument("--weights", type=input_file, metavar=tr("help.metavar.file", lang), help=h("weights"))
-    s.add_argument("--model", choices=("smollm2", "minilm"), help=h("model"))
-    s.add_argument("--text", type=text_type, metavar=mv("text"), help=h("text"))
-    s.add_argument("--layer", type=int_type(minimum=0), default=None, metavar=mv("n"), help=h("layer"))
-    s.add_argument("--head", type=int_type(minimum=0), default=None, metavar=mv("n"), help=h("head"))
+    file = localize_type(input_file, lang, "argtype.file")
+    s.add_argument("--weights", type=file, metavar=tr("help.metavar.file", lang), help=h("weights"))
+    models = ("smollm2", "minilm")
+    s.add_argument(
+        "--model", choices=models, type=localize_type(None, lang, "argtype.choice", choices=models), help=h("model")
+    )
+    s.add_argument("--text", type=localize_type(text_type, lang, "argtype.text"), metavar=mv("text"), help=h("text"))
+    index = localize_type(int_type(minimum=0), lang, "argtype.int", lo=0)
+    s.add_argument("--layer", type=index, default=None, metavar=mv("n"), help=h("layer"))
+    s.add_argument("--head", type=index, default=None, metavar=mv("n"), help=h("head"))
     o = parser.add_argument_group(h("group.picture"))
-    o.add_argument("-o", "--output", type=OUTPUT, default=None, metavar=mv("file"), help=h("output"))
-    o.add_argument("--kind", choices=KINDS, default="weights", help=h("kind"))
+    output = localize_type(OUTPUT, lang, "argtype.output", suffixes=".png, .svg, .pdf")
+    o.add_argument("-o", "--output", type=output, default=None, metavar=mv("file"), help=h("output"))
+    kind = localize_type(None, lang, "argtype.choice", choices=KINDS)
+    o.add_argument("--kind", choices=KINDS, type=kind, default="weights", help=h("kind"))
     o.add_argument("--title", metavar=mv("title"), help=h("title"))
     o.add_argument("--values", action=argparse.BooleanOptionalAction, default=None, help=h("values"))
     o.add_argument(
         "--dpi",
-        type=int_type(minimum=MIN_DPI, maximum=MAX_DPI),
+        type=localize_type(
+            int_type(minimum=MIN_DPI, maximum=MAX_DPI), lang, "argtype.int_range", lo=MIN_DPI, hi=MAX_DPI
+        ),
         default=150,
         metavar=mv("n"),
         help=h("dpi", lo=MIN_DPI, hi=MAX_DPI),
@@ -218,6 +227,7 @@ def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
 def check_args(args: argparse.Namespace) -> None:
     """One source, its options only with it, and a file to write, before anything is computed or drawn."""
     from ..errors import OptionError
+    from ..i18n import localized
 
     if args.list:
         return
@@ -231,17 +241,17 @@ def check_args(args: argparse.Namespace) -> None:
     given = [*inputs[:1], *(["--weights"] if args.weights else []), *(["--model"] if args.model else [])]
     if args.kind == "growth":
         if given:
-            raise OptionError(f"--kind growth draws the T² plot from no input; drop {given[0]}")
+            raise localized(OptionError, "heatmap.growth_input", flag=given[0])
         return
     if len(given) > 1:
-        raise OptionError(f"{given[1]}: one source at a time; {given[0]} is given too")
+        raise localized(OptionError, "heatmap.one_source", a=given[1], b=given[0])
     if not given:
-        raise OptionError("give a named example (see --list), --q/--k/--v, --weights or --model")
+        raise localized(OptionError, "heatmap.no_source")
     for flag, value in (("--text", args.text), ("--layer", args.layer), ("--head", args.head)):
         if value is not None and not args.model:
-            raise OptionError(f"{flag}: applies to --model only")
+            raise localized(OptionError, "heatmap.model_only", flag=flag)
     if args.model and not args.text:
-        raise OptionError("--text: give the prompt/sentence whose attention --model should draw")
+        raise localized(OptionError, "heatmap.need_text")
 
 
 def _check_size(fig: Any, dpi: int) -> None:
@@ -268,12 +278,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         data = None if args.kind == "growth" else SOURCES[source_name(args)](args)
     except MaskedRowError as err:
-        raise type(err)(f"{err} (on the command line: --masked-rows zero or --masked-rows nan)", err.rows) from None
+        from ..i18n import error_message, localized, tr
+
+        raise localized(
+            MaskedRowError,
+            "heatmap.masked_row",
+            msg=error_message(err, args.lang),
+            hint=tr("cli.masked_rows_hint", args.lang),
+        ) from None
     fig = _figure(args.kind, data, args)
     _check_size(fig, args.dpi)
     try:
         path = plot.save(fig, args.output, dpi=args.dpi)
     except OSError as err:  # the folder was checked when parsing; it can still refuse (full disk, read-only mount)
         raise OptionError(f"--output: cannot write {args.output!r}: {err.strerror or err}") from None
-    sys.stdout.write(f"wrote {path}\n")
+    from ..i18n import tr
+
+    sys.stdout.write(tr("heatmap.wrote", args.lang, path=path) + "\n")
     return 0

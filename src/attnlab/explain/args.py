@@ -15,7 +15,7 @@ import numpy as np
 from ..argtypes import float_type, input_file, int_type
 from ..articles import EXAMPLES, EXTRA_EXAMPLES, LESSONS
 from ..errors import AttnlabError, OptionError, ShapeError
-from ..i18n import localized
+from ..i18n import localize_type, localized
 
 __all__ = [
     "EXAMPLE_NAMES",
@@ -50,7 +50,8 @@ TEMPERATURE = float_type(minimum=sys.float_info.min)
 
 
 def add_input_arguments(p: argparse.ArgumentParser, lang: str = "en") -> None:
-    """The options that say what to compute (shared by ``explain`` and ``heatmap``); help in ``lang``."""
+    """The options that say what to compute (shared by ``explain`` and ``heatmap``); help and the messages about a
+    bad value in ``lang``."""
     from .i18n import tr
 
     def h(key: str, **fields: Any) -> str:
@@ -58,6 +59,9 @@ def add_input_arguments(p: argparse.ArgumentParser, lang: str = "en") -> None:
 
     def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
         return None if lang == "en" else h(f"metavar.{key}")
+
+    def pick(*choices: str) -> Any:  # the choice checked with a message in ``lang`` (argparse's own in English)
+        return localize_type(None, lang, "argtype.choice", choices=choices)
 
     p.add_argument(
         "example", nargs="?", metavar=h("metavar.example"), help=h("example", names=", ".join(EXAMPLE_NAMES))
@@ -67,30 +71,54 @@ def add_input_arguments(p: argparse.ArgumentParser, lang: str = "en") -> None:
     g.add_argument("-q", "--q", metavar="Q", help=h("q"))
     g.add_argument("-k", "--k", metavar="K", help=h("k"))
     g.add_argument("-v", "--v", metavar="V", help=h("v"))
-    g.add_argument("--inputs", type=input_file, metavar=h("metavar.file"), help=h("inputs"))
+    g.add_argument(
+        "--inputs", type=localize_type(input_file, lang, "argtype.file"), metavar=h("metavar.file"), help=h("inputs")
+    )
     g.add_argument("--tokens", metavar=mv("labels"), help=h("tokens"))
     g.add_argument("--query-tokens", metavar=mv("labels"), help=h("query_tokens"))
     g.add_argument("--key-tokens", metavar=mv("labels"), help=h("key_tokens"))
     m = p.add_argument_group(h("group.masks"))
     m.add_argument("--mask", metavar=mv("mask"), help=h("mask"))
-    m.add_argument("--mask-convention", choices=("allow", "block"), default="allow", help=h("mask_convention"))
+    conventions = ("allow", "block")
+    m.add_argument(
+        "--mask-convention", choices=conventions, type=pick(*conventions), default="allow", help=h("mask_convention")
+    )
     m.add_argument("--causal", action="store_true", help=h("causal"))
-    m.add_argument("--causal-align", choices=("top_left", "bottom_right"), help=h("causal_align"))
+    aligns = ("top_left", "bottom_right")
+    m.add_argument("--causal-align", choices=aligns, type=pick(*aligns), help=h("causal_align"))
     m.add_argument("--no-causal", action="store_true", help=h("no_causal"))
     m.add_argument("--bias", metavar="B", help=h("bias"))
-    m.add_argument("--padding", type=int_type(minimum=0), metavar="N", help=h("padding"))
-    m.add_argument("--padding-side", choices=("right", "left"), default="right", help=h("padding_side"))
-    m.add_argument("--temperature", type=TEMPERATURE, default=1.0, metavar="T", help=h("temperature"))
-    m.add_argument("--shift", type=float_type(), default=0.0, metavar="C", help=h("shift"))
-    m.add_argument("--scale", type=float_type(), metavar="S", help=h("scale"))
-    m.add_argument("--masked-rows", choices=("raise", "zero", "nan"), default="raise", help=h("masked_rows"))
+    m.add_argument(
+        "--padding", type=localize_type(int_type(minimum=0), lang, "argtype.int", lo=0), metavar="N", help=h("padding")
+    )
+    sides = ("right", "left")
+    m.add_argument("--padding-side", choices=sides, type=pick(*sides), default="right", help=h("padding_side"))
+    m.add_argument(
+        "--temperature",
+        type=localize_type(TEMPERATURE, lang, "argtype.temperature"),
+        default=1.0,
+        metavar="T",
+        help=h("temperature"),
+    )
+    number = localize_type(float_type(), lang, "argtype.float")
+    m.add_argument("--shift", type=number, default=0.0, metavar="C", help=h("shift"))
+    m.add_argument("--scale", type=number, metavar="S", help=h("scale"))
+    policies = ("raise", "zero", "nan")
+    m.add_argument("--masked-rows", choices=policies, type=pick(*policies), default="raise", help=h("masked_rows"))
 
 
 def add_lang_argument(p: Any, lang: str = "en") -> None:
     """``--lang en|zh`` (default: the command line's language, ``$ATTNLAB_LANG``; see :func:`attnlab.i18n.cli_lang`)."""
     from .i18n import tr
 
-    p.add_argument("--lang", choices=("en", "zh"), default=lang, help=tr("help.lang", lang, env="ATTNLAB_LANG"))
+    langs = ("en", "zh")
+    p.add_argument(
+        "--lang",
+        choices=langs,
+        type=localize_type(None, lang, "argtype.choice", choices=langs),
+        default=lang,
+        help=tr("help.lang", lang, env="ATTNLAB_LANG"),
+    )
 
 
 def labels_from_args(

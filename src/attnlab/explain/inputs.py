@@ -102,7 +102,7 @@ def parse_matrix(text: str, name: str) -> np.ndarray:
         try:
             value = json.loads(s)
         except json.JSONDecodeError as err:
-            raise localized(ShapeError, "input.not_json", name=name, text=s[:40], why=err.msg) from None
+            raise localized(ShapeError, "input.not_json", name=name, text=s[:40], pos=err.pos) from None
         return matrix_from_value(value, name)
     lines = [ln for ln in re.split(r"[;\n]", s) if ln.strip()]
     rows = [[t for t in re.split(r"[,\s\t]+", ln.strip()) if t] for ln in lines]
@@ -157,7 +157,7 @@ def parse_mask(text: str, name: str = "mask", *, convention: str = "allow") -> n
         try:
             value = json.loads(s)
         except json.JSONDecodeError as err:
-            raise localized(MaskError, "input.not_json", name=name, text=s[:40], why=err.msg) from None
+            raise localized(MaskError, "input.not_json", name=name, text=s[:40], pos=err.pos) from None
         if value and not isinstance(value[0], list):
             value = [value]
         rows = [[str(x).lower() for x in r] if isinstance(r, list) else [str(r)] for r in value]

@@ -274,7 +274,7 @@ def _cell(x: float, allowed: bool = True, shade_weights: bool = False, lang: str
     if not allowed:
         return (
             f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#444;{_PAD}">'
-            f"{html.escape(t(lang, 'masked'))}</td>"
+            f"{html.escape(t(lang, 'plot.masked'))}</td>"
         )
     shade = ""
     if shade_weights and math.isfinite(x) and 0 <= x <= 1:
@@ -426,7 +426,7 @@ def pictures_html(result: LabResult, lang: str = "en") -> str:
             st.klabels,
             title=t(lang, "weights A: rows = queries, columns = keys"),
             legend=(
-                t(lang, "key (column): read from"),
+                t(lang, "plot.key_axis"),
                 t(lang, "masked (never attended), unlike a small weight"),
                 t(lang, "NaN: no legal key, policy 'nan'"),
             ),
@@ -437,7 +437,7 @@ def pictures_html(result: LabResult, lang: str = "en") -> str:
             st.klabels,
             st.qlabels[-1],
             title=t(lang, "last query {q}: its real weights", q=st.qlabels[-1]),
-            masked_word=t(lang, "masked"),
+            masked_word=t(lang, "plot.masked"),
         )
         + "</div>"
     )

@@ -448,7 +448,7 @@ def _(LV, T, lang, live_model, mo):
     live_layer = mo.ui.slider(
         0, _info.layers - 1, value=min(3, _info.layers - 1), show_value=True, label=T(lang, "layer")
     )
-    live_head = mo.ui.slider(0, _info.heads - 1, value=0, show_value=True, label=T(lang, "head"))
+    live_head = mo.ui.slider(0, _info.heads - 1, value=0, show_value=True, label=T(lang, "plot.head"))
     mo.hstack([live_layer, live_head], justify="start", gap=2)
     return live_head, live_layer
 

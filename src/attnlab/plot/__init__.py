@@ -304,7 +304,9 @@ def _draw(
         aspect="auto",
         interpolation="nearest",
     )
-    _cell_patches(ax, cells.masked, MASKED_STYLE, _w("masked"))
+    _cell_patches(
+        ax, cells.masked, MASKED_STYLE, "masked"
+    )  # the collection's label (tests find cells by it), not shown
     _cell_patches(ax, cells.policy_nan, POLICY_NAN_STYLE, "policy-nan")
     _cell_patches(ax, cells.nan, NAN_STYLE, "nan")
     for i, j in zip(*np.nonzero(cells.leak), strict=True):
@@ -321,7 +323,7 @@ def _draw(
                         ax.text(
                             j,
                             i,
-                            "masked",
+                            _w("masked"),
                             ha="center",
                             va="center",
                             fontsize=fs,
