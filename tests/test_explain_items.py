@@ -428,6 +428,6 @@ def test_one_catalogue_without_repeated_strings():
 def test_learn_md_quotes_the_chinese_error_it_shows(capsys):
     doc = DOC.read_text(encoding="utf-8")
     quoted = "--mask：第 0 行第 1 列的 '2' 不是遮罩项"
-    assert f'`attnlab explain 2x2 --mask "1 2; 1 1" --lang zh`' in doc and quoted in doc
+    assert '`attnlab explain 2x2 --mask "1 2; 1 1" --lang zh`' in doc and quoted in doc
     code, _, err = run(capsys, "2x2", "--mask", "1 2; 1 1", "--lang", "zh")
     assert code == 2 and quoted in err
