@@ -247,7 +247,7 @@ ALLOWED = set(
     o_i s_ij q_i k_j v_j Q_r K_r V_r H_r r d Concat Bernoulli Mask Padding Token token batch Batch Kernel
     Jacobian Kronecker E f cols R scale Kᵀ Aᵀ dSᵀ dV dA dS dQ dK NaN I N P n² d² d_model² keep_ij max_d H_ h-1
     rowmax dim log-sum-exp Notebook x2 x2-causal query-axis no-scale sqrt-d-model softmax-then-mask inverted-mask
-    d_k=2 all Vᵀ Sᵀ K_0ᵀ K_1ᵀ tiled shape check loss""".split()
+    d_k=2 all Vᵀ Sᵀ K_0ᵀ K_1ᵀ tiled shape check loss attn""".split()
 )
 ALLOWED |= set(EXAMPLE_NAMES) | {n[1:] for n in EXAMPLE_NAMES if n[0].isdigit()}
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_²ᵀ'-]*")
@@ -275,6 +275,7 @@ ZH_RUNS = [(name,) for name in EXAMPLE_NAMES] + [
     ("padding", "--padding-side", "left", "--causal", "--masked-rows", "zero"),
     ("one-query", "--causal"),
     ("--list",),
+    ("--positions",),
 ]
 
 

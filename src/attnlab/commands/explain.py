@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.positions:
         from ..explain.permutation import permutation_demo
 
-        sys.stdout.write(permutation_demo().text() + "\n")
+        sys.stdout.write(permutation_demo().text(lang) + "\n")
         return 0
     if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
         return _error(tr("cli.need_input", lang), lang)

@@ -912,6 +912,22 @@ _M.update(
             "resolution of PNGs ({lo} to {hi}; default 150)",
             "PNG 的分辨率（{lo} 到 {hi}；默认 150）",
         ),
+        "perm.tokens": (
+            "Tokens x [{n}, {d}] are permuted by {perm} (self-attention, no mask, float64).",
+            "token x [{n}, {d}] 按 {perm} 重新排列（Self-Attention，无遮罩，float64）。",
+        ),
+        "perm.without": (
+            "Without positions: max |attn(P x) - P attn(x)| = {x}  -> the outputs only move with their tokens: "
+            "attention alone cannot see word order (article 001, §16).",
+            "没有位置信息：max |attn(P x) - P attn(x)| = {x}  -> 输出只是跟着各自的 token 移动：单靠 Attention 看不到"
+            "词序（文章 001 §16）。",
+        ),
+        "perm.with": (
+            "With RoPE:         max |attn(P x) - P attn(x)| = {x}  -> rotating q and k by their positions makes each "
+            "score depend on the distance i - j, so the order now matters.",
+            "加上 RoPE：        max |attn(P x) - P attn(x)| = {x}  -> 按位置旋转 q 和 k，使每个分数取决于距离 i - j，"
+            "于是顺序变得重要。",
+        ),
         "argparse.usage": ("usage: ", "用法："),
         "argparse.positionals": ("positional arguments", "位置参数"),
         "argparse.options": ("options", "选项"),
