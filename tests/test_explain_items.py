@@ -398,6 +398,15 @@ def test_help_in_chinese_leaves_no_english(capsys, monkeypatch, command, how):
     assert not help_english_left(out), sorted(help_english_left(out))
 
 
+def test_lab_help_in_chinese(capsys, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_LANG", "zh")
+    assert main(["lab", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("用法：attnlab lab") and "在默认浏览器中打开网址" in out
+    left = help_english_left(out) - {"lab", "marimo", "notebook", "attnlab_lab", "py"}  # the command, the file
+    assert not left, sorted(left)
+
+
 def test_help_stays_english_by_default(capsys, monkeypatch):
     monkeypatch.delenv("ATTNLAB_LANG", raising=False)
     assert main(["explain", "--help"]) == 0

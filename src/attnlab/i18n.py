@@ -429,6 +429,24 @@ register(
         "heatmap.masked_row": ("{msg}{hint}", "{msg}{hint}"),
         "heatmap.wrote": ("wrote {path}", "已写入 {path}"),
         "plot.from_file": ("weights from {path}", "来自 {path} 的权重"),
+        # ---- attnlab lab --help
+        "help.lab.description": (
+            "attnlab lab: open the interactive attention lab (a marimo notebook) on 127.0.0.1, offline.",
+            "attnlab lab：在 127.0.0.1 上离线打开交互式注意力实验室（一个 marimo notebook）。",
+        ),
+        "help.lab.port": (
+            "port on 127.0.0.1, 1-65535 (default 0: a free one)",
+            "127.0.0.1 上的端口，1-65535（默认 0：任选一个空闲端口）",
+        ),
+        "help.lab.open": ("open the URL in the default browser", "在默认浏览器中打开网址"),
+        "help.lab.edit": (
+            "copy the notebook to ./attnlab_lab.py and open marimo's editor (teachers); the URL carries a token",
+            "把 notebook 复制到 ./attnlab_lab.py 并打开 marimo 的编辑器（供教师使用）；网址带有访问令牌",
+        ),
+        "help.lab.timeout": (
+            "seconds to wait for the server to start (60)",
+            "等待服务器启动的秒数（60）",
+        ),
         # ---- the command line's values (localize_type) and argparse's own messages, in Chinese
         "argtype.int": ("expected an int >= {lo}, got {got!r}", "需要一个 >= {lo} 的整数，实际是 {got!r}"),
         "argtype.int_range": (
