@@ -277,6 +277,8 @@ ZH_RUNS = [(name,) for name in EXAMPLE_NAMES] + [
     ("--list",),
     ("--positions",),
 ]
+ZH_RUNS += [tuple(it.argv) for it in ITEMS if tuple(it.argv) not in ZH_RUNS]  # every item of both articles too
+ZH_RUNS = list(dict.fromkeys(ZH_RUNS))
 
 
 @pytest.mark.parametrize("argv", ZH_RUNS, ids=[" ".join(a) for a in ZH_RUNS])

@@ -270,8 +270,9 @@ def localize_parser(parser: Any, lang: str, *, command: str) -> None:
         parser.exit(2, tr("cli.error", lang, prog=parser.prog, msg=flag + text) + "\n")
 
     parser.error = error
+    _load_areas()
     key = f"help.{command}.description"
-    if key in MESSAGES or (_load_areas() is None and key in MESSAGES):
+    if key in MESSAGES:
         parser.description = tr(key, lang)
 
 
