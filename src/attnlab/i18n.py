@@ -478,7 +478,7 @@ register(
         "argparse.expected_value": ("expected a value, got {rest}", "需要一个值，实际是 {rest}"),
         "argparse.other": (
             "the command line is not valid (see --help)",
-            "命令行有误（见 --help；英文原文：改用 --lang en 查看）",
+            "命令行有误（见 --help；切换到英文（--lang en 或页面的语言开关）可看到 attnlab 的原始信息）",
         ),
         # ---- any other attnlab error, by its class (the English text is there with --lang en)
         "error.masked_row": (
@@ -487,15 +487,15 @@ register(
         ),
         "error.class.AttnlabError": (
             "attnlab refused the input",
-            "attnlab 拒绝了这个输入（英文原文：改用 --lang en 查看）",
+            "attnlab 拒绝了这个输入（切换到英文（--lang en 或页面的语言开关）可看到 attnlab 的原始信息）",
         ),
         "error.class.ShapeError": (
             "a shape does not fit",
-            "形状不匹配：请核对 Q、K、V、遮罩和偏置的行数与列数（英文原文：改用 --lang en 查看）",
+            "形状不匹配：请核对 Q、K、V、遮罩和偏置的行数与列数（切换到英文（--lang en 或页面的语言开关）可看到 attnlab 的原始信息）",
         ),
         "error.class.MaskError": (
             "the mask does not fit",
-            "遮罩不符合要求（英文原文：改用 --lang en 查看）",
+            "遮罩不符合要求（切换到英文（--lang en 或页面的语言开关）可看到 attnlab 的原始信息）",
         ),
         "error.class.NonFiniteError": (
             "an input is NaN or infinite",
@@ -511,7 +511,7 @@ register(
         ),
         "error.class.OptionError": (
             "an option's value is not allowed",
-            "某个选项的值不被允许（英文原文：改用 --lang en 查看）",
+            "某个选项的值不被允许（切换到英文（--lang en 或页面的语言开关）可看到 attnlab 的原始信息）",
         ),
         "error.class.MemoryLimitError": (
             "the input would need too much memory",
