@@ -15,6 +15,7 @@ reading the English text. Any other attnlab error is described by its class (and
 
 >>> tr("label.weights", "zh")
 '权重'
+>>> from attnlab.errors import ShapeError
 >>> err = localized(ShapeError, "input.ragged", name="K", row=1, n=1, n0=2)
 >>> str(err)
 'K: ragged matrix: row 1 has 1 number(s) but row 0 has 2; every row needs the same length'
