@@ -358,10 +358,6 @@ register(
             "mask: shape {shape} does not fit the scores [n_q, n_k] = {scores}",
             "遮罩：形状 {shape} 与分数矩阵 [n_q, n_k] = {scores} 不符",
         ),
-        "input.causal_queries": (
-            "causal: {n_q} queries but only {n_k} keys; a causal query must be one of the key positions (fewer queries than keys is decoding: --causal-align bottom_right)",
-            "因果遮罩：{n_q} 个查询但只有 {n_k} 个键；因果查询必须是键的位置之一（查询比键少是解码：--causal-align bottom_right）",
-        ),
         "input.causal_align": (
             "causal: n_q={n_q} != n_k={n_k}, so the causal diagonal must be placed explicitly.\n"
             "  'top_left' (PyTorch is_causal, JAX): query i sees keys j <= i, e.g. n_q={a}, n_k={b}:{top}\n"

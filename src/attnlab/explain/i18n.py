@@ -37,7 +37,6 @@ _M: dict[str, tuple[str, str]] = {
         "{flag} 需要 Q 和 K；示例 {name!r} 不从它们出发",
     ),
     "cli.one_of": ("{a} and {b}: give one of them", "{a} 与 {b}：只能给其中一个"),
-    "cli.core_message": ("{msg}", "（attnlab 的原始信息）{msg}"),
     "render.options": ("Options: {opts}", "选项：{opts}"),
     "render.note": ("Note: {text}", "注：{text}"),
     "render.source": ("Source: {source}", "出处：{source}"),
