@@ -183,6 +183,53 @@ def test_lessons_refuse_modes_that_need_q_and_k(capsys):
     assert code == 2 and "--tiled and --backward: give one of them" in err
 
 
+def test_mask_is_not_access_control_against_a_two_layer_reference(capsys):
+    # 001 §17.5: b may not see the secret; its output still moves after two layers, by A[b,a]·A[a,secret]·99
+    x = np.array([[1.0, 0], [0, 1], [1, 1]])
+    allowed = masks.causal(3).copy()
+    allowed[2, 0] = False
+    s = x @ x.T / np.sqrt(2)
+    a = np.where(allowed, np.exp(s - s.max(-1, keepdims=True)), 0.0)
+    a /= a.sum(-1, keepdims=True)  # independent float64 softmax
+    v, v2 = x.copy(), x.copy()
+    v2[0] = [100, 0]
+    assert a[2, 0] == 0 and np.abs(a @ v2 - a @ v)[2].max() == 0
+    moved = np.abs(a @ (a @ v2) - a @ (a @ v))[2].max()
+    assert moved == pytest.approx(a[2, 1] * a[1, 0] * 99, rel=1e-12) and round(moved, 4) == 10.7967
+    code, out, _ = run(capsys, "mask-not-access", "--format", "json")
+    assert code == 0 and "10.7967" in out and "b's weight on the secret: 0" in out
+
+
+def test_long_context_counts_match_the_mask_and_the_cost_formulas(capsys):
+    # 001 §19: the window's pairs counted on the mask itself; the KV cache from the formula B·L·layers·h_kv·d·2·bytes
+    pairs = [int(masks.window(n, left=1023).sum()) for n in (4096, 8192)]
+    assert pairs == [3670528, 7864832] and round(pairs[1] / pairs[0], 4) == 2.1427
+    mib = [n * 32 * h * 128 * 2 * 2 / 2**20 for n in (4096,) for h in (32, 8, 1)]
+    assert mib == [2048, 512, 64]
+    code, out, _ = run(capsys, "long-context", "--format", "text")
+    assert code == 0
+    assert "4,096 -> 8,192: 4x the score elements, 2.1427x with a window of 1,024 keys, 2x the KV cache" in out
+
+
+def test_invariants_lesson_reports_each_invariant(capsys):
+    code, out, _ = run(capsys, "invariants", "--format", "text")
+    assert code == 0
+    for line in (
+        "shape(Q Kᵀ) = [n_q, n_k] = [2, 3]",
+        "masked A_ij = 0: max |A_ij| over masked (i, j) = 0",
+        "valid rows sum to 1: 1, 1",
+        "O = A V: holds",
+        "d_k(Q) = d_k(K): 2 = 2",
+        "n_k(K) = n_k(V): 3 = 3",
+        "attnlab.invariants.check: 0 violations",
+    ):
+        assert line in out
+    e = explain_lesson("invariants")
+    q, k, v = np.eye(2), np.array([[1.0, 0], [0, 1], [1, 1]]), np.array([[10.0, 0], [0, 10], [5, 5]])
+    ref = attention_trace(q, k, v, np.array([[True, True, False], [True, True, True]]))
+    np.testing.assert_allclose(e.weights, ref.weights, rtol=0, atol=1e-15)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 中文
 
@@ -200,7 +247,7 @@ ALLOWED = set(
     o_i s_ij q_i k_j v_j Q_r K_r V_r H_r r d Concat Bernoulli Mask Padding Token token batch Batch Kernel
     Jacobian Kronecker E f cols R scale Kᵀ Aᵀ dSᵀ dV dA dS dQ dK NaN I N P n² d² d_model² keep_ij max_d H_ h-1
     rowmax dim log-sum-exp Notebook x2 x2-causal query-axis no-scale sqrt-d-model softmax-then-mask inverted-mask
-    d_k=2 all Vᵀ Sᵀ K_0ᵀ K_1ᵀ""".split()
+    d_k=2 all Vᵀ Sᵀ K_0ᵀ K_1ᵀ tiled shape check loss attn""".split()
 )
 ALLOWED |= set(EXAMPLE_NAMES) | {n[1:] for n in EXAMPLE_NAMES if n[0].isdigit()}
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z0-9_²ᵀ'-]*")
@@ -228,7 +275,10 @@ ZH_RUNS = [(name,) for name in EXAMPLE_NAMES] + [
     ("padding", "--padding-side", "left", "--causal", "--masked-rows", "zero"),
     ("one-query", "--causal"),
     ("--list",),
+    ("--positions",),
 ]
+ZH_RUNS += [tuple(it.argv) for it in ITEMS if tuple(it.argv) not in ZH_RUNS]  # every item of both articles too
+ZH_RUNS = list(dict.fromkeys(ZH_RUNS))
 
 
 @pytest.mark.parametrize("argv", ZH_RUNS, ids=[" ".join(a) for a in ZH_RUNS])
@@ -258,3 +308,138 @@ def test_catalogue_is_complete_and_uses_the_articles_terms():
     for term in ("查询", "键", "值", "因果遮罩", "温度", "缩放", "行和", "权重"):
         assert term in zh and term in TERMS.values()
     assert explain_example("2x2", lang="zh").step("weights").title == "权重（softmax）"
+
+
+#: Bad input a learner types, each answered in Chinese: the catalogue's messages (explain's input checks, the
+#: command line's values, argparse's own) and the core's errors by class (a fully masked row by its rows).
+ZH_ERRORS = [
+    ("--q", "1,x", "--k", "1,0", "--v", "1"),
+    ("--q", "1,0;1", "--k", "1,0", "--v", "1"),
+    ("--q", "1,0", "--k", "1,0,0", "--v", "1"),
+    ("--q", "1,0", "--k", "1,0", "--v", "1;2"),
+    ("--q", "1,0", "--k", "1,0"),
+    ("--q", "[1, 2", "--k", "1", "--v", "1"),
+    ("--q", "1,inf", "--k", "1,0", "--v", "1"),
+    ("nope",),
+    ("2x2", "--q", "1"),
+    ("2x2", "--tokens", "a b c"),
+    ("--q", "missing.npy", "--k", "1", "--v", "1"),
+    ("2x2", "--padding", "0"),
+    ("2x2", "--padding", "5"),
+    ("2x2", "--mask", "1 2; 1 1"),
+    ("2x2", "--mask", "1 0 1"),
+    ("2x2", "--mask", "0 0; 1 1"),
+    ("cross", "--causal"),
+    ("2x2", "--temperature", "x"),
+    ("2x2", "--temperature", "0"),
+    ("2x2", "--shift", "nan"),
+    ("2x2", "--format", "xml"),
+    ("2x2", "--mistake", "nope"),
+    ("2x2", "--dropout", "2"),
+    ("2x2", "--tiled", "0"),
+    ("2x2", "--width"),
+    ("2x2", "--bogus"),
+    ("2x2", "--backward", "--grad-out", "1,0"),
+    ("2x2", "--backward", "--tiled", "1"),
+    ("variance", "--backward"),
+    ("2x2", "--scale", "1e308", "--shift", "1e308"),
+    (),
+]
+
+
+def zh_error_left(text: str) -> set[str]:
+    """English left in a Chinese message, after the option names, quoted values and file names the user typed."""
+    text = re.sub(r"--[\w-]+|'[^']*'|\S+\.npy", " ", text)
+    return english_left(text) - HELP_ALLOWED
+
+
+@pytest.mark.parametrize("argv", ZH_ERRORS, ids=[" ".join(a) or "(nothing)" for a in ZH_ERRORS])
+def test_lang_zh_errors_leave_no_english(capsys, argv):
+    code, out, err = run(capsys, *argv, "--lang", "zh")
+    assert code == 2 and out == ""
+    assert err.startswith("attnlab explain：错误：") and err.count("\n") == 1, err
+    assert re.search(r"[\u4e00-\u9fff]{2}", err.split("：错误：", 1)[1]), err
+    assert not zh_error_left(err), f"English left in {err!r}: {sorted(zh_error_left(err))}"
+
+
+def test_errors_keep_their_english_by_default(capsys):
+    # the same mechanism in English: the catalogue's English text, as before (robust and CLI tests pin more)
+    code, _, err = run(capsys, "2x2", "--mask", "1 2; 1 1")
+    assert code == 2 and "--mask: '2' at row 0, column 1 is not a mask entry; use 1/0, true/false or ■/⬚" in err
+    code, _, err = run(capsys, "2x2", "--format", "xml")
+    assert code == 2 and "invalid choice: 'xml'" in err
+
+
+HELP_ALLOWED = {"attnlab", "explain", "heatmap", "usage", "SmolLM2", "MiniLM", "smollm2", "minilm", "weights",
+                "last-row", "mask", "growth", "rich", "text", "markdown", "json", "auto", "allow", "block", "right",
+                "left", "en", "zh", "is_causal", "ATTNLAB_LANG", "softmax-then-mask", "no-scale", "sqrt-d-model",
+                "query-axis", "inverted-mask", "Attention", "SDPA", "attention_backward", "true", "false", "JAX",
+                "B", "C", "G", "N", "P", "S", "T", "dL", "dO", "PNG", "SVG", "PDF", "JSON"}  # fmt: skip
+#: (typed values, choices, metavars, library and format names)
+
+
+def help_english_left(text: str) -> set[str]:
+    text = re.sub(r"-\n\s+", "-", text)  # argparse wraps lines after a hyphen: dot-\n product
+    text = re.sub(r"--[\w-]+|-[hqkvo]\b|\{[^}]*\}|'[^']*'|\w*\.(json|csv|npy|npz|png|svg|pdf)\b", " ", text)
+    return english_left(text) - HELP_ALLOWED
+
+
+@pytest.mark.parametrize("command", ["explain", "heatmap"])
+@pytest.mark.parametrize("how", ["--lang", "ATTNLAB_LANG"])
+def test_help_in_chinese_leaves_no_english(capsys, monkeypatch, command, how):
+    if how == "ATTNLAB_LANG":
+        monkeypatch.setenv("ATTNLAB_LANG", "zh")
+        code = main([command, "--help"])
+    else:
+        monkeypatch.delenv("ATTNLAB_LANG", raising=False)
+        code = main([command, "--help", "--lang", "zh"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("用法：attnlab " + command)
+    for words in ("选项", "查询", "键", "值", "因果遮罩", "温度", "显示此帮助信息并退出"):
+        assert words in out, words
+    assert not help_english_left(out), sorted(help_english_left(out))
+
+
+def test_lab_help_in_chinese(capsys, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_LANG", "zh")
+    assert main(["lab", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("用法：attnlab lab") and "在默认浏览器中打开网址" in out
+    left = help_english_left(out) - {"lab", "marimo", "notebook", "attnlab_lab", "py"}  # the command, the file
+    assert not left, sorted(left)
+
+
+def test_help_stays_english_by_default(capsys, monkeypatch):
+    monkeypatch.delenv("ATTNLAB_LANG", raising=False)
+    assert main(["explain", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: attnlab explain") and "queries [n_q, d_k]" in out and "查询" not in out
+
+
+def test_attnlab_lang_sets_the_default_language(capsys, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_LANG", "zh")
+    code, out, _ = run(capsys, "2x2", "--format", "text")
+    assert code == 0 and "权重（softmax）" in out
+    code, out, _ = run(capsys, "2x2", "--format", "text", "--lang", "en")
+    assert code == 0 and "Weights (softmax)" in out
+
+
+def test_one_catalogue_without_repeated_strings():
+    import attnlab.i18n as I
+
+    assert tr("label.weights", "zh") == I.tr("label.weights", "zh")
+    from attnlab.lab import i18n as lab_i18n  # noqa: F401  (registers the lab's table)
+
+    pairs = [(e["en"], e["zh"]) for e in I.MESSAGES.values()]
+    repeated = {p for p in pairs if pairs.count(p) > 1}
+    assert repeated <= {("000, self-test", "000，自测")}, repeated  # two items of the same article passage
+    with pytest.raises(KeyError):
+        I.register("test", {"label.weights": ("weights", "重量")})
+
+
+def test_learn_md_quotes_the_chinese_error_it_shows(capsys):
+    doc = DOC.read_text(encoding="utf-8")
+    quoted = "--mask：第 0 行第 1 列的 '2' 不是遮罩项"
+    assert '`attnlab explain 2x2 --mask "1 2; 1 1" --lang zh`' in doc and quoted in doc
+    code, _, err = run(capsys, "2x2", "--mask", "1 2; 1 1", "--lang", "zh")
+    assert code == 2 and quoted in err

@@ -140,7 +140,7 @@ def test_temperature_slider_and_causal_toggle_change_the_weights_to_the_right_nu
 def test_editing_a_value_changes_the_output_but_not_the_weights(page):
     w0 = table_values(page, "al-weights")
     o0 = table_values(page, "al-output")
-    box = page.get_by_placeholder("100, 0")
+    box = page.locator("[data-testid='al-input-value'] input")
     box.fill("100, 0")
     box.press("Enter")
     page.wait_for_selector("#al-output[data-value-text='100, 0']")
@@ -155,7 +155,7 @@ def test_editing_a_value_changes_the_output_but_not_the_weights(page):
 
 
 def test_bad_input_gives_a_message_in_the_page_never_a_traceback(page):
-    q_box = page.get_by_placeholder("rows of Q")
+    q_box = page.locator("[data-testid='al-input-q'] textarea")
     q_box.fill("1, 0\n0, x")
     q_box.blur()
     err = page.wait_for_selector("[data-testid='al-input-error']")
@@ -181,7 +181,7 @@ def test_slider_to_weights_latency_for_8x8_inputs(page, capsys):
     rng = np.random.default_rng(0)
     q, k, v = (np.round(rng.normal(size=(8, 8)), 2) for _ in range(3))
     for name, m in (("Q", q), ("K", k), ("V", v)):
-        box = page.get_by_placeholder(f"rows of {name}")
+        box = page.locator(f"[data-testid='al-input-{name.lower()}'] textarea")
         box.fill("\n".join(", ".join(f"{x:g}" for x in r) for r in m))
         box.blur()
     page.wait_for_function("document.querySelectorAll('#al-weights tr').length === 9")

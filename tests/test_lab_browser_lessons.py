@@ -64,7 +64,7 @@ def preset_select(page: Page):
 
 
 def fill(page: Page, name: str, m: np.ndarray) -> None:
-    box = page.get_by_placeholder(f"rows of {name}")
+    box = page.locator(f"[data-testid='al-input-{name.lower()}'] textarea")
     box.fill("\n".join(", ".join(f"{x:g}" for x in r) for r in m))
     box.blur()
 
@@ -266,7 +266,7 @@ ALLOWED_LATIN = {
     "bias", "shift", "temperature", "lang", "format", "text", "backward", "positions", "dropout", "seed", "MiB",
     "GiB", "GQA", "MHA", "MQA", "RoPE", "all", "run", "English", "Language", "MaskedRowError",
     # words the Chinese articles themselves write in Latin letters
-    "Attention", "token", "batch", "Notebook", "Self", "Cross", "Softmax", "logits", "Var", "cache",
+    "Attention", "token", "batch", "Notebook", "Self", "Cross", "Softmax", "logits", "Var", "cache", "Cache", "Mask",
     # symbols of the formulas (S · scale = S / sqrt(2))
     "scale", "log",
 }  # fmt: skip
@@ -325,6 +325,45 @@ def test_the_chinese_view_leaves_no_english(page, tmp_path):
     assert left == [], "\n".join(f"{w}: {c!r}" for w, c in where.items())
 
 
+PLACEHOLDERS_JS = """
+() => {  // every input's placeholder, typed-over ones included (shadow roots too)
+  const out = [];
+  const walk = (node) => {
+    for (const n of node.querySelectorAll('*')) {
+      if ((n.tagName === 'INPUT' || n.tagName === 'TEXTAREA') && n.placeholder) out.push(n.placeholder);
+      if (n.shadowRoot) walk(n.shadowRoot);
+    }
+  };
+  walk(document);
+  return out;
+}
+"""
+
+
+def test_the_chinese_view_answers_bad_input_and_labels_every_box_in_chinese(page, tmp_path):
+    page.locator("select").first.select_option(label="中文")
+    page.wait_for_selector("text=揭晓")
+    holders = page.evaluate(PLACEHOLDERS_JS)
+    assert {"Q 的各行", "K 的各行", "V 的各行", "一句话"} <= set(holders), holders
+    assert english_words(" ".join(holders)) == [], holders
+    q_box = page.locator("[data-testid='al-input-q'] textarea")
+    seen = []
+    for typed, words in (
+        ("1, 0\n0, x", "不是数字"),
+        ("1, 0\n0", "各行长度不一"),
+        ("1, 0, 0", "q·k 需要相同长度"),
+        ("1, 0\n0, 1\n1, 1\n1, -1\n1, 2", "因果查询必须是键的位置之一"),
+    ):
+        q_box.fill(typed)
+        q_box.blur()
+        err = page.wait_for_selector(f"[data-testid='al-input-error']:has-text('{words}')")
+        seen.append(err.inner_text())
+    shot(page, tmp_path, "lab-zh-error")
+    text = "\n".join(seen)
+    assert "Traceback" not in page.content()
+    assert english_words(text) == [], text
+
+
 def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     btn = page.get_by_role("button", name="run", exact=True)
     btn.scroll_into_view_if_needed()
@@ -350,7 +389,7 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     assert (grid.get_attribute("data-layers"), grid.get_attribute("data-heads")) == ("30", "9")
     assert page.locator("[data-testid='al-live-last']").count() == 1
     assert page.evaluate(CLIP_JS, "[data-testid='al-live-heatmap'], [data-testid='al-live-last']") == []
-    box = page.get_by_placeholder("a sentence")
+    box = page.locator("[data-testid='al-input-sentence'] input")
     box.fill("Paris is the capital of France")
     t0 = time.perf_counter()
     page.get_by_role("button", name="run", exact=True).click()

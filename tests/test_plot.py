@@ -451,3 +451,70 @@ def test_a_real_smollm2_heatmap_reads_well(tmp_path, smollm2):
     sums = np.array([float(t.get_text().removeprefix("Σ=")) for t in ax.child_axes[0].get_yticklabels()])
     np.testing.assert_allclose(sums, m.weights.sum(-1), atol=0.005)
     assert [t.get_text() for t in ax.get_xticklabels()] == list(m.labels)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 中文: every word of every picture in Chinese (lang="zh" and `attnlab heatmap --lang zh`), drawn in a CJK font
+
+
+def all_texts(fig) -> list[Text]:
+    return [t for t in fig.findobj(Text) if t.get_text().strip() and t.get_visible()]
+
+
+ZH_ALLOWED = {"softmax", "nan", "inf", "masked_rows", "MiB", "NaN", "Attention"}
+
+
+def zh_english(fig) -> list[str]:
+    import re
+
+    words = []
+    for t in all_texts(fig):
+        s = re.sub(r"\b[qkT]\d*\b|Σ=\S+|'[^']*'|\$[^$]*\$", " ", t.get_text())  # labels, sums, values, math
+        words += [w for w in re.findall(r"[A-Za-z][A-Za-z_]+", s) if w not in ZH_ALLOWED]
+    return words
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda: plot.heatmap(np.array([[np.nan, np.nan], [0.3, 0.7]]), np.array([[0, 0], [1, 1]], bool), lang="zh"),
+        lambda: plot.heatmap(W, ALLOWED, lang="zh"),
+        lambda: plot.head_grid(np.stack([W, W]), ALLOWED, lang="zh"),
+        lambda: plot.last_row_bar(W, ALLOWED, lang="zh"),
+        lambda: plot.mask_picture(ALLOWED, lang="zh"),
+        lambda: plot.growth_plot(lang="zh"),
+    ],
+    ids=["nan-row", "heatmap", "head-grid", "last-row", "mask", "growth"],
+)
+def test_chinese_pictures_leave_no_english_and_use_a_cjk_font(draw):
+    import re
+
+    fig = draw()
+    fig.canvas.draw()
+    assert zh_english(fig) == []
+    words = [t for t in all_texts(fig) if re.search(r"[\u4e00-\u9fff]", t.get_text())]
+    assert words, "no Chinese words in the picture"
+    for t in words:
+        assert "WenQuanYi Micro Hei" in t.get_fontfamily(), t.get_text()
+    svg = plot.to_bytes(fig, "svg").decode()
+    assert "<text" in svg and re.search(r">[^<]*[\u4e00-\u9fff][^<]*<", svg)  # real text, not glyph paths
+
+
+def test_english_stays_the_default_and_lang_is_checked():
+    fig = plot.heatmap(W, ALLOWED)
+    assert fig.axes[0].get_xlabel() == "key (column): read from"
+    from attnlab.errors import OptionError
+
+    with pytest.raises(OptionError, match="lang"):
+        plot.heatmap(W, ALLOWED, lang="fr")
+
+
+def test_heatmap_cli_lang_zh(tmp_path, capsys):
+    out = tmp_path / "zh.svg"
+    assert main(["heatmap", "causal-4", "--lang", "zh", "-o", str(out)]) == 0
+    assert capsys.readouterr().out == f"已写入 {out}\n"
+    svg = out.read_text()
+    for word in ("键（列）：被读取的位置", "查询（行）：读取者", "权重", "已遮罩"):
+        assert word in svg, word
+    assert main(["heatmap", "--lang", "zh"]) == 2
+    assert capsys.readouterr().err.startswith("attnlab heatmap：错误：请给出一个命名示例")

@@ -212,6 +212,17 @@ LESSONS: dict[str, Example] = {
             "complexity", "Cost: projections O(B n d²), scores O(B n² d), memory O(B h n²), the KV cache", "001 §13-§15"
         ),
         Example("leak-test", "Leak test: change a future token; a causal output must not move", "001 §17.3, §20"),
+        Example(
+            "mask-not-access",
+            "A mask is not access control: b never attends to the secret, yet reads it through a in a second layer",
+            "001 §17.5, §21",
+        ),
+        Example(
+            "long-context",
+            "Long context: doubling n is 4x the score elements; a window, MQA/GQA and the KV cache grow otherwise",
+            "001 §19",
+        ),
+        Example("invariants", "The six invariants of every attention implementation, each with its number", "001 §21"),
     )
 }
 
@@ -484,11 +495,37 @@ ITEMS: tuple[Item, ...] = (
     _i("001", "§17.3, §20", "the leak test: change a future token", "leak-test", "q0 moves 0 under the causal mask"),
     _i(
         "001",
+        "§17.5",
+        "a mask is not access control: the secret reaches b through a",
+        "mask-not-access",
+        "b's weight on the secret: 0",
+        "b moves 0 after one layer and 10.7967 after two",
+    ),
+    _i(
+        "001",
         "§18",
         "dropout: the row sums after inverted dropout",
         "dropout",
         "row q3: sum = 1.6089",
         "row q0: sum = 2",
+    ),
+    _i(
+        "001",
+        "§19",
+        "long context: doubling n, window, MQA/GQA, KV cache",
+        "long-context",
+        "4,096 -> 8,192: 4x the score elements",
+        "2.1427x with a window of 1,024 keys",
+        "GQA (8 KV heads) 4x smaller, MQA 32x",
+    ),
+    _i(
+        "001",
+        "§21",
+        "the six invariants, each with its number",
+        "invariants",
+        "shape(Q Kᵀ) = [n_q, n_k] = [2, 3]",
+        "valid rows sum to 1: 1, 1",
+        "attnlab.invariants.check: 0 violations",
     ),
 )
 

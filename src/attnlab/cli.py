@@ -46,8 +46,12 @@ class _Parser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
 
-def _build_parser() -> tuple[argparse.ArgumentParser, dict, dict]:
+def _build_parser(lang: str = "en") -> tuple[argparse.ArgumentParser, dict, dict]:
+    """The parser; a command whose ``add_arguments`` takes ``lang`` writes its help in that language."""
+    import inspect
+
     from . import __version__
+    from .i18n import localize_parser
 
     parser = _Parser(prog="attnlab", description="Attention that is exact, checkable and visible.")
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
@@ -55,8 +59,13 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict, dict]:
     modules, parsers = {}, {}
     for name in COMMANDS:
         mod = importlib.import_module(f".commands.{name}", __package__)
+        localized = "lang" in inspect.signature(mod.add_arguments).parameters
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=(mod.__doc__ or "").strip().splitlines()[0])
-        mod.add_arguments(p)
+        if localized:
+            mod.add_arguments(p, lang=lang)
+            localize_parser(p, lang, command=mod.NAME)
+        else:
+            mod.add_arguments(p)
         modules[mod.NAME] = mod
         parsers[mod.NAME] = p
     return parser, modules, parsers
@@ -64,7 +73,9 @@ def _build_parser() -> tuple[argparse.ArgumentParser, dict, dict]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status (see the module)."""
-    parser, modules, parsers = _build_parser()
+    from .i18n import cli_lang
+
+    parser, modules, parsers = _build_parser(cli_lang(sys.argv[1:] if argv is None else argv))
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:
@@ -81,8 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_args(args)
         return mod.run(args)
     except AttnlabError as err:
+        from .i18n import error_message, tr
+
         sys.stdout.flush()
-        sys.stderr.write(f"attnlab {mod.NAME}: error: {one_line(err)}\n")
+        lang = getattr(args, "lang", "en")  # a command with --lang: its errors in that language
+        msg = one_line(error_message(err, lang)) if lang != "en" else one_line(err)
+        sys.stderr.write(tr("cli.error", lang, prog=f"attnlab {mod.NAME}", msg=msg) + "\n")
         return 2
 
 

@@ -1,7 +1,7 @@
 """The backward zoo (issue 14 §4): deliberately broken attention backward passes, and correct ones.
 
-Every :class:`~zoo.Entry` here is checked with :func:`run_check`, which picks the entry point documented in docs/checker.md
-("Backward oracle") from the entry's options:
+Every :class:`~zoo.Entry` here is checked with :func:`run_check`, which picks the entry point (documented in
+docs/checker.md, "Backward") from the entry's options:
 
 * ``options["backward"] is True``: ``attnlab.check(fn, **options)`` — ``fn`` is a PyTorch forward
   ``fn(q, k, v, mask=None, ...)`` whose gradients come from autograd (a custom ``torch.autograd.Function`` with a

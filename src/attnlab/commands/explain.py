@@ -20,7 +20,7 @@ import json
 import sys
 
 from ..argtypes import int_type, probability
-from ..explain.args import add_input_arguments, examples_listing
+from ..explain.args import add_input_arguments, add_lang_argument, examples_listing
 
 NAME = "explain"
 HELP = "compute attention by hand, step by step (named examples or your matrices)"
@@ -28,67 +28,47 @@ HELP = "compute attention by hand, step by step (named examples or your matrices
 _MISTAKES = ("softmax-then-mask", "no-scale", "sqrt-d-model", "query-axis", "inverted-mask")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_input_arguments(parser)
-    o = parser.add_argument_group("output")
+def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
+    """explain's options, with their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
+    from ..explain.i18n import tr
+    from ..i18n import localize_type
+
+    def h(key: str, **fields: object) -> str:
+        return tr(f"help.{key}", lang, **fields)
+
+    def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
+        return None if lang == "en" else h(f"metavar.{key}")
+
+    add_input_arguments(parser, lang)
+    o = parser.add_argument_group(h("group.output"))
+    names = (*_MISTAKES, "all")
     o.add_argument(
         "--mistake",
         action="append",
-        choices=(*_MISTAKES, "all"),
-        metavar="NAME",
-        help=f"show a classic mistake next to the right computation: {', '.join(_MISTAKES)}, or all (repeatable)",
+        choices=names,
+        type=localize_type(None, lang, "argtype.choice", choices=names),
+        metavar=h("metavar.name"),
+        help=h("mistake", names=", ".join(_MISTAKES)),
     )
+    heads = localize_type(int_type(minimum=1, maximum=2**20), lang, "argtype.int_range", lo=1, hi=2**20)
+    o.add_argument("--heads", type=heads, default=8, metavar=mv("heads"), help=h("heads"))
+    formats = ("auto", "rich", "text", "markdown", "json")
+    fmt = localize_type(None, lang, "argtype.choice", choices=formats)
+    o.add_argument("--format", choices=formats, type=fmt, default="auto", help=h("format"))
+    width = localize_type(int_type(minimum=20), lang, "argtype.int", lo=20)
+    o.add_argument("--width", type=width, default=100, metavar=mv("width"), help=h("width"))
     o.add_argument(
-        "--heads",
-        type=int_type(minimum=1, maximum=2**20),
-        default=8,
-        help="heads for --mistake sqrt-d-model: d_model = heads·d_k (8)",
+        "--tiled", type=localize_type(int_type(minimum=1), lang, "argtype.int", lo=1), metavar="B", help=h("tiled")
     )
+    add_lang_argument(o, lang)
+    o.add_argument("--backward", action="store_true", help=h("backward"))
+    o.add_argument("--grad-out", metavar="G", help=h("grad_out"))
     o.add_argument(
-        "--format",
-        choices=("auto", "rich", "text", "markdown", "json"),
-        default="auto",
-        help="auto: rich tables in a terminal, plain text in a pipe",
+        "--dropout", type=localize_type(probability, lang, "argtype.probability"), metavar="P", help=h("dropout")
     )
-    o.add_argument(
-        "--width", type=int_type(minimum=20), default=100, help="line width of the text format (>= 20, default 100)"
-    )
-    o.add_argument(
-        "--tiled",
-        type=int_type(minimum=1),
-        metavar="B",
-        help="FlashAttention's online softmax instead: the keys in blocks of B, a running max, sum and accumulator",
-    )
-    o.add_argument(
-        "--lang",
-        choices=("en", "zh"),
-        default="en",
-        help="language of every explanation, label and message: en (default) or zh (中文)",
-    )
-    o.add_argument(
-        "--backward",
-        action="store_true",
-        help="article 001 §9: the gradients by hand (dV, dA, dS, dQ, dK), checked against attention_backward",
-    )
-    o.add_argument(
-        "--grad-out",
-        metavar="G",
-        help="--backward: the upstream gradient G_O = dL/dO [n_q, d_v] (default all ones: L = sum of O)",
-    )
-    o.add_argument(
-        "--dropout",
-        type=probability,
-        metavar="P",
-        help="article 001 §18: inverted dropout on the weights with drop probability P; shows the row sums after it",
-    )
-    o.add_argument(
-        "--seed", type=int_type(minimum=0), default=0, help="--dropout: seed of the dropout mask (default 0)"
-    )
-    o.add_argument(
-        "--positions",
-        action="store_true",
-        help="article 001 §16: permuting the tokens permutes the outputs, unless positions (RoPE) are added",
-    )
+    seed = localize_type(int_type(minimum=0), lang, "argtype.int", lo=0)
+    o.add_argument("--seed", type=seed, default=0, metavar=mv("seed"), help=h("seed"))
+    o.add_argument("--positions", action="store_true", help=h("positions"))
 
 
 def _lang(args: argparse.Namespace) -> str:
@@ -115,10 +95,12 @@ def _error(msg: str, lang: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import AttnlabError, MaskedRowError, MaskError
+    from ..errors import AttnlabError, MaskedRowError
     from ..explain import compare, explain_example, explain_online, explain_setup, to_dict, to_markdown, to_text
     from ..explain.args import setup_from_args
     from ..explain.i18n import tr
+    from ..explain.steps import causal_align_error
+    from ..i18n import error_message
 
     lang = _lang(args)
     if args.list:
@@ -127,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     if args.positions:
         from ..explain.permutation import permutation_demo
 
-        sys.stdout.write(permutation_demo().text() + "\n")
+        sys.stdout.write(permutation_demo().text(lang) + "\n")
         return 0
     if args.example is None and not any((args.q, args.k, args.v, args.inputs)):
         return _error(tr("cli.need_input", lang), lang)
@@ -161,11 +143,10 @@ def run(args: argparse.Namespace) -> int:
             e = explain_setup(setup, lang=lang)
             mistakes = [compare(setup, n, heads=args.heads, lang=lang) for n in names]
     except AttnlabError as err:  # one line, exit 2 (cli.main's convention), in the user's language
-        msg = str(err)
-        if isinstance(err, MaskError) and "pass causal='top_left'" in msg:  # the CLI spelling, not Python's
-            msg = msg.split("  pass causal='top_left'")[0] + "  " + tr("cli.causal_hint", lang)
-        if lang != "en":
-            msg = tr("cli.core_message", lang, msg=msg)
+        if getattr(err, "i18n_key", None) == "input.causal_align":  # the CLI spelling, not Python's
+            f = err.i18n_fields  # type: ignore[attr-defined]
+            err = causal_align_error(f["n_q"], f["n_k"], how="cli.causal_hint")
+        msg = error_message(err, lang)
         if isinstance(err, MaskedRowError):
             msg += tr("cli.masked_rows_hint", lang)
         return _error(msg, lang)

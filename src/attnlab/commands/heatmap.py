@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..argtypes import index_in, input_file, int_type, output_file, text_type
-from ..explain.args import add_input_arguments, examples_listing
+from ..explain.args import add_input_arguments, add_lang_argument, examples_listing
 
 NAME = "heatmap"
 HELP = "draw attention weights as a heatmap (PNG, SVG or PDF)"
@@ -61,13 +61,16 @@ def from_inputs(args: argparse.Namespace) -> HeatmapData:
 
     setup = setup_from_args(args)
     if isinstance(setup, str):  # weighted-average, saturation: given weights / softmax rows
-        e = explain_example(setup)
+        e = explain_example(setup, lang=args.lang)
         last = e.steps[-1]  # the weights step (saturation: rows are the logit vectors) or the output step
         rows = last.rows if last.key == "weights" else None
         cols = last.cols if last.key == "weights" else None
         return HeatmapData(np.asarray(e.weights), None, rows, cols, e.title)
     t = setup.trace()
-    return HeatmapData(np.asarray(t.weights), np.asarray(t.allowed), setup.query_labels, setup.key_labels, setup.title)
+    from ..i18n import tr
+
+    title = setup.title if args.example is not None else tr("label.your_matrices", args.lang)
+    return HeatmapData(np.asarray(t.weights), np.asarray(t.allowed), setup.query_labels, setup.key_labels, title)
 
 
 def from_weights_file(args: argparse.Namespace) -> HeatmapData:
@@ -95,7 +98,9 @@ def from_weights_file(args: argparse.Namespace) -> HeatmapData:
         from ..explain.inputs import load_mask
 
         allowed = read_source("--mask", args.mask, load_mask, "--mask", convention=args.mask_convention)
-    return HeatmapData(w, allowed, ql, kl, f"weights from {path}")
+    from ..i18n import tr
+
+    return HeatmapData(w, allowed, ql, kl, tr("plot.from_file", args.lang, path=path))
 
 
 def from_model(args: argparse.Namespace) -> HeatmapData:
@@ -134,49 +139,52 @@ def source_name(args: argparse.Namespace) -> str:
     return "weights" if getattr(args, "weights", None) else "inputs"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_input_arguments(parser)
-    s = parser.add_argument_group("other sources")
+def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
+    """heatmap's options, with their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
+    from ..i18n import localize_type, tr
+
+    def h(key: str, **fields: Any) -> str:
+        return tr(f"help.heatmap.{key}", lang, **fields)
+
+    def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
+        return None if lang == "en" else tr(f"help.metavar.{key}", lang)
+
+    add_input_arguments(parser, lang)
+    s = parser.add_argument_group(h("group.sources"))
+    file = localize_type(input_file, lang, "argtype.file")
+    s.add_argument("--weights", type=file, metavar=tr("help.metavar.file", lang), help=h("weights"))
+    models = ("smollm2", "minilm")
     s.add_argument(
-        "--weights",
-        type=input_file,
-        metavar="FILE",
-        help="draw saved weights: .npy [n_q, n_k] or [h, n_q, n_k], .json, .csv",
+        "--model", choices=models, type=localize_type(None, lang, "argtype.choice", choices=models), help=h("model")
     )
-    s.add_argument("--model", choices=("smollm2", "minilm"), help="draw a real model's attention on --text")
-    s.add_argument(
-        "--text", type=text_type, help="--model: the prompt (SmolLM2) or sentence (MiniLM); its tokens label the axes"
-    )
-    s.add_argument("--layer", type=int_type(minimum=0), default=None, help="--model: layer, from 0 (default 0)")
-    s.add_argument(
-        "--head", type=int_type(minimum=0), default=None, help="--model: one head, from 0 (default: every head)"
-    )
-    o = parser.add_argument_group("picture")
-    o.add_argument(
-        "-o", "--output", type=OUTPUT, default=None, help="file to write: .png, .svg or .pdf (attention.png)"
-    )
-    o.add_argument(
-        "--kind",
-        choices=KINDS,
-        default="weights",
-        help="weights (heatmap; one panel per head for [h, n_q, n_k]), last-row (bar chart of the last query), "
-        "mask, growth (the T² plot)",
-    )
-    o.add_argument("--title", help="figure title")
-    o.add_argument("--values", action=argparse.BooleanOptionalAction, default=None, help="write weights in cells")
+    s.add_argument("--text", type=localize_type(text_type, lang, "argtype.text"), metavar=mv("text"), help=h("text"))
+    index = localize_type(int_type(minimum=0), lang, "argtype.int", lo=0)
+    s.add_argument("--layer", type=index, default=None, metavar=mv("n"), help=h("layer"))
+    s.add_argument("--head", type=index, default=None, metavar=mv("n"), help=h("head"))
+    o = parser.add_argument_group(h("group.picture"))
+    output = localize_type(OUTPUT, lang, "argtype.output", suffixes=".png, .svg, .pdf")
+    o.add_argument("-o", "--output", type=output, default=None, metavar=mv("file"), help=h("output"))
+    kind = localize_type(None, lang, "argtype.choice", choices=KINDS)
+    o.add_argument("--kind", choices=KINDS, type=kind, default="weights", help=h("kind"))
+    o.add_argument("--title", metavar=mv("title"), help=h("title"))
+    o.add_argument("--values", action=argparse.BooleanOptionalAction, default=None, help=h("values"))
     o.add_argument(
         "--dpi",
-        type=int_type(minimum=MIN_DPI, maximum=MAX_DPI),
+        type=localize_type(
+            int_type(minimum=MIN_DPI, maximum=MAX_DPI), lang, "argtype.int_range", lo=MIN_DPI, hi=MAX_DPI
+        ),
         default=150,
-        help=f"resolution of PNGs ({MIN_DPI} to {MAX_DPI}; default 150)",
+        metavar=mv("n"),
+        help=h("dpi", lo=MIN_DPI, hi=MAX_DPI),
     )
+    add_lang_argument(o, lang)
 
 
 def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
     from .. import plot
 
     if kind == "growth":
-        return plot.growth_plot()
+        return plot.growth_plot(lang=args.lang)
     assert d is not None
     w = d.weights
     if kind == "mask":
@@ -184,14 +192,16 @@ def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
             allowed = np.ones(w.shape[-2:], dtype=bool)
         else:
             allowed = np.broadcast_to(d.allowed, w.shape)[0] if w.ndim == 3 else np.broadcast_to(d.allowed, w.shape)
-        return plot.mask_picture(allowed, query_labels=d.query_labels, key_labels=d.key_labels, title=args.title)
+        return plot.mask_picture(
+            allowed, query_labels=d.query_labels, key_labels=d.key_labels, title=args.title, lang=args.lang
+        )
     if kind == "last-row":
         w2 = w[0] if w.ndim == 3 else w
         allowed = None if d.allowed is None else np.broadcast_to(d.allowed, w.shape)
         if allowed is not None and allowed.ndim == 3:
             allowed = allowed[0]
         ql = d.query_labels[-1] if d.query_labels else None
-        return plot.last_row_bar(w2, allowed, key_labels=d.key_labels, query_label=ql, title=args.title)
+        return plot.last_row_bar(w2, allowed, key_labels=d.key_labels, query_label=ql, title=args.title, lang=args.lang)
     if w.ndim == 3:
         return plot.head_grid(
             w,
@@ -201,6 +211,7 @@ def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
             head_names=d.head_names,
             title=args.title or d.title,
             values=args.values,
+            lang=args.lang,
         )
     return plot.heatmap(
         w,
@@ -209,12 +220,14 @@ def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
         key_labels=d.key_labels,
         title=args.title or d.title,
         values=args.values,
+        lang=args.lang,
     )
 
 
 def check_args(args: argparse.Namespace) -> None:
     """One source, its options only with it, and a file to write, before anything is computed or drawn."""
     from ..errors import OptionError
+    from ..i18n import localized
 
     if args.list:
         return
@@ -228,17 +241,17 @@ def check_args(args: argparse.Namespace) -> None:
     given = [*inputs[:1], *(["--weights"] if args.weights else []), *(["--model"] if args.model else [])]
     if args.kind == "growth":
         if given:
-            raise OptionError(f"--kind growth draws the T² plot from no input; drop {given[0]}")
+            raise localized(OptionError, "heatmap.growth_input", flag=given[0])
         return
     if len(given) > 1:
-        raise OptionError(f"{given[1]}: one source at a time; {given[0]} is given too")
+        raise localized(OptionError, "heatmap.one_source", a=given[1], b=given[0])
     if not given:
-        raise OptionError("give a named example (see --list), --q/--k/--v, --weights or --model")
+        raise localized(OptionError, "heatmap.no_source")
     for flag, value in (("--text", args.text), ("--layer", args.layer), ("--head", args.head)):
         if value is not None and not args.model:
-            raise OptionError(f"{flag}: applies to --model only")
+            raise localized(OptionError, "heatmap.model_only", flag=flag)
     if args.model and not args.text:
-        raise OptionError("--text: give the prompt/sentence whose attention --model should draw")
+        raise localized(OptionError, "heatmap.need_text")
 
 
 def _check_size(fig: Any, dpi: int) -> None:
@@ -260,17 +273,26 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import MaskedRowError, OptionError
 
     if args.list:
-        sys.stdout.write(examples_listing())
+        sys.stdout.write(examples_listing(args.lang))
         return 0
     try:
         data = None if args.kind == "growth" else SOURCES[source_name(args)](args)
     except MaskedRowError as err:
-        raise type(err)(f"{err} (on the command line: --masked-rows zero or --masked-rows nan)", err.rows) from None
+        from ..i18n import error_message, localized, tr
+
+        raise localized(
+            MaskedRowError,
+            "heatmap.masked_row",
+            msg=error_message(err, args.lang),
+            hint=tr("cli.masked_rows_hint", args.lang),
+        ) from None
     fig = _figure(args.kind, data, args)
     _check_size(fig, args.dpi)
     try:
         path = plot.save(fig, args.output, dpi=args.dpi)
     except OSError as err:  # the folder was checked when parsing; it can still refuse (full disk, read-only mount)
         raise OptionError(f"--output: cannot write {args.output!r}: {err.strerror or err}") from None
-    sys.stdout.write(f"wrote {path}\n")
+    from ..i18n import tr
+
+    sys.stdout.write(tr("heatmap.wrote", args.lang, path=path) + "\n")
     return 0

@@ -16,19 +16,18 @@ NAME = "lab"
 HELP = "open the interactive attention lab in your browser (local, offline)"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--port", type=int_or_text, default=0, help="port on 127.0.0.1, 1-65535 (default 0: a free one)"
-    )
-    parser.add_argument("--open", action="store_true", help="open the URL in the default browser")
-    parser.add_argument(
-        "--edit",
-        action="store_true",
-        help="copy the notebook to ./attnlab_lab.py and open marimo's editor (teachers); the URL carries a token",
-    )
-    parser.add_argument(
-        "--timeout", type=float_or_text, default=60.0, help="seconds to wait for the server to start (60)"
-    )
+def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
+    """lab's options, with their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
+    from ..i18n import tr
+
+    def h(key: str) -> str:
+        return tr(f"help.lab.{key}", lang)
+
+    number = None if lang == "en" else "N"
+    parser.add_argument("--port", type=int_or_text, default=0, metavar=number, help=h("port"))
+    parser.add_argument("--open", action="store_true", help=h("open"))
+    parser.add_argument("--edit", action="store_true", help=h("edit"))
+    parser.add_argument("--timeout", type=float_or_text, default=60.0, metavar=number, help=h("timeout"))
     parser.add_argument("--exit-when-ready", action="store_true", help=argparse.SUPPRESS)
 
 

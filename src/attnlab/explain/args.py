@@ -15,11 +15,13 @@ import numpy as np
 from ..argtypes import float_type, input_file, int_type
 from ..articles import EXAMPLES, EXTRA_EXAMPLES, LESSONS
 from ..errors import AttnlabError, OptionError, ShapeError
+from ..i18n import localize_type, localized
 
 __all__ = [
     "EXAMPLE_NAMES",
     "TEMPERATURE",
     "add_input_arguments",
+    "add_lang_argument",
     "examples_listing",
     "labels_from_args",
     "read_source",
@@ -47,74 +49,75 @@ def examples_listing(lang: str = "en") -> str:
 TEMPERATURE = float_type(minimum=sys.float_info.min)
 
 
-def add_input_arguments(p: argparse.ArgumentParser) -> None:
-    """The options that say what to compute (shared by ``explain`` and ``heatmap``)."""
+def add_input_arguments(p: argparse.ArgumentParser, lang: str = "en") -> None:
+    """The options that say what to compute (shared by ``explain`` and ``heatmap``); help and the messages about a
+    bad value in ``lang``."""
+    from .i18n import tr
+
+    def h(key: str, **fields: Any) -> str:
+        return tr(f"help.{key}", lang, **fields)
+
+    def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
+        return None if lang == "en" else h(f"metavar.{key}")
+
+    def pick(*choices: str) -> Any:  # the choice checked with a message in ``lang`` (argparse's own in English)
+        return localize_type(None, lang, "argtype.choice", choices=choices)
+
     p.add_argument(
-        "example",
-        nargs="?",
-        metavar="EXAMPLE",
-        help=f"a worked example of the articles: {', '.join(EXAMPLE_NAMES)} (or give --q, --k, --v)",
+        "example", nargs="?", metavar=h("metavar.example"), help=h("example", names=", ".join(EXAMPLE_NAMES))
     )
-    p.add_argument("--list", action="store_true", help="list the named examples and exit")
-    g = p.add_argument_group(
-        "your own matrices",
-        "inline '1,0;0,1' or '[[1,0],[0,1]]', or a .json/.csv/.npy file; a matrix that starts with a minus sign "
-        "needs '=': --q='-1,0;0,1'",
-    )
-    g.add_argument("-q", "--q", metavar="Q", help="queries [n_q, d_k]")
-    g.add_argument("-k", "--k", metavar="K", help="keys [n_k, d_k]")
-    g.add_argument("-v", "--v", metavar="V", help="values [n_k, d_v]")
+    p.add_argument("--list", action="store_true", help=h("list"))
+    g = p.add_argument_group(h("group.own"), h("group.own_desc"))
+    g.add_argument("-q", "--q", metavar="Q", help=h("q"))
+    g.add_argument("-k", "--k", metavar="K", help=h("k"))
+    g.add_argument("-v", "--v", metavar="V", help=h("v"))
     g.add_argument(
-        "--inputs",
-        type=input_file,
-        metavar="FILE",
-        help="one .json object {q, k, v, mask?, tokens?} or an .npz archive",
+        "--inputs", type=localize_type(input_file, lang, "argtype.file"), metavar=h("metavar.file"), help=h("inputs")
     )
-    g.add_argument("--tokens", help="labels for the positions ('the cat sat' or 'the,cat,sat'); self-attention")
-    g.add_argument("--query-tokens", help="labels for the queries (cross-attention)")
-    g.add_argument("--key-tokens", help="labels for the keys (cross-attention)")
-    m = p.add_argument_group("masks and options")
-    m.add_argument("--mask", help="a boolean mask [n_q, n_k]: '1 0; 1 1' (■/⬚ and true/false work too)")
+    g.add_argument("--tokens", metavar=mv("labels"), help=h("tokens"))
+    g.add_argument("--query-tokens", metavar=mv("labels"), help=h("query_tokens"))
+    g.add_argument("--key-tokens", metavar=mv("labels"), help=h("key_tokens"))
+    m = p.add_argument_group(h("group.masks"))
+    m.add_argument("--mask", metavar=mv("mask"), help=h("mask"))
+    conventions = ("allow", "block")
     m.add_argument(
-        "--mask-convention",
-        choices=("allow", "block"),
-        default="allow",
-        help="what 1/True means in --mask: allow (attnlab, PyTorch SDPA) or block (nn.MultiheadAttention)",
+        "--mask-convention", choices=conventions, type=pick(*conventions), default="allow", help=h("mask_convention")
     )
-    m.add_argument("--causal", action="store_true", help="query i sees keys j <= i")
+    m.add_argument("--causal", action="store_true", help=h("causal"))
+    aligns = ("top_left", "bottom_right")
+    m.add_argument("--causal-align", choices=aligns, type=pick(*aligns), help=h("causal_align"))
+    m.add_argument("--no-causal", action="store_true", help=h("no_causal"))
+    m.add_argument("--bias", metavar="B", help=h("bias"))
     m.add_argument(
-        "--causal-align",
-        choices=("top_left", "bottom_right"),
-        help="causal with n_q != n_k: top_left (PyTorch is_causal) or bottom_right (decoding: the last query is the "
-        "newest token and sees every key); implies --causal",
+        "--padding", type=localize_type(int_type(minimum=0), lang, "argtype.int", lo=0), metavar="N", help=h("padding")
     )
-    m.add_argument("--no-causal", action="store_true", help="drop a named example's causal mask (see it without)")
-    m.add_argument(
-        "--bias",
-        metavar="B",
-        help="additive scores: one number per key '0,1,2,3' (a different bias per column) or a matrix [n_q, n_k]",
-    )
-    m.add_argument(
-        "--padding",
-        type=int_type(minimum=0),
-        metavar="N",
-        help="only N key positions are real tokens (0 <= N <= n_k); the rest is padding",
-    )
-    m.add_argument("--padding-side", choices=("right", "left"), default="right", help="where the padding sits")
+    sides = ("right", "left")
+    m.add_argument("--padding-side", choices=sides, type=pick(*sides), default="right", help=h("padding_side"))
     m.add_argument(
         "--temperature",
-        type=TEMPERATURE,
+        type=localize_type(TEMPERATURE, lang, "argtype.temperature"),
         default=1.0,
         metavar="T",
-        help="divide the logits by T: finite, >= 2.2250738585072014e-308 so that 1/T is finite (default 1)",
+        help=h("temperature"),
     )
-    m.add_argument("--shift", type=float_type(), default=0.0, metavar="C", help="add C to every score after scaling")
-    m.add_argument("--scale", type=float_type(), metavar="S", help="multiply Q Kᵀ by S instead of 1/sqrt(d_k)")
-    m.add_argument(
-        "--masked-rows",
-        choices=("raise", "zero", "nan"),
-        default="raise",
-        help="a query row with no legal key: an error (default), zeros (as FlashAttention) or NaN (naive code)",
+    number = localize_type(float_type(), lang, "argtype.float")
+    m.add_argument("--shift", type=number, default=0.0, metavar="C", help=h("shift"))
+    m.add_argument("--scale", type=number, metavar="S", help=h("scale"))
+    policies = ("raise", "zero", "nan")
+    m.add_argument("--masked-rows", choices=policies, type=pick(*policies), default="raise", help=h("masked_rows"))
+
+
+def add_lang_argument(p: Any, lang: str = "en") -> None:
+    """``--lang en|zh`` (default: the command line's language, ``$ATTNLAB_LANG``; see :func:`attnlab.i18n.cli_lang`)."""
+    from .i18n import tr
+
+    langs = ("en", "zh")
+    p.add_argument(
+        "--lang",
+        choices=langs,
+        type=localize_type(None, lang, "argtype.choice", choices=langs),
+        default=lang,
+        help=tr("help.lang", lang, env="ATTNLAB_LANG"),
     )
 
 
@@ -133,10 +136,10 @@ def labels_from_args(
         elif len(toks) == n_k:
             kl = toks
         else:
-            raise ShapeError(f"tokens: {len(toks)} token(s) for n_q={n_q} queries and n_k={n_k} keys")
+            raise localized(ShapeError, "input.tokens_file", n=len(toks), n_q=n_q, n_k=n_k)
     if args.tokens is not None:
         if n_q != n_k:
-            raise ShapeError(f"--tokens: n_q={n_q} != n_k={n_k}; use --query-tokens and --key-tokens")
+            raise localized(ShapeError, "input.tokens_self", n_q=n_q, n_k=n_k)
         ql = kl = parse_tokens(args.tokens, n_q, "--tokens")
     if args.query_tokens is not None:
         ql = parse_tokens(args.query_tokens, n_q, "--query-tokens")
@@ -152,17 +155,17 @@ def read_source(flag: str, source: str, load: Callable[..., Any], *args: Any, **
         return load(source, *args, **kwargs)
     except AttnlabError:
         raise
-    except FileNotFoundError as err:  # the loaders' own message names the flag and the file
-        raise OptionError(str(err)) from None
+    except FileNotFoundError:
+        raise localized(OptionError, "input.file_missing", name=flag, source=source) from None
     except OSError as err:
-        raise OptionError(f"{flag}: cannot read {source!r}: {err.strerror or err}") from None
+        raise localized(OptionError, "input.cannot_read", flag=flag, source=source, why=err.strerror or err) from None
     except (ValueError, EOFError) as err:  # UnicodeDecodeError, NumPy's errors for a file that is not .npy
-        raise OptionError(f"{flag}: cannot read {source!r}: {err}") from None
+        raise localized(OptionError, "input.cannot_read", flag=flag, source=source, why=err) from None
 
 
 def _check_sizes(args: argparse.Namespace, n_q: int, n_k: int) -> None:
     if args.padding is not None and args.padding > n_k:
-        raise OptionError(f"--padding: expected an int in [0, {n_k}] (n_k = {n_k} keys), got {args.padding}")
+        raise localized(OptionError, "input.padding_range", n_k=n_k, got=args.padding)
 
 
 def setup_from_args(args: argparse.Namespace) -> Any:
@@ -177,9 +180,7 @@ def setup_from_args(args: argparse.Namespace) -> Any:
 
     own = [a for a in ("q", "k", "v") if getattr(args, a) is not None]
     if args.example is not None and (own or args.inputs):
-        raise ShapeError(
-            f"give either an example ({args.example!r}) or your own matrices (--q/--k/--v/--inputs), not both"
-        )
+        raise localized(ShapeError, "input.both", name=args.example)
     align = getattr(args, "causal_align", None)
     causal: bool | str = align if align is not None else bool(args.causal)
     bias = None if getattr(args, "bias", None) is None else load_matrix(args.bias, "--bias")
@@ -198,8 +199,10 @@ def setup_from_args(args: argparse.Namespace) -> Any:
     if args.example is not None:
         try:
             ex = example(args.example)
-        except KeyError as err:
-            raise OptionError(f"EXAMPLE: {err.args[0]}") from None
+        except KeyError:
+            raise localized(
+                OptionError, "input.no_example", name=args.example, names=", ".join(EXAMPLE_NAMES)
+            ) from None
         if ex.q is None:
             return args.example
         _check_sizes(args, int(np.shape(ex.q)[0]), int(np.shape(ex.k)[0]))
@@ -223,14 +226,12 @@ def setup_from_args(args: argparse.Namespace) -> Any:
             data[a] = read_source(f"--{a}", src, load_matrix, f"--{a}")
     missing = [f"--{a}" for a in ("q", "k", "v") if a not in data]
     if missing:
-        raise ShapeError(
-            f"missing {', '.join(missing)}: give a named example ({', '.join(EXAMPLE_NAMES)}) or all of --q, --k, --v"
-        )
+        raise localized(ShapeError, "input.missing", flags=", ".join(missing))
     q, k, v = data["q"], data["k"], data["v"]
     if q.shape[1] != k.shape[1]:
-        raise ShapeError(f"--k: d_k={k.shape[1]} columns but --q has d_k={q.shape[1]}; Q and K need the same width")
+        raise localized(ShapeError, "input.k_width", dk=k.shape[1], dq=q.shape[1])
     if v.shape[0] != k.shape[0]:
-        raise ShapeError(f"--v: {v.shape[0]} rows but --k has n_k={k.shape[0]}; one value row per key")
+        raise localized(ShapeError, "input.v_rows", nv=v.shape[0], nk=k.shape[0])
     if mask is None and data.get("mask") is not None:
         mask = np.asarray(data["mask"], dtype=bool)
     _check_sizes(args, q.shape[0], k.shape[0])

@@ -1,8 +1,8 @@
 # ruff: noqa: E501  (Chinese characters count double; the catalogue keeps each message on its own lines)
-"""The message catalogue of ``attnlab explain`` (and the lab): every user-visible string, in English and Chinese.
+"""``attnlab explain``'s table of the one catalogue (:mod:`attnlab.i18n`): every string it shows, in English and Chinese.
 
-One table, :data:`MESSAGES`: key -> ``{"en": ..., "zh": ...}``; :func:`tr` picks a language and fills the
-``{fields}``. The Chinese uses the articles' own terms (查询、键、值、分数、权重、因果遮罩、温度、缩放、行和 …);
+Key -> ``(english, chinese)``, registered into :data:`attnlab.i18n.MESSAGES`; :func:`tr` picks a language and fills
+the ``{fields}`` (the lab reuses these keys for what explain computes). The Chinese uses the articles' own terms (查询、键、值、分数、权重、因果遮罩、温度、缩放、行和 …);
 symbols and identifiers (Q, K, V, W_O, d_k, softmax, exp, nan) stay as they are.
 
 >>> tr("label.weights", "zh")
@@ -13,38 +13,9 @@ symbols and identifiers (Q, K, V, W_O, d_k, softmax, exp, nan) stay as they are.
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..validate import check_choice
+from ..i18n import LANGS, MESSAGES, TERMS, check_lang, register, tr
 
 __all__ = ["LANGS", "MESSAGES", "TERMS", "check_lang", "tr"]
-
-#: The languages of the catalogue; English is the default everywhere.
-LANGS: tuple[str, ...] = ("en", "zh")
-
-#: The articles' terms (English -> Chinese), for a glossary and for the lab.
-TERMS: dict[str, str] = {
-    "query": "查询",
-    "key": "键",
-    "value": "值",
-    "score": "分数",
-    "weight": "权重",
-    "mask": "遮罩",
-    "causal mask": "因果遮罩",
-    "padding": "填充",
-    "temperature": "温度",
-    "scale": "缩放",
-    "row sum": "行和",
-    "output": "输出",
-    "head": "头",
-    "multi-head": "多头",
-    "gradient": "梯度",
-    "variance": "方差",
-    "overflow": "溢出",
-    "saturation": "饱和",
-    "dot product": "点积",
-    "weighted average": "加权平均",
-}
 
 _M: dict[str, tuple[str, str]] = {
     # ---- CLI and renderers
@@ -66,7 +37,6 @@ _M: dict[str, tuple[str, str]] = {
         "{flag} 需要 Q 和 K；示例 {name!r} 不从它们出发",
     ),
     "cli.one_of": ("{a} and {b}: give one of them", "{a} 与 {b}：只能给其中一个"),
-    "cli.core_message": ("{msg}", "（attnlab 的原始信息）{msg}"),
     "render.options": ("Options: {opts}", "选项：{opts}"),
     "render.note": ("Note: {text}", "注：{text}"),
     "render.source": ("Source: {source}", "出处：{source}"),
@@ -503,6 +473,85 @@ _M.update(
         "lesson.bw.fd": ("finite difference", "有限差分"),
         "lesson.fp16.empty_formula": ("softmax([fill, fill])", "softmax([填充值, 填充值])"),
         "lesson.fp16.fills_formula": ("float32(fill), float16(fill)", "float32(填充值)，float16(填充值)"),
+        "lesson.access.secret": ("secret", "秘密"),
+        "lesson.access.weights": (
+            "Causal mask, and b may not see the secret: the weights",
+            "因果遮罩，且 b 不可见秘密：权重",
+        ),
+        "lesson.access.zero": ("b's weight on the secret: {w}", "b 对秘密的权重：{w}"),
+        "lesson.access.layers": (
+            "The secret's value [1, 0] -> [100, 0]: how far each output moves after one and two layers",
+            "把秘密的值从 [1, 0] 改为 [100, 0]：一层和两层之后每个输出的变化",
+        ),
+        "lesson.access.col1": ("1 layer", "1 层"),
+        "lesson.access.col2": ("2 layers", "2 层"),
+        "lesson.access.line": (
+            "b moves {one} after one layer and {two} after two",
+            "b 在一层后变化 {one}，两层后变化 {two}",
+        ),
+        "lesson.access.via": (
+            "the path b <- a <- secret: A[b, a] · A[a, secret] · 99 = {a} · {b} · 99 = {x}",
+            "路径 b <- a <- 秘密：A[b, a] · A[a, 秘密] · 99 = {a} · {b} · 99 = {x}",
+        ),
+        "lesson.access.note": (
+            "The mask removed one connection of one forward pass; the secret still reached b through a. A mask is a "
+            "computation constraint, not a security boundary.",
+            "遮罩只删除了一次前向计算中的一条连接；秘密仍然经由 a 到达 b。模型内的 Mask 是计算约束，不是安全边界。",
+        ),
+        "lesson.access.where": (
+            "Permissions belong in retrieval, server-side authorisation and context assembly: a document the user may "
+            "not read must never enter the context (001 §17.5).",
+            "权限必须在数据检索、服务端授权和上下文组装阶段完成：用户无权访问的文档根本不能进入上下文（001 §17.5）。",
+        ),
+        "lesson.long.step": ("From 4,096 to 8,192 tokens", "从 4,096 到 8,192 个 token"),
+        "lesson.long.row0": ("full: n² score elements", "全连接：n² 个分数元素"),
+        "lesson.long.row1": ("causal: n(n+1)/2 pairs", "因果：n(n+1)/2 个连接"),
+        "lesson.long.row2": ("causal window of {w} keys", "{w} 个键的因果滑动窗口"),
+        "lesson.long.row3": ("KV cache MiB, MHA (32 KV heads)", "KV Cache MiB，MHA（32 个 KV 头）"),
+        "lesson.long.row4": ("KV cache MiB, GQA (8 KV heads)", "KV Cache MiB，GQA（8 个 KV 头）"),
+        "lesson.long.row5": ("KV cache MiB, MQA (1 KV head)", "KV Cache MiB，MQA（1 个 KV 头）"),
+        "lesson.long.line": (
+            "4,096 -> 8,192: {full}x the score elements, {win}x with a window of {w} keys, {kv}x the KV cache",
+            "4,096 -> 8,192：分数矩阵元素 {full} 倍，{w} 个键的窗口 {win} 倍，KV Cache {kv} 倍",
+        ),
+        "lesson.long.gqa": (
+            "GQA (8 KV heads) {g}x smaller, MQA {m}x (32 layers, d_head 128, float16)",
+            "GQA（8 个 KV 头）缩小 {g} 倍，MQA 缩小 {m} 倍（32 层，d_head 128，float16）",
+        ),
+        "lesson.long.note": (
+            "A window or sparse attention drops connections and linear attention changes the kernel: they are not "
+            "the same function as full attention. FlashAttention is: the same exact result, in O(n) memory "
+            "(attnlab explain causal-4 --tiled 2).",
+            "窗口或稀疏 Attention 删除了部分连接，线性 Attention 改变了核函数：它们与标准全连接 Attention 不是同一个函数。"
+            "FlashAttention 是：结果完全相同，内存 O(n)（attnlab explain causal-4 --tiled 2）。",
+        ),
+        "lesson.long.measure": (
+            "Measure at the same quality: end-to-end latency (not one kernel), peak memory, the degradation as n "
+            "grows, and empty, very long and fully masked inputs (001 §19).",
+            "在相同质量目标下测量：端到端延迟（而不只是单个 Kernel）、峰值显存、长度增长时的退化，以及空输入、超长输入和"
+            "全 Mask 输入的行为（001 §19）。",
+        ),
+        "lesson.inv.step": (
+            "Cross attention, 2 queries and 3 keys, key k2 masked for q0: the weights",
+            "Cross-Attention，2 个查询、3 个键，q0 看不到键 k2：权重",
+        ),
+        "lesson.inv.shape": ("shape(Q Kᵀ) = [n_q, n_k] = {s}", "shape(Q Kᵀ) = [n_q, n_k] = {s}"),
+        "lesson.inv.masked": (
+            "masked A_ij = 0: max |A_ij| over masked (i, j) = {x}",
+            "被屏蔽的 A_ij = 0：被屏蔽位置上 max |A_ij| = {x}",
+        ),
+        "lesson.inv.sums": ("valid rows sum to 1: {s}", "有效查询行的和为 1：{s}"),
+        "lesson.inv.agg": ("O = A V: {ok}", "O = A V：{ok}"),
+        "lesson.inv.yes": ("holds (max |O - A V| <= 1e-12)", "成立（max |O - A V| <= 1e-12）"),
+        "lesson.inv.no": ("does not hold", "不成立"),
+        "lesson.inv.dk": ("d_k(Q) = d_k(K): {a} = {b}", "d_k(Q) = d_k(K)：{a} = {b}"),
+        "lesson.inv.nk": ("n_k(K) = n_k(V): {a} = {b}", "n_k(K) = n_k(V)：{a} = {b}"),
+        "lesson.inv.check": ("attnlab.invariants.check: {n} violations", "attnlab.invariants.check：{n} 处违反"),
+        "lesson.inv.note": (
+            "Shape, mask, normalisation, aggregation and matrix product: check them again after every optimisation, "
+            "mixed precision or kernel swap, not only the final loss or throughput (001 §21).",
+            "形状、Mask、归一化、聚合和矩阵乘法：每次优化、混合精度或替换内核之后都要重新检查，不能只看最终 loss 或吞吐（001 §21）。",
+        ),
         "lesson.leak.masks": ("The causal mask, right and inverted", "因果遮罩：正确与写反"),
         "lesson.leak.right": ("right (j <= i):", "正确（j <= i）："),
         "lesson.leak.wrong": ("inverted (j >= i):", "写反（j >= i）："),
@@ -700,7 +749,190 @@ _ZH_TITLES: dict[str, tuple[str, str]] = {
     "growth": ("T² 增长：1,024 -> 4,096 个 token，长度 4 倍，分数矩阵元素 16 倍", "000；001 §13、§19"),
     "complexity": ("复杂度：投影 O(B n d²)、分数 O(B n² d)、内存 O(B h n²)、KV Cache", "001 §13-§15"),
     "leak-test": ("泄漏测试：修改一个未来 token，因果输出不应变化", "001 §17.3、§20"),
+    "mask-not-access": ("Mask 不是权限控制：b 从不关注秘密，却在第二层经由 a 读到它", "001 §17.5、§21"),
+    "long-context": ("长上下文：n 翻倍时分数矩阵元素变为 4 倍；窗口、MQA/GQA 与 KV Cache 的增长不同", "001 §19"),
+    "invariants": ("每个 Attention 实现都要保持的六个不变量，各附其数值", "001 §21"),
 }
+
+
+# ---- the command line's help (attnlab explain and attnlab heatmap; argparse's own words under "argparse.")
+_M.update(
+    {
+        "help.metavar.example": ("EXAMPLE", "示例"),
+        "help.metavar.file": ("FILE", "文件"),
+        "help.metavar.name": ("NAME", "名称"),
+        "help.metavar.labels": ("LABELS", "标签"),
+        "help.metavar.mask": ("MASK", "遮罩"),
+        "help.metavar.heads": ("HEADS", "头数"),
+        "help.metavar.width": ("WIDTH", "宽度"),
+        "help.metavar.seed": ("SEED", "种子"),
+        "help.metavar.text": ("TEXT", "文本"),
+        "help.metavar.title": ("TITLE", "标题"),
+        "help.metavar.n": ("N", "N"),
+        "help.example": (
+            "a worked example of the articles: {names} (or give --q, --k, --v)",
+            "文章中的一个算例：{names}（或给出 --q、--k、--v）",
+        ),
+        "help.list": ("list the named examples and exit", "列出所有命名示例后退出"),
+        "help.group.own": ("your own matrices", "你自己的矩阵"),
+        "help.group.own_desc": (
+            "inline '1,0;0,1' or '[[1,0],[0,1]]', or a .json/.csv/.npy file; a matrix that starts with a minus sign "
+            "needs '=': --q='-1,0;0,1'",
+            "直接写 '1,0;0,1' 或 '[[1,0],[0,1]]'，或给一个 .json/.csv/.npy 文件；以负号开头的矩阵要用 '='：--q='-1,0;0,1'",
+        ),
+        "help.q": ("queries [n_q, d_k]", "查询 [n_q, d_k]"),
+        "help.k": ("keys [n_k, d_k]", "键 [n_k, d_k]"),
+        "help.v": ("values [n_k, d_v]", "值 [n_k, d_v]"),
+        "help.inputs": (
+            "one .json object {q, k, v, mask?, tokens?} or an .npz archive",
+            "一个 .json 对象 {q, k, v, mask?, tokens?} 或一个 .npz 文件",
+        ),
+        "help.tokens": (
+            "labels for the positions ('the cat sat' or 'the,cat,sat'); self-attention",
+            "各位置的标签（'我 喜欢 猫' 或 '我,喜欢,猫'）；用于 Self-Attention",
+        ),
+        "help.query_tokens": ("labels for the queries (cross-attention)", "查询的标签（Cross-Attention）"),
+        "help.key_tokens": ("labels for the keys (cross-attention)", "键的标签（Cross-Attention）"),
+        "help.group.masks": ("masks and options", "遮罩与选项"),
+        "help.mask": (
+            "a boolean mask [n_q, n_k]: '1 0; 1 1' (■/⬚ and true/false work too)",
+            "布尔遮罩 [n_q, n_k]：'1 0; 1 1'（也可以用 ■/⬚ 和 true/false）",
+        ),
+        "help.mask_convention": (
+            "what 1/True means in --mask: allow (attnlab, PyTorch SDPA) or block (nn.MultiheadAttention)",
+            "--mask 中 1/True 的含义：allow 允许关注（attnlab、PyTorch SDPA）或 block 屏蔽（nn.MultiheadAttention）",
+        ),
+        "help.causal": ("query i sees keys j <= i", "因果遮罩：查询 i 只看到键 j <= i"),
+        "help.causal_align": (
+            "causal with n_q != n_k: top_left (PyTorch is_causal) or bottom_right (decoding: the last query is the "
+            "newest token and sees every key); implies --causal",
+            "n_q ≠ n_k 时的因果遮罩：top_left（PyTorch 的 is_causal）或 bottom_right（解码：最后一个查询是最新的 token，"
+            "看到所有键）；隐含 --causal",
+        ),
+        "help.no_causal": (
+            "drop a named example's causal mask (see it without)",
+            "去掉命名示例的因果遮罩（看看没有它时的结果）",
+        ),
+        "help.bias": (
+            "additive scores: one number per key '0,1,2,3' (a different bias per column) or a matrix [n_q, n_k]",
+            "加到分数上的偏置：每个键一个数 '0,1,2,3'（每列不同的偏置）或一个矩阵 [n_q, n_k]",
+        ),
+        "help.padding": (
+            "only N key positions are real tokens (0 <= N <= n_k); the rest is padding",
+            "只有 N 个键位置是真实 token（0 <= N <= n_k）；其余是填充",
+        ),
+        "help.padding_side": ("where the padding sits", "填充的位置：right 右侧或 left 左侧"),
+        "help.temperature": (
+            "divide the logits by T: finite, >= 2.2250738585072014e-308 so that 1/T is finite (default 1)",
+            "温度：logits 除以 T；有限且 >= 2.2250738585072014e-308，使 1/T 有限（默认 1）",
+        ),
+        "help.shift": ("add C to every score after scaling", "缩放之后给每个分数加 C"),
+        "help.scale": ("multiply Q Kᵀ by S instead of 1/sqrt(d_k)", "缩放：Q Kᵀ 乘以 S，而不是 1/sqrt(d_k)"),
+        "help.masked_rows": (
+            "a query row with no legal key: an error (default), zeros (as FlashAttention) or NaN (naive code)",
+            "没有合法键的查询行：raise 报错（默认）、zero 置零（同 FlashAttention）或 nan（朴素实现的结果）",
+        ),
+        "help.group.output": ("output", "输出"),
+        "help.mistake": (
+            "show a classic mistake next to the right computation: {names}, or all (repeatable)",
+            "在正确计算旁展示一个经典错误：{names}，或 all（可重复）",
+        ),
+        "help.heads": (
+            "heads for --mistake sqrt-d-model: d_model = heads·d_k (8)",
+            "--mistake sqrt-d-model 的头数：d_model = 头数·d_k（8）",
+        ),
+        "help.format": (
+            "auto: rich tables in a terminal, plain text in a pipe",
+            "输出格式；auto：终端中用 rich 表格，管道中用纯文本",
+        ),
+        "help.width": ("line width of the text format (>= 20, default 100)", "纯文本格式的行宽（>= 20，默认 100）"),
+        "help.tiled": (
+            "FlashAttention's online softmax instead: the keys in blocks of B, a running max, sum and accumulator",
+            "改为 FlashAttention 的在线 softmax：键按每块 B 个分块，维护滚动最大值、和与累加器",
+        ),
+        "help.lang": (
+            "language of every explanation, label and message: en (default) or zh (中文); {env}=zh sets the default "
+            "and the language of --help",
+            "所有解释、标签和信息的语言：en（默认）或 zh（中文）；环境变量 {env}=zh 设定默认语言和 --help 的语言",
+        ),
+        "help.backward": (
+            "article 001 §9: the gradients by hand (dV, dA, dS, dQ, dK), checked against attention_backward",
+            "文章 001 §9：手算梯度（dV、dA、dS、dQ、dK），并与 attention_backward 核对",
+        ),
+        "help.grad_out": (
+            "--backward: the upstream gradient G_O = dL/dO [n_q, d_v] (default all ones: L = sum of O)",
+            "--backward：上游梯度 G_O = dL/dO [n_q, d_v]（默认全为 1：L = O 的元素和）",
+        ),
+        "help.dropout": (
+            "article 001 §18: inverted dropout on the weights with drop probability P; shows the row sums after it",
+            "文章 001 §18：以丢弃概率 P 对权重做 inverted dropout；显示之后的行和",
+        ),
+        "help.seed": ("--dropout: seed of the dropout mask (default 0)", "--dropout：Dropout 掩码的随机种子（默认 0）"),
+        "help.positions": (
+            "article 001 §16: permuting the tokens permutes the outputs, unless positions (RoPE) are added",
+            "文章 001 §16：打乱 token 顺序只会同样打乱输出，除非加入位置信息（RoPE）",
+        ),
+        "help.explain.description": (
+            "attnlab explain: attention computed by hand, every step from Q Kᵀ to the output, with the classic mistakes.",
+            "attnlab explain：手算 Attention，从 Q Kᵀ 到输出的每一步，以及经典错误。",
+        ),
+        "help.heatmap.description": (
+            "attnlab heatmap: draw attention weights (rows = queries, columns = keys) to a PNG, SVG or PDF file.",
+            "attnlab heatmap：把注意力权重（行 = 查询，列 = 键）画成 PNG、SVG 或 PDF 文件。",
+        ),
+        "help.heatmap.group.sources": ("other sources", "其他来源"),
+        "help.heatmap.weights": (
+            "draw saved weights: .npy [n_q, n_k] or [h, n_q, n_k], .json, .csv",
+            "画保存下来的权重：.npy [n_q, n_k] 或 [h, n_q, n_k]、.json、.csv",
+        ),
+        "help.heatmap.model": ("draw a real model's attention on --text", "画真实模型在 --text 上的注意力"),
+        "help.heatmap.text": (
+            "--model: the prompt (SmolLM2) or sentence (MiniLM); its tokens label the axes",
+            "--model：提示（SmolLM2）或句子（MiniLM）；它的 token 标注坐标轴",
+        ),
+        "help.heatmap.layer": ("--model: layer, from 0 (default 0)", "--model：层号，从 0 开始（默认 0）"),
+        "help.heatmap.head": (
+            "--model: one head, from 0 (default: every head)",
+            "--model：一个头，从 0 开始（默认：所有头）",
+        ),
+        "help.heatmap.group.picture": ("picture", "图"),
+        "help.heatmap.output": (
+            "file to write: .png, .svg or .pdf (attention.png)",
+            "输出文件：.png、.svg 或 .pdf（attention.png）",
+        ),
+        "help.heatmap.kind": (
+            "weights (heatmap; one panel per head for [h, n_q, n_k]), last-row (bar chart of the last query), mask, "
+            "growth (the T² plot)",
+            "weights 权重热力图（[h, n_q, n_k] 时每个头一幅）、last-row 最后一个查询的条形图、mask 遮罩、growth T² 增长图",
+        ),
+        "help.heatmap.title": ("figure title", "图的标题"),
+        "help.heatmap.values": ("write weights in cells", "在格子里写出权重"),
+        "help.heatmap.dpi": (
+            "resolution of PNGs ({lo} to {hi}; default 150)",
+            "PNG 的分辨率（{lo} 到 {hi}；默认 150）",
+        ),
+        "perm.tokens": (
+            "Tokens x [{n}, {d}] are permuted by {perm} (self-attention, no mask, float64).",
+            "token x [{n}, {d}] 按 {perm} 重新排列（Self-Attention，无遮罩，float64）。",
+        ),
+        "perm.without": (
+            "Without positions: max |attn(P x) - P attn(x)| = {x}  -> the outputs only move with their tokens: "
+            "attention alone cannot see word order (article 001, §16).",
+            "没有位置信息：max |attn(P x) - P attn(x)| = {x}  -> 输出只是跟着各自的 token 移动：单靠 Attention 看不到"
+            "词序（文章 001 §16）。",
+        ),
+        "perm.with": (
+            "With RoPE:         max |attn(P x) - P attn(x)| = {x}  -> rotating q and k by their positions makes each "
+            "score depend on the distance i - j, so the order now matters.",
+            "加上 RoPE：        max |attn(P x) - P attn(x)| = {x}  -> 按位置旋转 q 和 k，使每个分数取决于距离 i - j，"
+            "于是顺序变得重要。",
+        ),
+        "argparse.usage": ("usage: ", "用法："),
+        "argparse.positionals": ("positional arguments", "位置参数"),
+        "argparse.options": ("options", "选项"),
+        "argparse.help": ("show this help message and exit", "显示此帮助信息并退出"),
+    }
+)
 
 
 def _titles() -> dict[str, tuple[str, str]]:
@@ -717,21 +949,6 @@ def _titles() -> dict[str, tuple[str, str]]:
 
 _M.update(_titles())
 
-#: key -> {"en": text, "zh": text}. Keys are grouped by where they are shown (``cli.``, ``render.``, ``step.``,
-#: ``mistake.``, ``online.``, ``lesson.``, ``title.``, ``source.`` ...).
-MESSAGES: dict[str, dict[str, str]] = {key: {"en": en, "zh": zh} for key, (en, zh) in _M.items()}
-
-
-def check_lang(lang: Any) -> str:
-    """``lang`` if it is one of :data:`LANGS` (an :class:`~attnlab.errors.OptionError` naming it otherwise)."""
-    return check_choice("lang", lang, LANGS)
-
-
-def tr(key: str, lang: str = "en", /, **fields: Any) -> str:
-    """The message ``key`` in ``lang`` with ``fields`` filled in (``str.format``)."""
-    try:
-        entry = MESSAGES[key]
-    except KeyError:
-        raise KeyError(f"i18n: no message {key!r}") from None
-    text = entry[check_lang(lang)]
-    return text.format(**fields) if fields else text
+#: Keys are grouped by where they are shown (``cli.``, ``help.``, ``render.``, ``step.``, ``mistake.``, ``online.``,
+#: ``lesson.``, ``title.``, ``source.`` ...); the one merged table is :data:`attnlab.i18n.MESSAGES`.
+register("explain", _M)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DTypeError, MaskError, NonFiniteError, ShapeError
+from ..i18n import localized
 from ..validate import check_choice
 
 __all__ = [
@@ -45,21 +46,18 @@ def _number(token: str, name: str, i: int, j: int) -> float:
     try:
         x = float(token)
     except ValueError:
-        raise DTypeError(f"{name}: {token!r} at row {i}, column {j} is not a number") from None
+        raise localized(DTypeError, "input.not_number", name=name, token=token, i=i, j=j) from None
     if not math.isfinite(x):
-        raise NonFiniteError(f"{name}: {token!r} at row {i}, column {j} is not a finite number")
+        raise localized(NonFiniteError, "input.not_finite", name=name, token=token, i=i, j=j)
     return x
 
 
 def _check_rows(rows: list[list[Any]], name: str) -> None:
     if not rows or not rows[0]:
-        raise ShapeError(f"{name}: empty matrix; expected at least one row with at least one number")
+        raise localized(ShapeError, "input.empty", name=name)
     for i, r in enumerate(rows):
         if len(r) != len(rows[0]):
-            raise ShapeError(
-                f"{name}: ragged matrix: row {i} has {len(r)} number(s) but row 0 has {len(rows[0])}; "
-                f"every row needs the same length"
-            )
+            raise localized(ShapeError, "input.ragged", name=name, row=i, n=len(r), n0=len(rows[0]))
 
 
 def matrix_from_value(value: Any, name: str) -> np.ndarray:
@@ -75,19 +73,19 @@ def matrix_from_value(value: Any, name: str) -> np.ndarray:
         rows = a.astype(np.float64).tolist()
     else:
         if not isinstance(value, (list, tuple)):
-            raise ShapeError(f"{name}: expected a matrix (a list of rows), got {type(value).__name__} {value!r}")
+            raise localized(ShapeError, "input.not_matrix", name=name, kind=type(value).__name__, value=value)
         rows = [list(r) if isinstance(r, (list, tuple)) else r for r in value]
         if rows and not any(isinstance(r, list) for r in rows):
             rows = [rows]
         for i, r in enumerate(rows):
             if not isinstance(r, list):
-                raise ShapeError(f"{name}: row {i} is {r!r}, not a list of numbers; mix of rows and numbers")
+                raise localized(ShapeError, "input.mixed_rows", name=name, i=i, row=r)
     _check_rows(rows, name)
     out = np.empty((len(rows), len(rows[0])), dtype=np.float64)
     for i, r in enumerate(rows):
         for j, x in enumerate(r):
             if isinstance(x, bool) or not isinstance(x, (int, float, str)):
-                raise DTypeError(f"{name}: {x!r} at row {i}, column {j} is not a number")
+                raise localized(DTypeError, "input.not_number", name=name, token=x, i=i, j=j)
             out[i, j] = _number(str(x), name, i, j)
     return out
 
@@ -105,7 +103,7 @@ def parse_matrix(text: str, name: str) -> np.ndarray:
         try:
             value = json.loads(s)
         except json.JSONDecodeError as err:
-            raise ShapeError(f"{name}: {s[:40]!r} looks like JSON but is not valid JSON ({err.msg})") from None
+            raise localized(ShapeError, "input.not_json", name=name, text=s[:40], pos=err.pos) from None
         return matrix_from_value(value, name)
     lines = [ln for ln in re.split(r"[;\n]", s) if ln.strip()]
     rows = [[t for t in re.split(r"[,\s\t]+", ln.strip()) if t] for ln in lines]
@@ -159,7 +157,7 @@ def parse_mask(text: str, name: str = "mask", *, convention: str = "allow") -> n
         try:
             value = json.loads(s)
         except json.JSONDecodeError as err:
-            raise MaskError(f"{name}: {s[:40]!r} looks like JSON but is not valid JSON ({err.msg})") from None
+            raise localized(MaskError, "input.not_json", name=name, text=s[:40], pos=err.pos) from None
         if value and not isinstance(value[0], list):
             value = [value]
         rows = [[str(x).lower() for x in r] if isinstance(r, list) else [str(r)] for r in value]
@@ -173,7 +171,7 @@ def parse_mask(text: str, name: str = "mask", *, convention: str = "allow") -> n
             if t in _TRUE:
                 out[i, j] = True
             elif t not in _FALSE:
-                raise MaskError(f"{name}: {t!r} at row {i}, column {j} is not a mask entry; use 1/0, true/false or ■/⬚")
+                raise localized(MaskError, "input.not_mask_entry", name=name, token=t, i=i, j=j)
     return masks.from_blocked(out) if convention == "block" else out
 
 
@@ -202,9 +200,7 @@ def parse_tokens(text: str | None, n: int, name: str) -> tuple[str, ...] | None:
     sep = "," if "," in text else None
     toks = tuple(t.strip() for t in text.split(sep) if t.strip())
     if len(toks) != n:
-        raise ShapeError(
-            f"{name}: {len(toks)} token(s) {list(toks)} but there are {n} positions; give one per position"
-        )
+        raise localized(ShapeError, "input.tokens_count", name=name, n=len(toks), toks=list(toks), m=n)
     return toks
 
 

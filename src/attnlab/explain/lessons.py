@@ -22,6 +22,7 @@ from .. import masks as _masks
 from ..core import attention_trace
 from ..core.backward import attention_backward
 from ..errors import ShapeError
+from ..i18n import localized
 from .fmt import num, vec
 from .i18n import check_lang, tr
 from .steps import Explanation, Setup, Step, explain_softmax, setup_from_example
@@ -384,7 +385,7 @@ def explain_backward(setup: Setup, d_out: Any = None, *, lang: str = "en") -> Ex
     else:
         g = np.asarray(d_out, dtype=np.float64)
         if g.shape != (n_q, d_v):
-            raise ShapeError(f"d_out: shape {g.shape}, expected the output's shape (n_q, d_v) = {(n_q, d_v)}")
+            raise localized(ShapeError, "input.grad_out", shape=g.shape, want=(n_q, d_v))
     ql, kl = setup.qlabels, setup.klabels
     dcols = _labels("d", d_v)
     kcols = _labels("d", q.shape[1])
@@ -705,6 +706,152 @@ def lesson_leak_test(lang: str = "en") -> Explanation:
     return Explanation(title, source, steps, None, None, notes=(tr("lesson.leak.caveat", lang),), lang=lang)
 
 
+def lesson_mask_not_access(lang: str = "en") -> Explanation:
+    """001 §17.5 (and §21's "permissions"): a mask is a computation constraint, not access control. Three tokens
+    (secret, a, b) under the causal mask with b's connection to the secret removed too: b's weight on the secret is
+    exactly 0 in every layer, yet after a second layer b's output moves when the secret changes, because a read it
+    in the first layer and b reads a."""
+    title, source = _head("mask-not-access", lang)
+    x = np.array([[1.0, 0], [0, 1], [1, 1]])
+    allowed = _masks.causal(3).copy()
+    allowed[2, 0] = False  # b may not see the secret
+    v = x.copy()
+    v2 = v.copy()
+    v2[0] = [100.0, 0.0]  # another secret
+    a = np.asarray(attention_trace(x, x, v, allowed).weights)
+    moves = []
+    for layers in (1, 2):
+        o, o2 = v, v2
+        for _ in range(layers):
+            o, o2 = a @ o, a @ o2
+        moves.append(np.abs(o2 - o).max(-1))
+    m = np.array(moves).T  # [3, 2]: rows secret, a, b; columns after 1 and 2 layers
+    rows = (tr("lesson.access.secret", lang), "a", "b")
+    via = a[2, 1] * a[1, 0] * 99.0
+    steps = (
+        Step(
+            "weights",
+            tr("lesson.access.weights", lang),
+            "A = softmax(Q Kᵀ / sqrt(d_k) + M)",
+            a,
+            rows,
+            rows,
+            (tr("lesson.access.zero", lang, w=num(a[2, 0])),),
+        ),
+        Step(
+            "layers",
+            tr("lesson.access.layers", lang),
+            "O_1 = A V,  O_2 = A O_1",
+            m,
+            rows,
+            (tr("lesson.access.col1", lang), tr("lesson.access.col2", lang)),
+            (
+                tr("lesson.access.line", lang, one=num(m[2, 0]), two=num(m[2, 1])),
+                tr("lesson.access.via", lang, a=num(a[2, 1]), b=num(a[1, 0]), x=num(via)),
+            ),
+            tr("lesson.access.note", lang),
+        ),
+    )
+    return Explanation(title, source, steps, None, None, notes=(tr("lesson.access.where", lang),), lang=lang)
+
+
+def _window_pairs(n: int, w: int) -> int:
+    """Causal pairs with a window of ``w`` keys (query i sees keys i-w+1 .. i): sum of min(i + 1, w)."""
+    w = min(w, n)
+    return w * (w + 1) // 2 + (n - w) * w
+
+
+def lesson_long_context(lang: str = "en") -> Explanation:
+    """001 §19: what doubling the length costs. Score elements of full and causal attention grow 4x, a sliding
+    window of 1,024 keys about 2x, the KV cache 2x (it is linear in the length); MQA/GQA shrink the cache by
+    the ratio of heads. Each option changes what is computed or stored (FlashAttention does not: it is exact)."""
+    from ..cost import causal_pairs, kv_cache_bytes, score_elements
+
+    title, source = _head("long-context", lang)
+    ns, w = (4096, 8192), 1024
+
+    def kv(n: int, heads: int) -> float:
+        return kv_cache_bytes(batch=1, seq_len=n, layers=32, kv_heads=heads, head_dim=128, dtype="float16") / 2**20
+
+    table = np.array(
+        [
+            [score_elements(n) for n in ns],
+            [causal_pairs(n) for n in ns],
+            [_window_pairs(n, w) for n in ns],
+            [kv(n, 32) for n in ns],
+            [kv(n, 8) for n in ns],
+            [kv(n, 1) for n in ns],
+        ],
+        dtype=np.float64,
+    )
+    table = np.concatenate([table, table[:, 1:] / table[:, :1]], axis=1)
+    rows = tuple(tr(f"lesson.long.row{i}", lang, w=f"{w:,}") for i in range(6))
+    cols = ("n=4,096", "n=8,192", "×")
+    steps = (
+        Step(
+            "double",
+            tr("lesson.long.step", lang),
+            "O(n²)",
+            table,
+            rows,
+            cols,
+            (
+                tr(
+                    "lesson.long.line",
+                    lang,
+                    full=num(table[0, 2]),
+                    win=num(table[2, 2]),
+                    w=f"{w:,}",
+                    kv=num(table[3, 2]),
+                ),
+                tr("lesson.long.gqa", lang, g=num(table[3, 0] / table[4, 0]), m=num(table[3, 0] / table[5, 0])),
+            ),
+            tr("lesson.long.note", lang),
+        ),
+    )
+    return Explanation(title, source, steps, None, None, notes=(tr("lesson.long.measure", lang),), lang=lang)
+
+
+def lesson_invariants(lang: str = "en") -> Explanation:
+    """001 §21: the six invariants every attention implementation must keep, each checked with its number on a
+    cross-attention call (2 queries, 3 keys, the third key masked for the first query), then by
+    :func:`attnlab.invariants.check`."""
+    from ..invariants import check
+
+    title, source = _head("invariants", lang)
+    q = np.array([[1.0, 0], [0, 1]])
+    k = np.array([[1.0, 0], [0, 1], [1, 1]])
+    v = np.array([[10.0, 0], [0, 10], [5, 5]])
+    allowed = np.array([[True, True, False], [True, True, True]])
+    t = attention_trace(q, k, v, allowed)
+    a, o = np.asarray(t.weights), np.asarray(t.output)
+    sums = a.sum(-1)
+    agg = float(np.abs(o - a @ v).max())
+    violations = check(t)
+    lines = (
+        tr("lesson.inv.shape", lang, s=list(np.shape(np.asarray(t.scores)))),
+        tr("lesson.inv.masked", lang, x=num(float(np.abs(a[~allowed]).max()))),
+        tr("lesson.inv.sums", lang, s=", ".join(num(x) for x in sums)),
+        tr("lesson.inv.agg", lang, ok=tr("lesson.inv.yes" if agg <= 1e-12 else "lesson.inv.no", lang)),
+        tr("lesson.inv.dk", lang, a=q.shape[1], b=k.shape[1]),
+        tr("lesson.inv.nk", lang, a=k.shape[0], b=v.shape[0]),
+        tr("lesson.inv.check", lang, n=len(violations)),
+    )
+    steps = (
+        Step(
+            "invariants",
+            tr("lesson.inv.step", lang),
+            "Q, K, V -> Q Kᵀ / sqrt(d_k) -> Mask -> Softmax -> A V",
+            a,
+            _labels("q", 2),
+            _labels("k", 3),
+            lines,
+            tr("lesson.inv.note", lang),
+        ),
+    )
+    return Explanation(title, source, steps, a, o, lang=lang)
+
+
 #: lesson name (a key of :data:`attnlab.articles.LESSONS`) -> function ``(lang) -> Explanation``.
 LESSON_FUNCTIONS = {
     "variance": lesson_variance,
@@ -716,6 +863,9 @@ LESSON_FUNCTIONS = {
     "growth": lesson_growth,
     "complexity": lesson_complexity,
     "leak-test": lesson_leak_test,
+    "mask-not-access": lesson_mask_not_access,
+    "long-context": lesson_long_context,
+    "invariants": lesson_invariants,
 }
 
 

@@ -37,14 +37,16 @@ class PermutationDemo:
     n: int
     d: int
 
-    def text(self) -> str:
-        """A few plain lines saying what was measured and what it means."""
-        return (
-            f"Tokens x [{self.n}, {self.d}] are permuted by {list(self.perm)} (self-attention, no mask, float64).\n"
-            f"Without positions: max |attn(P x) - P attn(x)| = {self.without_rope:.1e}  -> the outputs only move "
-            f"with their tokens: attention alone cannot see word order (article 001, §16).\n"
-            f"With RoPE:         max |attn(P x) - P attn(x)| = {self.with_rope:.1e}  -> rotating q and k by their "
-            f"positions makes each score depend on the distance i - j, so the order now matters."
+    def text(self, lang: str = "en") -> str:
+        """A few plain lines saying what was measured and what it means, in ``lang`` ("en" or "zh")."""
+        from .i18n import tr
+
+        return "\n".join(
+            (
+                tr("perm.tokens", lang, n=self.n, d=self.d, perm=list(self.perm)),
+                tr("perm.without", lang, x=f"{self.without_rope:.1e}"),
+                tr("perm.with", lang, x=f"{self.with_rope:.1e}"),
+            )
         )
 
 

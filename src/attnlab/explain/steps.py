@@ -25,6 +25,7 @@ from .. import masks as _masks
 from ..core import attention_trace, softmax
 from ..core.attention import AttentionTrace
 from ..errors import MaskError, OptionError, ShapeError
+from ..i18n import Word, localized
 from ..validate import check_choice, check_float, check_int
 from .fmt import num, vec
 from .i18n import check_lang, tr
@@ -46,6 +47,29 @@ __all__ = [
 MAX_WRITTEN = 16
 #: How many terms of a dot product are written before "…".
 MAX_TERMS = 8
+
+
+def causal_align_error(n_q: int, n_k: int, how: str = "hint.causal_python") -> MaskError:
+    """The error for ``causal=True`` with ``n_q != n_k`` (the diagonal's placement drawn both ways); ``how`` is the
+    catalogue key of the fix (Python's keyword, or the command line's ``--causal-align``)."""
+    a, b = min(n_q, 4), min(n_k, 5)
+    indent = "\n    "
+    draw = {
+        align: indent + _masks.to_string(_masks.causal(a, b, align=align)).replace("\n", indent)
+        for align in ("top_left", "bottom_right")
+    }
+    err = localized(
+        MaskError,
+        "input.causal_align",
+        n_q=n_q,
+        n_k=n_k,
+        a=a,
+        b=b,
+        top=draw["top_left"],
+        bottom=draw["bottom_right"],
+        how=Word(how),
+    )
+    return err  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -97,7 +121,7 @@ class Setup:
         if self.causal not in (False, True, "top_left", "bottom_right"):
             raise MaskError(f"causal: expected True, False, 'top_left' or 'bottom_right', got {self.causal!r}")
         if self.causal is True and n_q != n_k:
-            raise MaskError(_masks.causal_alignment_message(n_q, n_k, "causal"))
+            raise causal_align_error(n_q, n_k)
         if self.bias is not None:
             b = np.asarray(self.bias)
             try:
@@ -147,7 +171,7 @@ class Setup:
             try:
                 out = out & np.broadcast_to(m, out.shape)
             except ValueError:
-                raise ShapeError(f"mask: shape {m.shape} does not fit the scores [n_q, n_k] = {out.shape}") from None
+                raise localized(ShapeError, "input.mask_shape", shape=m.shape, scores=out.shape) from None
         return out
 
     def trace(self, **overrides: Any) -> AttentionTrace:

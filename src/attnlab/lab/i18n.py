@@ -1,10 +1,11 @@
 # ruff: noqa: E501  (the catalogue keeps each message on one line; Chinese characters count double)
 """The lab's words in English (the default) and Chinese, with the articles' own terms (查询、键、值、因果遮罩、温度).
 
-Strings are written in English where they are used and looked up here by that English text: :func:`t` returns the
-Chinese for ``lang="zh"`` (``{name}`` fields filled in either way). A string missing from :data:`ZH` shows in
-English, which the browser test for the Chinese view catches. Explanations computed by ``attnlab explain`` (the
-steps, the examples' titles) come from its own catalogue, :mod:`attnlab.explain.i18n`, when it is there.
+The lab's table of the one catalogue (:mod:`attnlab.i18n`). Strings are written in English where they are used, and
+that English text is their key: :func:`t` (:func:`attnlab.i18n.text`) returns the Chinese for ``lang="zh"``
+(``{name}`` fields filled in either way). A string missing from :data:`ZH` shows in English, which the browser test
+for the Chinese view catches. Explanations computed by ``attnlab explain`` (the steps, the examples' titles) and
+messages about bad input come from the same catalogue under their own keys.
 
 >>> t("en", "reveal"), t("zh", "reveal")
 ('reveal', '揭晓')
@@ -14,7 +15,10 @@ steps, the examples' titles) come from its own catalogue, :mod:`attnlab.explain.
 
 from __future__ import annotations
 
-__all__ = ["BIGGER", "INTRO", "LANGS", "LIVE_INTRO", "PREDICT_INTRO", "SELF_TEST_ANSWER", "ZH", "message", "t"]
+from ..i18n import register
+from ..i18n import text as t
+
+__all__ = ["BIGGER", "INTRO", "LANGS", "LIVE_INTRO", "PREDICT_INTRO", "SELF_TEST_ANSWER", "ZH", "t"]
 
 #: The languages of the switch: code -> name shown.
 LANGS = {"en": "English", "zh": "中文"}
@@ -77,12 +81,6 @@ ZH: dict[str, str] = {
 }
 
 
-def t(lang: str, text: str, /, **fields: object) -> str:
-    """``text`` in ``lang`` ("en" or "zh"), with ``fields`` filled in (``str.format``)."""
-    s = ZH.get(text, text) if lang == "zh" else text
-    return s.format(**fields) if fields else s
-
-
 ZH.update(
     {
         # ---- page text
@@ -126,11 +124,21 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "First row with the causal mask: {causal}: one legal key gets everything, at any temperature. Without the mask it reads {full}, future keys included.": "因果遮罩下的第一行：{causal}：唯一的合法键得到全部权重，与温度无关。去掉遮罩后它读取 {full}，包括未来的键。",
         "Fix the inputs above first.": "请先修正上方的输入。",
         "This experiment needs V with {n} columns and a row {row}.": "这个实验需要 V 有 {n} 列，并且有第 {row} 行。",
-        "(attnlab's message) {msg}": "（attnlab 的原始信息）{msg}",
+        # ---- messages about the learner's input (lab.logic raises them with attnlab.i18n.localized)
+        "{name}: {r}×{c} is larger than the lab allows ({n} rows × {d} columns); use `attnlab explain` or the library for bigger inputs": "{name}：{r}×{c} 超出了实验室的上限（{n} 行 × {d} 列）；更大的输入请用 attnlab explain 或库函数",
+        "K: rows have {dk} number(s) but Q's have {dq}; q·k needs equal lengths": "K：每行有 {dk} 个数字，而 Q 的每行有 {dq} 个；q·k 需要相同长度",
+        "V: {nv} row(s) but K has {nk}; every key needs one value row": "V：有 {nv} 行，而 K 有 {nk} 行；每个键需要一行值",
+        "value row: {row} is not a key position (0 … {last})": "值的行号：{row} 不是键的位置（0 … {last}）",
+        "v{row}: expected one row of {d} number(s), got {r}×{c}": "v{row}：需要一行 {d} 个数字，实际是 {r}×{c}",
+        "mask: {r}×{c}, expected {n_q}×{n_k} (one row per query, one column per key) or 1×{n_k}": "遮罩：{r}×{c}，需要 {n_q}×{n_k}（每个查询一行，每个键一列）或 1×{n_k}",
+        "causal: {n_q} queries but only {n_k} keys; a causal query must be one of the key positions (fewer queries than keys is decoding: the last query sees every key)": "因果遮罩：{n_q} 个查询但只有 {n_k} 个键；因果查询必须是键的位置之一（查询比键少是解码：最后一个查询看到所有键）",
+        "padding: {p} padded key(s) but there are only {n_k} keys": "填充：{p} 个填充的键，但只有 {n_k} 个键",
+        "tokens: {n} token(s) for {n_k} positions (tokens label self-attention)": "token 标签：{n} 个 token 对应 {n_k} 个位置（标签用于自注意力）",
+        "scale: expected one positive number (empty: 1/sqrt(d_k)), got {got!r}": "缩放：需要一个正数（空着：1/sqrt(d_k)），实际是 {got!r}",
+        "bias: {r}×{c}, expected one number per key (1×{n_k}) or one row per query ({n_q}×{n_k})": "偏置：{r}×{c}，需要每个键一个数（1×{n_k}）或每个查询一行（{n_q}×{n_k}）",
         "MaskedRowError: query row {r} may attend to no key at all.": "MaskedRowError：查询行 {r} 没有任何可关注的键。",
         "Query row(s) {rows} may attend to no key at all (every key is masked), so softmax would divide 0 by 0. This is the fully-masked-row trap: padding AND causal often empties a row. Switch 'fully masked rows' to 'zero' (FlashAttention's choice) or 'nan' (what naive code gives) to see it.": "查询行 {rows} 没有任何可关注的键（所有键都被遮住），softmax 会变成 0 除以 0。这就是全遮罩行陷阱：填充遮罩与因果遮罩合并时常会让一行全空。把“全遮罩行”切换为 zero（FlashAttention 的做法）或 nan（朴素代码的结果）来观察。",
         "This experiment needs one bias per key ({n}).": "这个实验需要每个键一个偏置（共 {n} 个）。",
-        "masked": "已遮罩",
         "last query {q}: its real weights": "最后一个查询 {q}：它的真实权重",
         "softmax(x + c) = softmax(x): the shift cancels between numerator and denominator. Adding different amounts to different columns would change the weights.": "softmax(x + c) = softmax(x)：平移在分子和分母之间抵消。给不同列加不同的量则会改变权重。",
         "A bias that differs between the columns of a row does not cancel in softmax: keys with a larger bias gain weight. (A row with one legal key keeps [1, 0, …].)": "同一行中各列不同的偏置在 softmax 中不会抵消：偏置更大的键得到更多权重。（只有一个合法键的行仍是 [1, 0, …]。）",
@@ -142,11 +150,9 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "policy 'zero' (FlashAttention): weights and output 0": "策略 zero（FlashAttention）：权重和输出都为 0",
         "policy 'raise' (attnlab's default):": "策略 raise（attnlab 的默认）：",
         "read as True = blocked (nn.MultiheadAttention)": "按 True = 屏蔽 读取（nn.MultiheadAttention）",
-        "key (column): read from": "键（列）：被读取的位置",
         "masked (never attended), unlike a small weight": "已遮罩（从不被关注），不同于很小的权重",
         "NaN: no legal key, policy 'nan'": "NaN：没有合法键，策略 nan",
         "Largest change of any weight:": "权重的最大变化：",
-        "causal": "因果遮罩",
         "naive: NaN (and NaN spreads to every later layer)": "朴素实现：NaN（并且 NaN 会传播到之后的每一层）",
         "read as True = may attend (attnlab, PyTorch SDPA)": "按 True = 允许关注 读取（attnlab、PyTorch SDPA）",
         " (0 up to float64 rounding)": "（在 float64 舍入误差内为 0）",
@@ -193,6 +199,10 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "K (keys)": "K（键）",
         "V (values)": "V（值）",
         "token labels": "token 标签",
+        "rows of Q": "Q 的各行",
+        "rows of K": "K 的各行",
+        "rows of V": "V 的各行",
+        "a sentence": "一句话",
         "I like green cats": "我 喜欢 绿色 猫",
         "causal mask": "因果遮罩",
         "padded keys": "填充的键",
@@ -213,11 +223,8 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "model": "模型",
         "run": "run",
         "layer": "层",
-        "head": "头",
         "run the intervention (delete each token)": "运行干预实验（逐个删除 token）",
         "One row per line, numbers separated by commas. At most {n} positions and {d} numbers per row.": "每行一个向量，数字用逗号分隔。最多 {n} 个位置，每行最多 {d} 个数字。",
-        "right": "右侧",
-        "left": "左侧",
         "*Empty boxes keep the default: no bias, no extra mask, scale 1/√d_k. With fewer queries than keys the causal mask is a decoding query's: the last query sees every key.*": "*空着的框保持默认：没有偏置，没有额外遮罩，缩放 1/√d_k。查询比键少时，因果遮罩按解码查询对齐：最后一个查询看到所有键。*",
         "T² score elements against the length T": "分数矩阵元素数 T² 与长度 T",
         "{a:,} -> {b:,} tokens: {x:g}x the length, {y:g}x the elements": "{a:,} -> {b:,} 个 token：长度 {x:g} 倍，元素 {y:g} 倍",
@@ -317,65 +324,11 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "... and invisible on the symmetric 2×2": "……在对称的 2×2 上不可见",
         "the leak test: change a future token": "泄漏测试：修改一个未来 token",
         "dropout: the row sums after inverted dropout": "dropout：倒置 dropout（除以 1 - p）之后的行和",
+        "a mask is not access control: the secret reaches b through a": "Mask 不是权限控制：秘密经由 a 到达 b",
+        "long context: doubling n, window, MQA/GQA, KV cache": "长上下文：n 翻倍、窗口、MQA/GQA、KV Cache",
+        "the six invariants, each with its number": "六个不变量，各附其数值",
     }
 )
 
 
-#: The messages a learner's input can produce (the lab's own and :func:`attnlab.explain.inputs.parse_matrix`'s),
-#: as patterns of the English text and their Chinese; :func:`message` uses them.
-MESSAGES_ZH: tuple[tuple[str, str], ...] = (
-    (
-        r"(\w+): '(.*)' at row (\d+), column (\d+) is not a finite number",
-        "{0}：第 {2} 行第 {3} 列的 '{1}' 不是有限的数",
-    ),
-    (r"(\w+): '(.*)' at row (\d+), column (\d+) is not a number", "{0}：第 {2} 行第 {3} 列的 '{1}' 不是数字"),
-    (r"(\w+): empty matrix.*", "{0}：矩阵为空；至少需要一行、每行至少一个数字"),
-    (
-        r"(\w+): ragged matrix: row (\d+) has (\d+) number\(s\) but row 0 has (\d+).*",
-        "{0}：各行长度不一：第 {1} 行有 {2} 个数字，第 0 行有 {3} 个；每行需要同样的长度",
-    ),
-    (
-        r"(\w+): (\d+)×(\d+) is larger than the lab allows \((\d+) rows × (\d+) columns\).*",
-        "{0}：{1}×{2} 超出了实验室的上限（{3} 行 × {4} 列）；更大的输入请用 attnlab explain 或库函数",
-    ),
-    (
-        r"K: rows have (\d+) number\(s\) but Q's have (\d+).*",
-        "K：每行有 {0} 个数字，而 Q 的每行有 {1} 个；q·k 需要相同长度",
-    ),
-    (r"V: (\d+) row\(s\) but K has (\d+).*", "V：有 {0} 行，而 K 有 {1} 行；每个键需要一行值"),
-    (
-        r"causal: (\d+) queries but only (\d+) keys.*",
-        "因果遮罩：{0} 个查询但只有 {1} 个键；因果查询必须是键的位置之一（查询比键少是解码：最后一个查询看到所有键）",
-    ),
-    (r"padding: (\d+) padded key\(s\) but there are only (\d+) keys", "填充：{0} 个填充的键，但只有 {1} 个键"),
-    (r"value row: (-?\d+) is not a key position \(0 … (\d+)\)", "值的行号：{0} 不是键的位置（0 … {1}）"),
-    (r"(v\d+): expected one row of (\d+) number\(s\), got (\d+)×(\d+)", "{0}：需要一行 {1} 个数字，实际是 {2}×{3}"),
-    (r"tokens: (\d+) token\(s\) for (\d+) positions.*", "token 标签：{0} 个 token 对应 {1} 个位置（标签用于自注意力）"),
-    (r"scale: expected one positive number.*", "缩放：需要一个正数（空着：1/sqrt(d_k)）"),
-    (
-        r"bias: (\d+)×(\d+), expected one number per key \(1×(\d+)\) or one row per query \((\d+)×(\d+)\)",
-        "偏置：{0}×{1}，需要每个键一个数（1×{2}）或每个查询一行（{3}×{4}）",
-    ),
-    (
-        r"mask: (\d+)×(\d+), expected (\d+)×(\d+) .* or 1×(\d+)",
-        "遮罩：{0}×{1}，需要 {2}×{3}（每个查询一行，每个键一列）或 1×{4}",
-    ),
-    (
-        r"mask: '(.*)' at row (\d+), column (\d+) is not a mask entry.*",
-        "遮罩：第 {1} 行第 {2} 列的 '{0}' 不是遮罩项；请用 1/0",
-    ),
-)
-
-
-def message(lang: str, text: str) -> str:
-    """A message about the learner's input in ``lang``: a known pattern in Chinese, else attnlab's own words
-    marked as such."""
-    import re
-
-    if lang != "zh":
-        return text
-    for pattern, zh in MESSAGES_ZH:
-        m = re.fullmatch(pattern, text, flags=re.S)
-        if m:
-            return zh.format(*m.groups())
-    return ZH["(attnlab's message) {msg}"].format(msg=text)
+register("lab", {en: (en, zh) for en, zh in ZH.items()})

@@ -314,7 +314,7 @@ def live_html(r: LiveResult, layer: int, head: int, lang: str = "en") -> str:
         labels,
         title=t(lang, "layer {layer}, head {head}: rows = queries, columns = keys", layer=layer, head=head),
         legend=(
-            t(lang, "key (column): read from"),
+            t(lang, "plot.key_axis"),
             t(lang, "masked (never attended), unlike a small weight"),
             t(lang, "NaN: no legal key, policy 'nan'"),
         ),
@@ -327,7 +327,7 @@ def live_html(r: LiveResult, layer: int, head: int, lang: str = "en") -> str:
         labels,
         labels[-1],
         title=t(lang, "last token {q}: its real weights", q=labels[-1]),
-        masked_word=t(lang, "masked"),
+        masked_word=t(lang, "plot.masked"),
         testid="al-live-last",
     )
     grid = grid_svg(

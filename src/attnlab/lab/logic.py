@@ -27,7 +27,8 @@ from ..errors import AttnlabError, MaskedRowError
 from ..explain import Explanation, Setup, compare, explain_setup
 from ..explain.fmt import num, vec
 from ..explain.inputs import parse_mask, parse_matrix
-from .i18n import message, t
+from ..i18n import Word, error_message, localized
+from .i18n import t
 from .svg import heatmap_svg, last_row_svg
 
 __all__ = [
@@ -128,10 +129,7 @@ class LabResult:
 def _bounded(text: str, name: str) -> np.ndarray:
     m = parse_matrix(text, name)
     if m.shape[0] > MAX_N or m.shape[1] > MAX_D:
-        raise AttnlabError(
-            f"{name}: {m.shape[0]}×{m.shape[1]} is larger than the lab allows ({MAX_N} rows × {MAX_D} columns); "
-            f"use `attnlab explain` or the library for bigger inputs"
-        )
+        raise localized(AttnlabError, TOO_LARGE, name=name, r=m.shape[0], c=m.shape[1], n=MAX_N, d=MAX_D)
     return m
 
 
@@ -139,16 +137,32 @@ def setup_of(state: LabState) -> Setup:
     """The :class:`~attnlab.explain.Setup` for ``state``; raises the library's errors on bad input."""
     q, k, v = _bounded(state.q, "Q"), _bounded(state.k, "K"), _bounded(state.v, "V")
     if q.shape[1] != k.shape[1]:
-        raise AttnlabError(f"K: rows have {k.shape[1]} number(s) but Q's have {q.shape[1]}; q·k needs equal lengths")
+        raise localized(
+            AttnlabError,
+            "K: rows have {dk} number(s) but Q's have {dq}; q·k needs equal lengths",
+            dk=k.shape[1],
+            dq=q.shape[1],
+        )
     if v.shape[0] != k.shape[0]:
-        raise AttnlabError(f"V: {v.shape[0]} row(s) but K has {k.shape[0]}; every key needs one value row")
+        raise localized(
+            AttnlabError, "V: {nv} row(s) but K has {nk}; every key needs one value row", nv=v.shape[0], nk=k.shape[0]
+        )
     if state.value_text.strip():
         row = int(state.value_row)
         if not 0 <= row < v.shape[0]:
-            raise AttnlabError(f"value row: {row} is not a key position (0 … {v.shape[0] - 1})")
+            raise localized(
+                AttnlabError, "value row: {row} is not a key position (0 … {last})", row=row, last=v.shape[0] - 1
+            )
         new = parse_matrix(state.value_text, f"v{row}")
         if new.shape != (1, v.shape[1]):
-            raise AttnlabError(f"v{row}: expected one row of {v.shape[1]} number(s), got {new.shape[0]}×{new.shape[1]}")
+            raise localized(
+                AttnlabError,
+                "v{row}: expected one row of {d} number(s), got {r}×{c}",
+                row=row,
+                d=v.shape[1],
+                r=new.shape[0],
+                c=new.shape[1],
+            )
         v = v.copy()
         v[row] = new[0]
     n_q, n_k = q.shape[0], k.shape[0]
@@ -156,18 +170,12 @@ def setup_of(state: LabState) -> Setup:
     causal: bool | str = bool(state.causal)
     user_mask = None
     if state.mask.strip():
-        user_mask = parse_mask(state.mask, "mask")
+        user_mask = parse_mask(state.mask, Word("opt.mask"))
         if user_mask.shape not in ((n_q, n_k), (1, n_k)):
-            raise AttnlabError(
-                f"mask: {user_mask.shape[0]}×{user_mask.shape[1]}, expected {n_q}×{n_k} (one row per query, one "
-                f"column per key) or 1×{n_k}"
-            )
+            raise localized(AttnlabError, MASK_SHAPE, r=user_mask.shape[0], c=user_mask.shape[1], n_q=n_q, n_k=n_k)
     if causal and n_q != n_k:
         if n_q > n_k:
-            raise AttnlabError(
-                f"causal: {n_q} queries but only {n_k} keys; a causal query must be one of the key positions "
-                f"(fewer queries than keys is decoding: the last query sees every key)"
-            )
+            raise localized(AttnlabError, CAUSAL_QUERIES, n_q=n_q, n_k=n_k)
         causal = "bottom_right"
         if "bias" not in fields:  # an explain without aligned causal masks: the same mask, given explicitly
             dec = masks.causal(n_q, n_k, align="bottom_right")
@@ -175,29 +183,31 @@ def setup_of(state: LabState) -> Setup:
             causal = False
     padded = int(state.padded)
     if not 0 <= padded <= n_k:
-        raise AttnlabError(f"padding: {padded} padded key(s) but there are only {n_k} keys")
+        raise localized(AttnlabError, "padding: {p} padded key(s) but there are only {n_k} keys", p=padded, n_k=n_k)
     labels = None
     if state.tokens.strip():
         toks = tuple(t for t in state.tokens.replace(",", " ").split() if t)
         if len(toks) != n_k or n_q != n_k:
-            raise AttnlabError(f"tokens: {len(toks)} token(s) for {n_k} positions (tokens label self-attention)")
+            raise localized(
+                AttnlabError,
+                "tokens: {n} token(s) for {n_k} positions (tokens label self-attention)",
+                n=len(toks),
+                n_k=n_k,
+            )
         labels = toks
     scale = None
     if state.scale.strip():
-        sc = parse_matrix(state.scale, "scale")
+        sc = parse_matrix(state.scale, Word("scale"))
         if sc.shape != (1, 1) or not sc[0, 0] > 0:
-            raise AttnlabError(f"scale: expected one positive number (empty: 1/sqrt(d_k)), got {state.scale!r}")
+            raise localized(
+                AttnlabError, "scale: expected one positive number (empty: 1/sqrt(d_k)), got {got!r}", got=state.scale
+            )
         scale = float(sc[0, 0])
     extra: dict[str, object] = {}
     if state.bias.strip():
-        b = parse_matrix(state.bias, "bias")
+        b = parse_matrix(state.bias, Word("bias per key"))
         if b.shape not in ((1, n_k), (n_q, n_k)):
-            raise AttnlabError(
-                f"bias: {b.shape[0]}×{b.shape[1]}, expected one number per key (1×{n_k}) or one row per query "
-                f"({n_q}×{n_k})"
-            )
-        if "bias" not in fields:
-            raise AttnlabError("bias: this attnlab's explain has no per-key bias (attnlab.explain.Setup.bias)")
+            raise localized(AttnlabError, BIAS_SHAPE, r=b.shape[0], c=b.shape[1], n_q=n_q, n_k=n_k)
         extra["bias"] = b
     return Setup(
         q,
@@ -227,9 +237,21 @@ def compute(state: LabState, lang: str = "en") -> LabResult:
         rows = ", ".join(str(r[-1]) for r in err.rows)
         return LabResult(False, t(lang, MASKED_ROW_MESSAGE, rows=rows), state)
     except (AttnlabError, ValueError) as err:
-        return LabResult(False, message(lang, str(err)), state)
+        return LabResult(False, error_message(err, lang), state)
     return LabResult(True, "", state, e, setup)
 
+
+#: The lab's own messages about the learner's input (keys of the catalogue, :mod:`attnlab.lab.i18n`).
+TOO_LARGE = (
+    "{name}: {r}×{c} is larger than the lab allows ({n} rows × {d} columns); use `attnlab explain` or the library "
+    "for bigger inputs"
+)
+MASK_SHAPE = "mask: {r}×{c}, expected {n_q}×{n_k} (one row per query, one column per key) or 1×{n_k}"
+CAUSAL_QUERIES = (
+    "causal: {n_q} queries but only {n_k} keys; a causal query must be one of the key positions (fewer queries "
+    "than keys is decoding: the last query sees every key)"
+)
+BIAS_SHAPE = "bias: {r}×{c}, expected one number per key (1×{n_k}) or one row per query ({n_q}×{n_k})"
 
 #: What the page says when a row has no legal key under the ``raise`` policy.
 MASKED_ROW_MESSAGE = (
@@ -252,7 +274,7 @@ def _cell(x: float, allowed: bool = True, shade_weights: bool = False, lang: str
     if not allowed:
         return (
             f'<td class="al-masked" data-value="masked" style="background:#e5e5e5;color:#444;{_PAD}">'
-            f"{html.escape(t(lang, 'masked'))}</td>"
+            f"{html.escape(t(lang, 'plot.masked'))}</td>"
         )
     shade = ""
     if shade_weights and math.isfinite(x) and 0 <= x <= 1:
@@ -404,7 +426,7 @@ def pictures_html(result: LabResult, lang: str = "en") -> str:
             st.klabels,
             title=t(lang, "weights A: rows = queries, columns = keys"),
             legend=(
-                t(lang, "key (column): read from"),
+                t(lang, "plot.key_axis"),
                 t(lang, "masked (never attended), unlike a small weight"),
                 t(lang, "NaN: no legal key, policy 'nan'"),
             ),
@@ -415,7 +437,7 @@ def pictures_html(result: LabResult, lang: str = "en") -> str:
             st.klabels,
             st.qlabels[-1],
             title=t(lang, "last query {q}: its real weights", q=st.qlabels[-1]),
-            masked_word=t(lang, "masked"),
+            masked_word=t(lang, "plot.masked"),
         )
         + "</div>"
     )
@@ -621,7 +643,13 @@ def four_pairs(temperature: float = 1.0, lang: str = "en") -> tuple[dict[str, np
     return out, (
         f"<p>q = {', '.join(vec(x) for x in q)}; k = {', '.join(vec(x) for x in k)}; T = {num(temperature)}</p>"
         + matrix_html(
-            out["causal"], rows, cols, allowed=allowed, caption=t(lang, "causal"), table_id="al-four-causal", lang=lang
+            out["causal"],
+            rows,
+            cols,
+            allowed=allowed,
+            caption=t(lang, "causal mask"),
+            table_id="al-four-causal",
+            lang=lang,
         )
         + matrix_html(out["full"], rows, cols, caption=t(lang, "no mask"), table_id="al-four-full", lang=lang)
         + f"<p>{html.escape(text)}</p>"

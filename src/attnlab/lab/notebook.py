@@ -71,18 +71,21 @@ def _(P, item, lang, mo):
 @app.cell
 def _(L, T, lang, mo, start):
     q_text = mo.ui.text_area(
-        value=start.q, placeholder="rows of Q", label=T(lang, "Q (queries)"), rows=4, full_width=True
+        value=start.q, placeholder=T(lang, "rows of Q"), label=T(lang, "Q (queries)"), rows=4, full_width=True
     )
-    k_text = mo.ui.text_area(value=start.k, placeholder="rows of K", label=T(lang, "K (keys)"), rows=4, full_width=True)
+    k_text = mo.ui.text_area(
+        value=start.k, placeholder=T(lang, "rows of K"), label=T(lang, "K (keys)"), rows=4, full_width=True
+    )
     v_text = mo.ui.text_area(
-        value=start.v, placeholder="rows of V", label=T(lang, "V (values)"), rows=4, full_width=True
+        value=start.v, placeholder=T(lang, "rows of V"), label=T(lang, "V (values)"), rows=4, full_width=True
     )
     tokens = mo.ui.text(value=start.tokens, placeholder=T(lang, "I like green cats"), label=T(lang, "token labels"))
     mo.vstack(
         [
-            q_text,  # one above the other, full width: a row of 16 numbers fits on one line
-            k_text,
-            v_text,
+            # one above the other, full width: a row of 16 numbers fits on one line; data-testid for the tests
+            mo.Html(f"<div data-testid='al-input-q'>{q_text}</div>"),
+            mo.Html(f"<div data-testid='al-input-k'>{k_text}</div>"),
+            mo.Html(f"<div data-testid='al-input-v'>{v_text}</div>"),
             tokens,
             mo.md(
                 T(
@@ -102,8 +105,8 @@ def _(T, lang, mo, start):
     causal = mo.ui.checkbox(value=start.causal, label=T(lang, "causal mask"))
     padded = mo.ui.number(start=0, stop=32, step=1, value=start.padded, label=T(lang, "padded keys"))
     padding_side = mo.ui.radio(
-        options={T(lang, "right"): "right", T(lang, "left"): "left"},
-        value=T(lang, "right") if start.padding_side == "right" else T(lang, "left"),
+        options={T(lang, "side.right"): "right", T(lang, "side.left"): "left"},
+        value=T(lang, "side.right") if start.padding_side == "right" else T(lang, "side.left"),
         inline=True,
         label=T(lang, "padding side"),
     )
@@ -116,6 +119,7 @@ def _(T, lang, mo, start):
     shift = mo.ui.slider(-20, 120, step=1, value=start.shift, show_value=True, label=T(lang, "add to every score"))
     value_row = mo.ui.number(start=0, stop=31, step=1, value=start.value_row, label=T(lang, "value row"))
     value_text = mo.ui.text(value=start.value_text, placeholder="100, 0", label=T(lang, "new value vector"))
+    _value_box = mo.Html(f"<div data-testid='al-input-value'>{value_text}</div>")
     bias = mo.ui.text(value=start.bias, placeholder="0, 1, 2, 3", label=T(lang, "bias per key"))
     mask_text = mo.ui.text_area(
         value=start.mask, placeholder="1 0\n1 1", label=T(lang, "mask (1 = may attend)"), rows=2
@@ -125,7 +129,7 @@ def _(T, lang, mo, start):
         [
             mo.hstack([causal, padded, padding_side, masked_rows], justify="start", gap=2, wrap=True),
             mo.hstack([temperature, shift], justify="start", gap=2, wrap=True),
-            mo.hstack([value_row, value_text, bias, scale], justify="start", gap=2, wrap=True),
+            mo.hstack([value_row, _value_box, bias, scale], justify="start", gap=2, wrap=True),
             mask_text,
             mo.md(
                 T(
@@ -407,11 +411,11 @@ def _(T, lang, mo):
     )
     live_text = mo.ui.text(
         value="The cat sat on the mat because it was tired",
-        placeholder="a sentence",
+        placeholder=T(lang, "a sentence"),
         label=T(lang, "sentence"),
         full_width=True,
     ).form(submit_button_label=T(lang, "run"), bordered=False)
-    mo.vstack([live_model, live_text])
+    mo.vstack([live_model, mo.Html(f"<div data-testid='al-input-sentence'>{live_text}</div>")])
     return live_model, live_text
 
 
@@ -421,7 +425,7 @@ def _(LV, T, lang, live_model, mo):
     live_layer = mo.ui.slider(
         0, _info.layers - 1, value=min(3, _info.layers - 1), show_value=True, label=T(lang, "layer")
     )
-    live_head = mo.ui.slider(0, _info.heads - 1, value=0, show_value=True, label=T(lang, "head"))
+    live_head = mo.ui.slider(0, _info.heads - 1, value=0, show_value=True, label=T(lang, "plot.head"))
     mo.hstack([live_layer, live_head], justify="start", gap=2)
     return live_head, live_layer
 

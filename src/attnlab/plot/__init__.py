@@ -20,6 +20,8 @@ answer.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import io
 import textwrap
 from collections.abc import Sequence
@@ -35,7 +37,17 @@ from ..explain.fmt import num
 from ..validate import check_int
 from . import layout
 
-__all__ = ["FORMATS", "growth_plot", "head_grid", "heatmap", "last_row_bar", "mask_picture", "save", "to_bytes"]
+__all__ = [
+    "CJK_FONTS",
+    "FORMATS",
+    "growth_plot",
+    "head_grid",
+    "heatmap",
+    "last_row_bar",
+    "mask_picture",
+    "save",
+    "to_bytes",
+]
 
 #: File formats :func:`save` writes, by extension.
 FORMATS = ("png", "svg", "pdf")
@@ -44,13 +56,56 @@ FORMATS = ("png", "svg", "pdf")
 MASKED_STYLE = {"facecolor": "#d9d9d9", "hatch": "///", "hatchcolor": "#969696"}
 POLICY_NAN_STYLE = {"facecolor": "#fdae6b", "hatch": "xx", "hatchcolor": "#e6550d"}
 NAN_STYLE = {"facecolor": "#e34a33", "hatch": "", "hatchcolor": "#e34a33"}
-#: Legend entries, one per kind of cell that is not an ordinary weight (shown when the picture has such cells).
-LEGEND = {
-    "masked": "masked (blocked by the mask, weight 0)",
-    "policy-nan": "nan (fully masked row, masked_rows='nan')",
-    "nan": "nan or inf (not finite where the mask allows)",
-    "leak": "leak (blocked by the mask, yet weight ≠ 0)",
-}
+#: The language of the figure being built (set by each public function's ``lang=``; English by default).
+_LANG: contextvars.ContextVar[str] = contextvars.ContextVar("attnlab_plot_lang", default="en")
+#: Fonts for a Chinese figure: DejaVu for Latin and symbols, WenQuanYi Micro Hei (fonts-wqy-microhei) for CJK.
+CJK_FONTS = ["DejaVu Sans", "WenQuanYi Micro Hei", "Noto Sans CJK SC"]
+
+
+def _w(key: str, **fields: Any) -> str:
+    """The figure's word ``key`` in the language being drawn (:mod:`attnlab.i18n`, keys ``plot.``)."""
+    from ..i18n import tr
+
+    return tr(f"plot.{key}", _LANG.get(), **fields)
+
+
+@functools.cache
+def _cjk_fonts() -> list[str]:
+    """:data:`CJK_FONTS` that matplotlib knows, registering an installed WenQuanYi/Noto CJK file its font cache
+    (built before the font was installed) may lack."""
+    from matplotlib import font_manager
+
+    known = {f.name for f in font_manager.fontManager.ttflist}
+    if not known & set(CJK_FONTS[1:]):
+        for path in font_manager.findSystemFonts():
+            if any(k in Path(path).name.lower() for k in ("wqy", "notosanscjk")):
+                font_manager.fontManager.addfont(path)
+        known = {f.name for f in font_manager.fontManager.ttflist}
+    return [f for f in CJK_FONTS if f in known] or CJK_FONTS[:1]
+
+
+def _in_lang(fn: Any) -> Any:
+    """``fn(..., lang="en"|"zh")``: its words in ``lang``; a Chinese figure is built with a CJK font."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, lang: str = "en", **kwargs: Any) -> Any:
+        from ..i18n import check_lang
+
+        lang = check_lang(lang)
+        token = _LANG.set(lang)
+        try:
+            if lang == "en":
+                return fn(*args, **kwargs)
+            from matplotlib import rc_context
+
+            with rc_context({"font.family": _cjk_fonts()}):
+                return fn(*args, **kwargs)
+        finally:
+            _LANG.reset(token)
+
+    return wrapper
+
+
 _LEAK_EDGE = "#cb181d"
 _MASKED_TEXT = "#525252"  # 5.5:1 on the masked grey
 
@@ -152,7 +207,7 @@ class Cells:
         )
 
     def kinds(self) -> list[str]:
-        """The :data:`LEGEND` keys of the kinds present."""
+        """The kinds of cells present (their legend words: :mod:`attnlab.i18n` keys ``plot.legend.``)."""
         present = {"masked": self.masked, "policy-nan": self.policy_nan, "nan": self.nan, "leak": self.leak}
         return [k for k, m in present.items() if m.any()]
 
@@ -164,10 +219,10 @@ def _legend_handles(kinds: Sequence[str]) -> list[Any]:
     out = []
     for k in kinds:
         if k == "leak":
-            out.append(Patch(facecolor="#6baed6", edgecolor=_LEAK_EDGE, linewidth=1.5, label=LEGEND[k]))
+            out.append(Patch(facecolor="#6baed6", edgecolor=_LEAK_EDGE, linewidth=1.5, label=_w(f"legend.{k}")))
         else:
             st = styles[k]
-            out.append(Patch(**st, edgecolor=st["hatchcolor"], linewidth=0.5, label=LEGEND[k]))
+            out.append(Patch(**st, edgecolor=st["hatchcolor"], linewidth=0.5, label=_w(f"legend.{k}")))
     return out
 
 
@@ -209,7 +264,7 @@ def _sizes(w: np.ndarray, cells: Cells, kl: list[str], values: bool | None, rend
         strings += ["nan"] if cells.policy_nan.any() else []
         tw, th = layout.widest(renderer, strings, value_pt)
         cell_w = max(base, tw + 0.1)
-        mw, mh = layout.widest(renderer, ["masked"], value_pt)
+        mw, mh = layout.widest(renderer, [_w("masked")], value_pt)
         masked_label = bool(cells.masked.any()) and mw + 0.1 <= cell_w
         cell_h = max(base, max(th, mh) + 0.12)
     kw, kh = layout.widest(renderer, kl, layout.TICK_PT)
@@ -250,7 +305,9 @@ def _draw(
         aspect="auto",
         interpolation="nearest",
     )
-    _cell_patches(ax, cells.masked, MASKED_STYLE, "masked")
+    _cell_patches(
+        ax, cells.masked, MASKED_STYLE, "masked"
+    )  # the collection's label (tests find cells by it), not shown
     _cell_patches(ax, cells.policy_nan, POLICY_NAN_STYLE, "policy-nan")
     _cell_patches(ax, cells.nan, NAN_STYLE, "nan")
     for i, j in zip(*np.nonzero(cells.leak), strict=True):
@@ -267,7 +324,7 @@ def _draw(
                         ax.text(
                             j,
                             i,
-                            "masked",
+                            _w("masked"),
                             ha="center",
                             va="center",
                             fontsize=fs,
@@ -311,7 +368,7 @@ def _draw(
 
 def _colorbar(fig: Any, img: Any, ax: Any, height_in: float) -> Any:
     cb = fig.colorbar(img, ax=ax, aspect=25, pad=0.02)
-    cb.set_label("weight", fontsize=layout.LABEL_PT)
+    cb.set_label(_w("weight"), fontsize=layout.LABEL_PT)
     cb.set_ticks([0.0, 0.25, 0.5, 0.75, 1.0] if height_in >= 1.6 else [0.0, 0.5, 1.0])
     cb.ax.tick_params(labelsize=layout.TICK_PT)
     return cb
@@ -323,6 +380,7 @@ def _title(text: str, width_in: float) -> str:
     return textwrap.fill(text, width=chars)
 
 
+@_in_lang
 def heatmap(
     weights: Any,
     allowed: Any = None,
@@ -372,8 +430,8 @@ def heatmap(
     sz = _sizes(w, cells, kl, values, fig.canvas.get_renderer())
     ax = fig.add_subplot()
     img = _draw(ax, w, ok, ql, kl, sz, row_sums=row_sums, cmap=cmap)
-    ax.set_xlabel("key (column): read from", fontsize=layout.LABEL_PT)
-    ax.set_ylabel("query (row): reader", fontsize=layout.LABEL_PT)
+    ax.set_xlabel(_w("key_axis"), fontsize=layout.LABEL_PT)
+    ax.set_ylabel(_w("query_axis"), fontsize=layout.LABEL_PT)
     panel = (n_k * sz.cell_w, max(n_q * sz.cell_h, 1.0 if colorbar else 0.0))
     if colorbar:
         _colorbar(fig, img, ax, panel[1])
@@ -382,13 +440,14 @@ def heatmap(
             handles=_legend_handles(cells.kinds()), loc="outside lower center", fontsize=layout.TICK_PT, frameon=False
         )
     # a figure title (not the axes'): constrained layout keeps it above the axis labels too, at any width
-    fig.suptitle(_title(title or "attention weights", panel[0] + 1.5), fontsize=layout.TITLE_PT)
+    fig.suptitle(_title(title or _w("title.weights"), panel[0] + 1.5), fontsize=layout.TITLE_PT)
     if figsize is None:
         fig.set_size_inches(panel[0] + 2.5, panel[1] + 2.0)
         layout.fit(fig, [ax], panel)
     return fig
 
 
+@_in_lang
 def head_grid(
     weights: Any,
     allowed: Any = None,
@@ -412,7 +471,7 @@ def head_grid(
     h, n_q, n_k = w.shape
     ql = _labels(query_labels, n_q, "query_labels", "q")
     kl = _labels(key_labels, n_k, "key_labels", "k")
-    names = _labels(head_names, h, "head_names", "head ")
+    names = _labels(head_names, h, "head_names", _w("head") + " ")
     cols = min(check_int("columns", columns, minimum=1), h)
     rows = -(-h // cols)
     cells = Cells.of(w, ok)
@@ -433,27 +492,26 @@ def head_grid(
         )
         ax.set_title(names[idx], fontsize=layout.LABEL_PT)
         if c == 0:
-            ax.set_ylabel("query", fontsize=layout.LABEL_PT)
+            ax.set_ylabel(_w("query"), fontsize=layout.LABEL_PT)
         if not below:
-            ax.set_xlabel("key", fontsize=layout.LABEL_PT)
+            ax.set_xlabel(_w("key"), fontsize=layout.LABEL_PT)
         panels.append(ax)
     panel = (n_k * sz.cell_w, n_q * sz.cell_h)
     cb = fig.colorbar(img, ax=panels, aspect=30, pad=0.02)
-    cb.set_label("weight", fontsize=layout.LABEL_PT)
+    cb.set_label(_w("weight"), fontsize=layout.LABEL_PT)
     cb.set_ticks([0.0, 0.25, 0.5, 0.75, 1.0] if rows * panel[1] >= 1.6 else [0.0, 0.5, 1.0])
     cb.ax.tick_params(labelsize=layout.TICK_PT)
     if cells.kinds():
         fig.legend(
             handles=_legend_handles(cells.kinds()), loc="outside lower center", fontsize=layout.TICK_PT, frameon=False
         )
-    fig.suptitle(
-        _title(title or f"{h} heads: rows = queries, columns = keys", cols * (panel[0] + 1.2)), fontsize=layout.TITLE_PT
-    )
+    fig.suptitle(_title(title or _w("title.heads", h=h), cols * (panel[0] + 1.2)), fontsize=layout.TITLE_PT)
     fig.set_size_inches(cols * (panel[0] + 1.5) + 1.5, rows * (panel[1] + 1.2) + 1.0)
     layout.fit(fig, panels, panel, (rows, cols))
     return fig
 
 
+@_in_lang
 def last_row_bar(
     weights: Any,
     allowed: Any = None,
@@ -480,7 +538,7 @@ def last_row_bar(
     kl = _labels(key_labels, n_k, "key_labels", "k")
     fig = _new_figure(None)
     renderer = fig.canvas.get_renderer()
-    strings = [cell_text(x) for x in row] + ["masked"]
+    strings = [cell_text(x) for x in row] + [_w("masked")]
     tw, _ = layout.widest(renderer, strings, layout.VALUE_PT)
     kw, kh = layout.widest(renderer, kl, layout.TICK_PT)
     slot = max(0.35, tw + 0.1, kh + 0.08)
@@ -491,7 +549,7 @@ def last_row_bar(
     for j, b in enumerate(bars):
         if cells.masked[0, j]:
             ax.plot([j], [0.0], marker="x", color="#737373", markersize=6, clip_on=False)
-            ax.text(j, 0.04, "masked", ha="center", va="bottom", fontsize=layout.VALUE_PT, color=_MASKED_TEXT)
+            ax.text(j, 0.04, _w("masked"), ha="center", va="bottom", fontsize=layout.VALUE_PT, color=_MASKED_TEXT)
         elif cells.policy_nan[0, j] or cells.nan[0, j]:
             ax.plot([j], [0.0], marker="x", color=NAN_STYLE["facecolor"], markersize=6, clip_on=False)
             ax.text(j, 0.04, "nan", ha="center", va="bottom", fontsize=layout.VALUE_PT, color="#a50f15")
@@ -505,7 +563,7 @@ def last_row_bar(
 
         colour = {"masked": "#737373", "policy-nan": NAN_STYLE["facecolor"], "nan": NAN_STYLE["facecolor"]}
         handles = [
-            Line2D([], [], linestyle="", marker="x", color=colour[k], label=LEGEND[k])
+            Line2D([], [], linestyle="", marker="x", color=colour[k], label=_w(f"legend.{k}"))
             if k in colour
             else _legend_handles([k])[0]
             for k in kinds
@@ -515,13 +573,13 @@ def last_row_bar(
     ax.tick_params(labelsize=layout.TICK_PT)
     ax.set_xlim(-0.5, n_k - 0.5)
     ax.set_ylim(0, 1.15)
-    ax.set_ylabel("weight", fontsize=layout.LABEL_PT)
-    ax.set_xlabel("key", fontsize=layout.LABEL_PT)
+    ax.set_ylabel(_w("weight"), fontsize=layout.LABEL_PT)
+    ax.set_xlabel(_w("key"), fontsize=layout.LABEL_PT)
     q = query_label or f"q{w.shape[0] - 1}"
     total = row.sum()
     panel = (n_k * slot, 2.0)
     fig.suptitle(
-        _title(title or f"last query {q}: where it reads from (sum = {num(total, 3)})", panel[0] + 1.0),
+        _title(title or _w("title.last_row", q=q, s=num(total, 3)), panel[0] + 1.0),
         fontsize=layout.TITLE_PT,
     )
     fig.set_size_inches(panel[0] + 1.2, panel[1] + 1.5)
@@ -529,6 +587,7 @@ def last_row_bar(
     return fig
 
 
+@_in_lang
 def mask_picture(
     allowed: Any,
     *,
@@ -563,15 +622,16 @@ def mask_picture(
     ax.set_xticks(range(n_k), kl, rotation=90 if rotate else 0)
     ax.set_yticks(range(n_q), ql)
     ax.tick_params(labelsize=layout.TICK_PT)
-    ax.set_xlabel("key", fontsize=layout.LABEL_PT)
-    ax.set_ylabel("query", fontsize=layout.LABEL_PT)
+    ax.set_xlabel(_w("key"), fontsize=layout.LABEL_PT)
+    ax.set_ylabel(_w("query"), fontsize=layout.LABEL_PT)
     panel = (n_k * cell, n_q * cell)
-    fig.suptitle(_title(title or "mask: ■ may attend, ⬚ blocked", panel[0] + 1.0), fontsize=layout.TITLE_PT)
+    fig.suptitle(_title(title or _w("title.mask"), panel[0] + 1.0), fontsize=layout.TITLE_PT)
     fig.set_size_inches(panel[0] + 1.5, panel[1] + 1.5)
     layout.fit(fig, [ax], panel)
     return fig
 
 
+@_in_lang
 def growth_plot(
     lengths: Sequence[int] = (256, 512, 1024, 2048, 4096, 8192),
     *,
@@ -588,11 +648,11 @@ def growth_plot(
         raise OptionError(f"lengths: expected positive ints, got {list(lengths)}")
     fig = _new_figure((6, 3.6))
     ax = fig.add_subplot()
-    ax.loglog(ts, ts**2, "o-", color="#3182bd", label="T² score elements")
-    ax.loglog(ts, ts * (ts[0]), "--", color="#969696", label="linear, for comparison")
+    ax.loglog(ts, ts**2, "o-", color="#3182bd", label=_w("growth.elements"))
+    ax.loglog(ts, ts * (ts[0]), "--", color="#969696", label=_w("growth.linear"))
     a, b = compare
     ax.annotate(
-        f"{a:,} → {b:,}: {b / a:g}× length, {(b / a) ** 2:g}× elements",
+        _w("growth.point", a=f"{a:,}", b=f"{b:,}", x=f"{b / a:g}", y=f"{(b / a) ** 2:g}"),
         xy=(b, b**2),
         xytext=(ts[0], b**2),
         arrowprops={"arrowstyle": "->"},
@@ -603,15 +663,15 @@ def growth_plot(
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticks(ts, [f"{int(t):,}" for t in ts], rotation=30)
     ax.plot([a, b], [a**2, b**2], "o", color="#e6550d", markersize=8)
-    ax.set_xlabel("sequence length T")
-    ax.set_ylabel("elements of the T×T score matrix")
+    ax.set_xlabel(_w("growth.x"))
+    ax.set_ylabel(_w("growth.y"))
     mem = ax.secondary_yaxis(
         "right",
         functions=(lambda y: y * heads * bytes_per_element / 2**20, lambda m: m * 2**20 / (heads * bytes_per_element)),
     )
-    mem.set_ylabel(f"MiB ({heads} head(s), {bytes_per_element} B each)")
+    mem.set_ylabel(_w("growth.mem", heads=heads, b=bytes_per_element))
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("dense attention stores T² scores per head", fontsize=10)
+    ax.set_title(_w("growth.title"), fontsize=10)
     return fig
 
 
