@@ -46,6 +46,7 @@ __all__ = [
     "Unsupported",
     "UsageError",
     "check",
+    "check_backward",
 ]
 
 #: Default seconds the worker may take to import the target module (torch and JAX imports take seconds).
@@ -123,6 +124,8 @@ def check(
     probes: Iterable[str] | None = None,
     seed: int = 0,
     name: str | None = None,
+    backward: Any = None,
+    lse_units: str = "nats",
 ) -> Report:
     """Run ``fn`` through the probes and return a :class:`Report` (``report.ok`` when the verdict is clean).
 
@@ -147,6 +150,10 @@ def check(
             core probe (:data:`CORE_PROBES`) makes the verdict incomplete at best.
         seed: seed of the random inputs (the report is reproducible).
         name: how the report names ``fn`` (default ``module:qualname``, or the target string).
+        backward: also run the gradient battery (:mod:`attnlab.check.backward`): ``True`` differentiates ``fn``
+            itself (PyTorch autograd, ``jax.vjp``; a NumPy function has none: UsageError), a callable or target
+            string is a hand-written backward checked with ``fn`` as its forward (see :func:`check_backward`).
+        lse_units: ``"nats"`` or ``"log2"``, the units of the lse a flash backward takes.
 
     Shapes: the checker passes ``q [B, h, n_q, d_k]``, ``k [B, h_kv, n_k, d_k]``, ``v [B, h_kv, n_k, d_v]``
     (``[B, n, h, d]`` with ``layout="bnhd"``; also 3-D ``[h, n, d]`` when rank is supported) and masks
@@ -164,6 +171,18 @@ def check(
     target = fn if isinstance(fn, str) else None
     if target is None and not callable(fn):
         raise UsageError(f"fn: expected a callable attention function, got {type(fn).__name__}")
+    # --- backward (issue 14): options checked before anything runs ---------------------------------------------
+    if backward is not None and backward is not False and backward is not True and not callable(backward):
+        if not isinstance(backward, str):
+            raise UsageError(f"backward: expected True, a backward callable or a target string, got {backward!r}")
+    if lse_units not in ("nats", "log2"):
+        raise UsageError(f"lse_units: expected 'nats' or 'log2', got {lse_units!r}")
+    if backward is True and framework == "numpy":
+        raise UsageError(
+            "backward=True: a NumPy function has no gradient to check; pass its hand-written backward as "
+            "backward=bwd (or check_backward(bwd))"
+        )
+    # --- end backward ------------------------------------------------------------------------------------------
     timeout = _seconds("timeout", timeout)
     import_timeout = _seconds("import_timeout", import_timeout)
     if isolate not in (None, True, False):
@@ -257,7 +276,7 @@ def check(
             detected += f" (every call failed in {', '.join(tried)} as well)" if len(tried) > 1 else ""
     findings, explained = battery.findings_list()
     r = backend.resolved
-    return Report(
+    report = Report(
         target=label,
         framework=backend.framework,
         signature=r.describe(),
@@ -277,6 +296,22 @@ def check(
         kind=r.kind,
         mode=r.mode,
     )
+    # --- backward (issue 14): the gradient battery after the forward's ---------------------------------------
+    if backward is not None and backward is not False:
+        from .backward import with_backward
+
+        return with_backward(
+            report, fn, backward, spec, lse_units=lse_units, timeout=timeout, seed=seed, name=name or label
+        )
+    # --- end backward ------------------------------------------------------------------------------------------
+    return report
+
+
+def check_backward(bwd: Callable[..., Any] | str, forward: Any = None, **options: Any) -> Report:
+    """Check a hand-written attention backward alone (see :func:`attnlab.check.backward.check_backward`)."""
+    from .backward import check_backward as _check_backward
+
+    return _check_backward(bwd, forward, **options)
 
 
 def _failed_everything(battery: Battery) -> bool:

@@ -67,7 +67,7 @@ from .callables import signature_of
 from .grad_hypotheses import attention_grads, hypotheses
 from .probes import FIXES, Battery
 from .report import Finding, ProbeResult, Report, Unsupported
-from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner
+from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
 from .tolerance import bound, compare, expand_kv, golden_output
 
 __all__ = [
@@ -282,12 +282,19 @@ class GradAdapter(Adapter):
         self.resolved = replace(
             r, mask_arg=mask_arg, causal_arg=causal_arg, scale_arg=scale_arg, mask_positional=False, gqa_arg=None
         )
-        src = params if self.forward is None else {**params, **(signature_of(self.forward.fn) or {})}
-        self.keep_arg = _first(src, _KEEP_NAMES)
-        self.p_arg = _first(src, _P_NAMES)
-        self.bias_arg = _first(src, _BIAS_NAMES)
+        # dropout and bias go to the backward when it takes them (and, with a forward, when that takes them too)
+        fparams = None if self.forward is None else (signature_of(self.forward.fn) or {})
+
+        def both(names: tuple[str, ...]) -> str | None:
+            name = _first(params, names)
+            return None if name is None or (fparams is not None and name not in fparams) else name
+
+        self.keep_arg = both(_KEEP_NAMES)
+        self.p_arg = both(_P_NAMES)
+        self.bias_arg = both(_BIAS_NAMES)
         self.pending: dict[str, Any] = {}
         self.bias_given = False
+        self.inner_mutated: list[str] = []
         self.extra_unsupported = dict.fromkeys(extra_unsupported, "declared unsupported")
         self.fn = self._call
 
@@ -348,8 +355,12 @@ class GradAdapter(Adapter):
             out.append((name, np.array(self.host(a), copy=True)))
         return out
 
+    def mutated(self, args: tuple, kwargs: dict, before: list[tuple[str, np.ndarray]]) -> list[str]:
+        return super().mutated(args, kwargs, before) + self.inner_mutated
+
     def _call(self, *args: Any, **kwargs: Any) -> _Value:
         pend = self.pending
+        self.inner_mutated = []
         if self.kind == "autograd":
             return self._autograd(args, kwargs, pend["d_out"])
         if self.kind == "plain":
@@ -362,7 +373,13 @@ class GradAdapter(Adapter):
         if not isinstance(res, (tuple, list)) or len(res) != 2:
             raise TypeError(f"the forward returned {type(res).__name__}; expected a pair (out, lse)")
         out, lse = res
-        return _Value(self.user_fn(*args[:3], out, lse, pend["d_out"], *args[3:], **kwargs), out)
+        before = [(name, np.array(self.host(x), copy=True)) for name, x in (("out", out), ("lse", lse))]
+        value = _Value(self.user_fn(*args[:3], out, lse, pend["d_out"], *args[3:], **kwargs), out)
+        for name, x in before:  # the forward's out and lse, as the backward received them
+            after = np.asarray(self.host(out if name == "out" else lse))
+            if after.shape != x.shape or not np.array_equal(after, x, equal_nan=True):
+                self.inner_mutated.append(name)
+        return value
 
     def _autograd(self, args: tuple, kwargs: dict, d_out: Any) -> _Value:
         leaves_at = [0, 1, 2]
@@ -719,12 +736,24 @@ class GradBattery(Battery):
                     break
         return out
 
-    def expected(self, case: Case, *, causal: str | None = "same") -> Any:  # type: ignore[override]
+    def grad_work(self, case: Case, ret: GradReturned) -> str:
+        """The precision the gradients are held to: the input's, or a lower one they were returned in (a ``dtype``
+        bug, reported as such: the values are compared under that dtype's rule)."""
+        work = self.work_dtype(case.dtype)
+        rank = {"float64": 3, "float32": 2, "float16": 1, "bfloat16": 0}
+        for dt in ret.dtypes.values():
+            if dt in rank and rank[dt] < rank[work]:
+                work = dt
+        return work
+
+    def expected(  # type: ignore[override]
+        self, case: Case, *, causal: str | None = "same", work: str | None = None
+    ) -> Any:
         """The golden gradients and each one's bound under FlashAttention's gradient rule."""
         c = case.causal if causal == "same" else causal
         g = case if c == case.causal else replace(case, causal=c)
         golden = golden_grads(g, self.gqa_map)
-        work = self.work_dtype(g.dtype)
+        work = work or self.work_dtype(g.dtype)
         naive = attention_grads(
             g.q,
             g.k,
@@ -771,7 +800,7 @@ class GradBattery(Battery):
                             "the forward's output differs from the float64 reference",
                             f"case {case.label}: {case.shapes()}",
                         )
-        golden, bounds = self.expected(case)
+        golden, bounds = self.expected(case, work=self.grad_work(case, ret))
         bad = self._mismatch(ret.grads, golden, bounds, case)
         if not bad:
             return True
@@ -1161,6 +1190,15 @@ class GradBattery(Battery):
                 continue
             self.compare_grads(out)
 
+    def preflight(self) -> None:
+        """The forward battery's preflight; no dtype that works stops the battery."""
+        try:
+            super().preflight()
+        except Exception as err:
+            if self.dtypes or type(err).__name__ != "_Abort":
+                raise
+            raise _Abort from None
+
     def run(self) -> None:
         t0 = time.perf_counter()
         aborted = False
@@ -1267,20 +1305,43 @@ def run_gradients(
             raise UsageError(f"probes: unknown gradient probe {p!r}; expected some of {', '.join(GRAD_PROBES)}")
     t0 = time.perf_counter()
     spec = _grad_spec(spec)
-    adapter = GradAdapter(
-        fn, spec, kind=kind, forward=forward, lse_units=lse_units, extra_unsupported=extra_unsupported
-    )
-    backend = InProcessBackend(adapter)
-    try:
-        if not [d for d in DTYPES if d not in backend.structural]:
-            why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
-            raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
-        battery = GradBattery(
-            backend, adapter.spec, timeout=timeout, seed=seed, probes=selected, lse_units=lse_units, align=align
+
+    def run(s: Spec) -> tuple[GradAdapter, GradBattery]:
+        adapter = GradAdapter(
+            fn, s, kind=kind, forward=forward, lse_units=lse_units, extra_unsupported=extra_unsupported
         )
-        battery.run()
-    finally:
-        backend.close()
+        backend = InProcessBackend(adapter)
+        try:
+            if not [d for d in DTYPES if d not in backend.structural]:
+                why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
+                raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
+            battery = GradBattery(
+                backend, adapter.spec, timeout=timeout, seed=seed, probes=selected, lse_units=lse_units, align=align
+            )
+            battery.run()
+        finally:
+            backend.close()
+        return adapter, battery
+
+    adapter, battery = run(spec)
+    detected = adapter.resolved.detected
+    if spec.framework == "auto" and _failed_everything(battery):
+        # the framework was guessed from the module (which may import torch for other functions): try the others,
+        # as the forward checker does
+        for other in ("numpy", "torch", "jax"):
+            if other == adapter.framework or (other != "numpy" and other not in loaded_frameworks()):
+                continue
+            try:
+                a2, b2 = run(replace(spec, framework=other))
+            except UsageError:
+                continue
+            if not _failed_everything(b2):
+                detected = (
+                    f"{other}: detected {detected}, but every call failed in {adapter.framework}; in {other} "
+                    "the calls ran"
+                )
+                adapter, battery = a2, b2
+                break
     findings, explained = battery.findings_list()
     label = name or _label(fn)
     return Report(
@@ -1299,9 +1360,14 @@ def run_gradients(
         spec={**spec.as_dict(), "backward": adapter.kind, "lse_units": lse_units},
         command="check --backward",
         isolation="in-process",
-        detected=adapter.resolved.detected,
+        detected=detected,
         kind=adapter.resolved.kind,
     )
+
+
+def _failed_everything(battery: GradBattery) -> bool:
+    """No dtype worked and the calls raised (not clean refusals): the framework may be the wrong guess."""
+    return not battery.dtypes and any(o.error is not None and not o.error.died for o in battery.runner.outcomes)
 
 
 def _label(fn: Any) -> str:
@@ -1414,6 +1480,8 @@ def with_backward(
     takes the forward's lse). Gradient findings in cases where the forward output is already wrong are explained
     by the forward's findings."""
     fwd = _load(fn)
+    if spec.framework == "auto" and report.framework in ("numpy", "torch", "jax"):
+        spec = replace(spec, framework=report.framework)  # what the forward battery found the calls run in
     if backward is True:
         if report.framework == "numpy":
             raise UsageError(

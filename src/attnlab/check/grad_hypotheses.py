@@ -52,6 +52,7 @@ class Variant:
         p_causal: ``(alignment, shift)``: the backward recomputes P under another causal mask than the forward's
             (key j allowed for query i when ``j <= i + offset + shift``, offset 0 top-left, ``n_k - n_q``
             bottom-right), with ``p_norm`` ``"lse"`` (``exp(s - lse)``, the forward's lse) or ``"softmax"``.
+        p_where: where the wrong P is used: ``"all"``, ``"dv"`` (only in dV = Pᵀ dO) or ``"ds"`` (only in dS).
         lse: the lse the backward's P comes from: ``"right"``, ``"nomax"`` (``log(sum exp(s - m))``, the max not
             added back), ``"log2"`` (a log2-units lse read as nats), ``"nats-as-log2"`` (the reverse), ``"axis"``
             (logsumexp over the queries).
@@ -72,6 +73,7 @@ class Variant:
     p_mask: str = "mask"
     p_causal: tuple[str, int] | None = None
     p_norm: str = "lse"
+    p_where: str = "all"
     lse: str = "right"
     gqa: str = "sum"
     accumulate: tuple[str, int, str] | None = None
@@ -163,8 +165,11 @@ def attention_grads(
         p, m, den = _softmax(np.where(ok, s, -np.inf))
         p = r(p)
         lse = m + np.log(np.where(den > 0, den, 1.0))
+        p_ds = p  # the P that dS (and delta) use; ``p`` is the one dV uses
         if var.lse != "right" or var.p_mask != "mask" or var.p_causal is not None:
-            p = _recomputed(s, ok, user, lse, m, var)
+            wrong = _recomputed(s, ok, user, lse, m, var)
+            p = wrong if var.p_where in ("all", "dv") else p
+            p_ds = wrong if var.p_where in ("all", "ds") else p_ds
         keep_f = None
         if keep is not None:
             keep_f = np.broadcast_to(np.asarray(keep, bool), full).astype(work) / work(1.0 - dropout_p)
@@ -194,15 +199,15 @@ def attention_grads(
         if dp_drop is not None:
             dp = r(dp * dp_drop)
         if var.delta == "self":  # from the backward's own P and dP (as a backward that recomputes O does)
-            delta = np.sum(dp * p, axis=-1, keepdims=True)
+            delta = np.sum(dp * p_ds, axis=-1, keepdims=True)
         elif var.delta == "dp":
             delta = np.sum(dp, axis=-1, keepdims=True)
         elif var.delta == "p":
-            delta = np.sum(p, axis=-1, keepdims=True)
+            delta = np.sum(p_ds, axis=-1, keepdims=True)
         else:
             delta = np.sum(do * out, axis=-1, keepdims=True)
         delta = r(delta)
-        ds = r(p * (dp - delta)) if var.jacobian else r(p * dp)
+        ds = r(p_ds * (dp - delta)) if var.jacobian else r(p_ds * dp)
         ds = np.where(np.isfinite(ds), ds, np.nan)
     ds_q, ds_k = ds, ds
     if var.accumulate is not None:
@@ -361,6 +366,15 @@ def hypotheses(
                 Variant(p_mask="softmax"),
             ),
         ]
+        for where, what in (("dv", "dV = Pᵀ dO"), ("ds", "dS = P ∘ (dP - delta)")):
+            for pm, how in (("none", "exp(s - lse) on every key"), ("softmax", "a softmax of the unmasked scores")):
+                out.append(
+                    (
+                        "grad-masked-leak",
+                        f"{what} uses P without the mask ({how}), so masked keys get gradient",
+                        Variant(p_mask=pm, p_where=where),
+                    )
+                )
     if causal is not None:
         other = "bottom_right" if causal == "top_left" else "top_left"
         shifts = [
