@@ -125,6 +125,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--width", type=int_type(minimum=20), default=None, help="columns of the text report (default: terminal)"
     )
     parser.add_argument("--no-color", action="store_true", help="plain text without colour")
+    # --- backward (issue 14, attnlab.check.backward) -------------------------------------------------------------
+    parser.add_argument(
+        "--backward",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="NAME",
+        help="also check the gradients: alone, by autograd/jax.vjp through the function; with NAME (a function in "
+        "the same file, or file.py:NAME), that hand-written backward, bwd(q, k, v, d_out, ...) or "
+        "bwd(q, k, v, out, lse, d_out, ...)",
+    )
+    parser.add_argument(
+        "--lse-units", choices=("nats", "log2"), default="nats", help="units of the lse a flash backward takes"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             probes=args.probes,
             seed=args.seed,
             name=args.target,
+            **_backward_options(args),
         )
     except UsageError as err:
         sys.stderr.write(f"attnlab check: error: {one_line(err)}\n")
@@ -181,6 +196,17 @@ def run(args: argparse.Namespace) -> int:
     if not _write(text):
         return ExitStatus.CHECKER_FAILURE
     return report.exit_status
+
+
+def _backward_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``backward=`` and ``lse_units=`` from ``--backward [NAME]`` and ``--lse-units`` (NAME alone names a function
+    in the target's file or module)."""
+    b = getattr(args, "backward", None)
+    if b is None:
+        return {}
+    if isinstance(b, str) and ":" not in b:
+        b = f"{args.target.rpartition(':')[0]}:{b}"
+    return {"backward": b, "lse_units": args.lse_units}
 
 
 def _write(text: str) -> bool:
