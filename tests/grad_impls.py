@@ -37,7 +37,9 @@ def _fold(x: np.ndarray, h_kv: int, how: str = "sum") -> np.ndarray:
     return g.sum(axis=-3)
 
 
-def analytic(q, k, v, d_out, mask=None, scale=None, causal=False, dropout_mask=None, dropout_p=0.0, *, bug=None):
+def analytic(
+    q, k, v, d_out, mask=None, scale=None, causal=False, dropout_mask=None, dropout_p=0.0, bias=None, *, bug=None
+):
     """The §9 backward in NumPy, computed in the inputs' dtype (float32 for float16)."""
     dt = q.dtype
     work = np.float64 if dt == np.float64 else np.float32
@@ -49,9 +51,12 @@ def analytic(q, k, v, d_out, mask=None, scale=None, causal=False, dropout_mask=N
     n_q, n_k = q.shape[-2], k.shape[-2]
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = q @ np.swapaxes(kx, -1, -2) * sc
+    if bias is not None and bug != "bias-ignored":
+        s = s + np.asarray(bias, dtype=work)
     ok = np.ones(s.shape, bool) if mask is None else np.broadcast_to(mask, s.shape)
     if causal:
-        ok = ok & _causal(n_q, n_k, {"causal-off": -1}.get(bug, 0))
+        shift = {"causal-off": -1}.get(bug, 0) + (n_k - n_q if causal == "bottom_right" else 0)
+        ok = ok & _causal(n_q, n_k, shift)
     if bug == "masked-leak":
         ok = np.ones(s.shape, bool)
     s = np.where(ok, s, -np.inf)
@@ -89,6 +94,8 @@ def analytic(q, k, v, d_out, mask=None, scale=None, causal=False, dropout_mask=N
         dq = dq + 0.1 * dq[:1]
     if bug == "dtype":
         return dq.astype(np.float64), dk.astype(dt), dv.astype(dt)
+    if bias is not None:
+        return dq.astype(dt), dk.astype(dt), dv.astype(dt), ds.astype(dt)
     return dq.astype(dt), dk.astype(dt), dv.astype(dt)
 
 
@@ -99,6 +106,27 @@ def plain(bug=None):
         return analytic(q, k, v, d_out, mask, scale, causal, bug=bug)
 
     bwd.__name__ = bwd.__qualname__ = f"analytic_{bug or 'correct'}".replace("-", "_")
+    return bwd
+
+
+def plain_bias(bug=None):
+    def bwd(q, k, v, d_out, mask=None, scale=None, bias=None):
+        return analytic(q, k, v, d_out, mask, scale, bias=bias, bug=bug)
+
+    return bwd
+
+
+def plain_align(bug=None, bottom_right=False):
+    """``causal=`` takes the alignment string (declare causal_value="align"); ``bottom_right``: a bool causal is
+    bottom-right."""
+
+    def bwd(q, k, v, d_out, mask=None, scale=None, causal=False):
+        if causal is True and bottom_right:
+            causal = "bottom_right"
+        if bug == "align-ignored" and causal:
+            causal = True
+        return analytic(q, k, v, d_out, mask, scale, causal, bug=bug)
+
     return bwd
 
 

@@ -280,6 +280,35 @@ def test_masked_rows_policy_uniform_is_accepted_when_declared_any():
     assert check_backward(uniform, probes=("grad-masked-rows",), masked_rows="zeros").codes == ("grad-masked-row",)
 
 
+def test_bias_gradient_is_checked():
+    r = check_backward(G.plain_bias(), probes=("grad-reference",))
+    assert r.codes == (), r.to_text()
+    assert "bias=" in r.signature
+    assert "grad-mismatch" in check_backward(G.plain_bias("bias-ignored"), probes=("grad-reference",)).codes
+    assert "bias" in [u.capability for u in check_backward(G.plain(), probes=("grad-reference",)).unsupported]
+
+
+def test_causal_alignments():
+    # a causal flag that takes the alignment: both alignments are checked, and ignoring it is named
+    assert check_backward(G.plain_align(), causal_value="align", probes=("grad-reference",)).codes == ()
+    bad = check_backward(G.plain_align("align-ignored"), causal_value="align", probes=("grad-reference",))
+    assert "grad-causal" in bad.codes, bad.to_text()
+    # a bool flag aligned bottom-right throughout: a note, unless top-left is declared
+    r = check_backward(G.plain_align(bottom_right=True), probes=("grad-reference",))
+    assert r.codes == () and "causal-alignment" in [n.code for n in r.notes], r.to_text()
+    declared = check_backward(G.plain_align(bottom_right=True), causal_align="top_left", probes=("grad-reference",))
+    assert "grad-causal" in declared.codes, declared.to_text()
+
+
+def test_layout_bnhd():
+    def bwd(q, k, v, d_out, mask=None):  # [B, n, h, d]
+        t = lambda x: np.swapaxes(x, 1, 2)  # noqa: E731
+        return tuple(t(g) for g in G.analytic(t(q), t(k), t(v), t(d_out), mask))
+
+    assert check_backward(bwd, layout="bnhd", probes=("grad-reference", "grad-batch")).codes == ()
+    assert "grad-mismatch" in check_backward(bwd, probes=("grad-reference",)).codes
+
+
 def test_inputs_unmodified_and_dtypes_checked_on_every_call():
     r = check_backward(G.plain("mutate"), probes=("grad-reference",))
     f = next(f for f in r.findings if f.code == "mutates-input")

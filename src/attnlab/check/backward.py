@@ -681,6 +681,10 @@ class GradBattery(Battery):
         also = sorted((f for c, f in explained.items() if c not in kept), key=lambda f: _ORDER.index(f.code))
         return tuple(bugs), tuple(also)
 
+    def unsupported_list(self) -> tuple[Unsupported, ...]:
+        grad = tuple(Unsupported(c, r) for c, r in self.unsupported.items() if c in GRAD_CAPABILITIES)
+        return super().unsupported_list() + grad
+
     # -- calls ------------------------------------------------------------------------------------------------
     def grad_case(
         self,
@@ -802,6 +806,8 @@ class GradBattery(Battery):
                 f"case {case.label}: {case.shapes()}; {', '.join(out.mutated)} differ after the call",
                 case=key,
             )
+        if self.other_alignment(case, ret):
+            return True
         if self.has_forward and ret.out is not None and case.keep is None:
             gout = golden_output(
                 case.q, case.k, case.v, case.mask, scale=case.scale, causal=case.causal, gqa=self.gqa_map
@@ -830,6 +836,35 @@ class GradBattery(Battery):
                     return False
         self.bug("grad-mismatch", "your function's gradients differ from the float64 golden", self._evidence(case, bad))
         return False
+
+    def other_alignment(self, case: GradCase, ret: GradReturned) -> bool:
+        """A causal case with n_q != n_k whose gradients (and forward output) are all those of the other alignment,
+        when none is declared: a note, as the forward's (the function is causal the other way, consistently)."""
+        n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+        told = self.causal_mode == "mask" or self.spec.causal_value == "align"  # the alignment was passed in
+        if case.causal is None or n_q == n_k or self.spec.causal_align is not None or told:
+            return False
+        other = "top_left" if case.causal == "bottom_right" else "bottom_right"
+        alt = replace(case, causal=other)
+        golden, bounds = self.expected(alt, work=self.grad_work(case, ret))
+        if self._mismatch(ret.grads, golden, bounds, alt):
+            return False
+        if self.has_forward and ret.out is not None:
+            gout = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=other, gqa=self.gqa_map)
+            if ret.out.shape != gout.shape or not compare(ret.out, gout, bounds["dq"] * 10 + 1e-6).ok:
+                return False
+        mine, _ = self.expected(case)
+        if not self._mismatch(ret.grads, mine, bounds, case):
+            return False  # both alignments agree here: nothing to tell
+        names = {"top_left": "top-left (PyTorch is_causal)", "bottom_right": "bottom-right (FlashAttention)"}
+        self.note(
+            "causal-alignment",
+            f"the backward's causal mask is aligned {names[other]} (no causal_align declared; causal=True is "
+            f"compared as {names[case.causal]} otherwise)",
+            f"case {case.label}: n_q={n_q}, n_k={n_k}; the gradients match causal='{other}'",
+            "declare causal_align to hold the function to one alignment",
+        )
+        return True
 
     def _mismatch(
         self, grads: dict[str, np.ndarray], golden: dict[str, Any], bounds: dict[str, float], case: GradCase
@@ -976,6 +1011,15 @@ class GradBattery(Battery):
             g0 = _G(2, 2, 6, 9, 8, 8)
             base = self.make(g0, self.primary, label="bias", mask=("mask" in self.caps))
             self.grid.append(self.call(self.grad_case(base, bias=True)))
+        if "causal-cross" in self.caps and (self.causal_mode == "mask" or self.spec.causal_value == "align"):
+            # the function can be told either alignment: both are checked
+            for n_q, n_k in ((4, 9), (9, 5)):
+                base = self.make(_G(2, 2, n_q, n_k, 8, 8), self.primary, label=f"causal both alignments {n_q}x{n_k}")
+                for align in ("top_left", "bottom_right"):
+                    if align == "bottom_right" and n_q > n_k:
+                        continue  # rows with no key: the masked-rows probe's business
+                    case = replace(base, causal=align, label=f"causal {align.replace('_', '-')} {n_q}x{n_k}")
+                    self.grid.append(self.call(case))
         for dtype in self.dtypes[1:]:
             if "causal" in self.caps:
                 self.grid.append(
