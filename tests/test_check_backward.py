@@ -309,6 +309,25 @@ def test_layout_bnhd():
     assert "grad-mismatch" in check_backward(bwd, probes=("grad-reference",)).codes
 
 
+def test_signatures_by_parameter_names_and_return_forms():
+    def dict_bwd(q, k, v, grad_output, mask=None, scale=None):  # another name for d_out; a dict of gradients
+        dq, dk, dv = G.analytic(q, k, v, grad_output, mask, scale)
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    def paper_names(q, k, v, o, L, dO, mask=None):  # FlashAttention-2's names: flash by its six positions
+        return G.tiled_backward(q, k, v, o, L, dO, mask)
+
+    def ignores_scale(q, k, v, grad_output, mask=None, scale=None):  # dQ/dK by 1/sqrt(d_k), not by scale
+        dq, dk, dv = G.analytic(q, k, v, grad_output, mask, scale)
+        f = 1.0 if scale is None else (1 / math.sqrt(q.shape[-1])) / scale
+        return dq * f, dk * f, dv
+
+    assert check_backward(dict_bwd).ok
+    r = check_backward(paper_names)
+    assert r.ok and r.spec["backward"] == "flash" and "lse [nats]" in r.signature
+    assert check_backward(ignores_scale).codes == ("grad-scale",)
+
+
 def test_inputs_unmodified_and_dtypes_checked_on_every_call():
     r = check_backward(G.plain("mutate"), probes=("grad-reference",))
     f = next(f for f in r.findings if f.code == "mutates-input")

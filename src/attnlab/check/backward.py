@@ -219,16 +219,25 @@ class _Value:
 
 
 def detect_kind(fn: Any) -> str:
-    """``"flash"`` when ``fn`` takes the forward's ``lse`` or ``out`` (FlashAttention-2's backward signature),
-    ``"plain"`` when it takes ``d_out`` after q, k, v, else ``"autograd"`` (a forward)."""
+    """``"flash"`` when ``fn`` takes the forward's ``lse`` or ``out`` (FlashAttention-2's backward signature: by
+    name, or six positional parameters), ``"plain"`` when it takes an upstream gradient after q, k, v (``d_out``,
+    ``do``, ``grad_output``, ``dy``, ...), else ``"autograd"`` (a forward)."""
     params = signature_of(fn) or {}
-    names = [n.lower() for n in params]
-    if any(n in _FLASH_NAMES for n in names):
-        return "flash"
     pos = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(pos) >= 4 and pos[3].name.lower().replace("_", "") in ("dout", "do", "gradout", "gout", "go", "dy", "g"):
+    names = [p.name.lower() for p in pos]
+    if any(n in _FLASH_NAMES for n in names[3:6]):
+        return "flash"
+    known = set(_MASK_NAMES + _CAUSAL_NAMES + _SCALE_NAMES + _KEEP_NAMES + _P_NAMES + _BIAS_NAMES)
+    if len(names) >= 6 and not known & set(names[3:6]) and _is_gradient_name(names[5]):
+        return "flash"
+    if len(names) >= 4 and _is_gradient_name(names[3]):
         return "plain"
     return "autograd"
+
+
+def _is_gradient_name(name: str) -> bool:
+    n = name.lower().replace("_", "")
+    return n in ("dout", "do", "gout", "go", "dy", "g", "dz") or n.startswith(("grad", "dout", "dldo", "dlo"))
 
 
 def _first(params: dict[str, Any], names: tuple[str, ...], override: str | None = None) -> str | None:
@@ -437,6 +446,8 @@ class GradAdapter(Adapter):
         if not isinstance(value, _Value):  # pragma: no cover - the wrapper always returns one
             return GradReturned(problem="returned something the gradient battery did not make")
         grads = value.grads
+        if isinstance(grads, dict) and {"dq", "dk", "dv"} <= set(grads):  # {"dq": ..., "dk": ..., "dv": ...}
+            grads = tuple(grads[n] for n in _GRADS if grads.get(n) is not None)
         if hasattr(grads, "dq") and hasattr(grads, "dk") and hasattr(grads, "dv"):  # attnlab's FlashGrads & co.
             grads = (grads.dq, grads.dk, grads.dv) + (
                 (grads.dbias,) if getattr(grads, "dbias", None) is not None else ()
@@ -931,6 +942,7 @@ class GradBattery(Battery):
                 causal=case.causal,
                 dropout=case.keep is not None,
                 flash=self.kind == "flash",
+                explicit_scale=case.scale is not None,
             )
         )
         rows = allowed.any(axis=-1)
@@ -1501,6 +1513,8 @@ def check_backward(
     if not callable(fn):
         raise UsageError(f"bwd: expected a callable backward, got {type(fn).__name__}")
     fwd = _load(forward) if forward is not None else None
+    if kind == "auto":  # a backward: FlashAttention-2's signature, or else the plain one
+        kind = "flash" if detect_kind(fn) == "flash" or fwd is not None else "plain"
     extra = [u for u in options.get("unsupported", ()) if u in GRAD_CAPABILITIES]
     spec = spec_from_options(**options)
     return run_gradients(

@@ -63,6 +63,7 @@ class Variant:
         dropout: ``"same"`` (right), ``"off"`` (the backward ignores the keep mask), ``"noscale"`` (keep mask
             without ``1/(1-p)``), ``"twice"`` (``1/(1-p)²``), ``"dv"`` (only dV drops), ``"dp"`` (only dP drops),
             ``"transposed"`` (the keep mask transposed, square cases).
+        default_scale: dQ and dK use 1/sqrt(d_k) where the forward was given another ``scale``.
     """
 
     jacobian: bool = True
@@ -78,6 +79,7 @@ class Variant:
     gqa: str = "sum"
     accumulate: tuple[str, int, str] | None = None
     dropout: str = "same"
+    default_scale: bool = False
 
 
 def _expand(x: np.ndarray, h: int, mapping: str) -> np.ndarray:
@@ -216,8 +218,9 @@ def attention_grads(
             dv_x = r(np.swapaxes(_rows_of_block(pd, var.accumulate), -1, -2) @ do)
     dq = r(ds_q @ kx) if "dq" not in var.transposed else r(np.swapaxes(ds_q, -1, -2) @ kx)
     dk_x = r(np.swapaxes(ds_k, -1, -2) @ q) if "dk" not in var.transposed else r(ds_k @ q)
-    dq = r(dq * sc**var.scale_dq)
-    dk_x = r(dk_x * sc**var.scale_dk)
+    sg = work(1.0 / math.sqrt(q.shape[-1])) if var.default_scale else sc
+    dq = r(dq * sg**var.scale_dq)
+    dk_x = r(dk_x * sg**var.scale_dk)
     how, mp = var.gqa, mapping
     if how == "tile":
         how, mp = "sum", ("tile" if mapping == "interleave" else "interleave")
@@ -306,11 +309,13 @@ def hypotheses(
     causal: str | None,
     dropout: bool,
     flash: bool,
+    explicit_scale: bool = False,
 ) -> list[tuple[str, str, Variant]]:
     """The named wrong backward passes worth testing on a case: ``(code, what it does, variant)``.
 
     ``masked``: the case has masked entries (mask or causal); ``causal``: its alignment; ``dropout``: a keep mask
-    is given; ``flash``: the backward takes the forward's lse (FlashAttention-2's signature).
+    is given; ``flash``: the backward takes the forward's lse (FlashAttention-2's signature); ``explicit_scale``:
+    a ``scale`` argument is passed.
     """
     out: list[tuple[str, str, Variant]] = [
         (
@@ -338,6 +343,14 @@ def hypotheses(
         (1, 2, "the 1/sqrt(d_k) scale is applied twice in dK"),
     ):
         out.append(("grad-scale", text, Variant(scale_dq=sq, scale_dk=sk)))
+    if explicit_scale:
+        out.append(
+            (
+                "grad-scale",
+                "dQ and dK are scaled by 1/sqrt(d_k), not by the scale argument the forward used",
+                Variant(default_scale=True),
+            )
+        )
     if n_q == n_k:
         for which, text in (
             ("dv", "dV = P dO: P is used where Pᵀ belongs"),
