@@ -381,6 +381,19 @@ def test_cli_backward_name_and_autograd_refusal(tmp_path, capsys):
     assert main(["check", t2, "--backward", "log2_bwd", "--lse-units", "log2", "--probes", "reference"]) in (0, 3)
 
 
+def test_a_target_string_runs_in_a_worker_process_killed_on_timeout(tmp_path):
+    (tmp_path / "bad.py").write_text(
+        "import os, time\nimport numpy as np\n\n\ndef hangs(q, k, v, d_out, mask=None):\n"
+        "    if q.dtype == np.float32:\n        time.sleep(60)\n    return q, k, v\n\n\n"
+        "def dies(q, k, v, d_out, mask=None):\n    os._exit(3)\n"
+    )
+    r = check_backward(f"{tmp_path / 'bad.py'}:hangs", timeout=1.5)
+    assert r.codes == ("timeout",) and r.isolation == "worker process"
+    assert "worker process was killed" in r.findings[0].evidence
+    r = check_backward(f"{tmp_path / 'bad.py'}:dies")
+    assert r.codes == ("crash",) and "status 3" in r.findings[0].message
+
+
 def test_assertion_helpers():
     assert assert_attention_grads_correct(G.plain()).ok
     with pytest.raises(AssertionError, match="grad-scale"):

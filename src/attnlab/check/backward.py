@@ -67,7 +67,7 @@ from .callables import signature_of
 from .grad_hypotheses import attention_grads, hypotheses
 from .probes import FIXES, Battery
 from .report import Finding, ProbeResult, Report, Unsupported
-from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
+from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner
 from .tolerance import bound, compare, expand_kv, golden_output
 
 __all__ = [
@@ -88,6 +88,8 @@ __all__ = [
 ]
 
 KINDS = ("auto", "autograd", "plain", "flash")
+#: ``kind="backward"`` (internal): plain or flash, decided from the signature where the function is imported.
+_ADAPTER_KINDS = (*KINDS, "backward")
 LSE_UNITS = ("nats", "log2")
 GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows", "grad-batch", "grad-dropout")
 #: The gradient probes that must run (for what the function supports) before a report may say OK.
@@ -262,11 +264,15 @@ class GradAdapter(Adapter):
         lse_units: str = "nats",
         extra_unsupported: Iterable[str] = (),
     ):
-        if kind not in KINDS:
+        if kind not in _ADAPTER_KINDS:
             raise UsageError(f"kind: expected one of {', '.join(map(repr, KINDS))}, got {kind!r}")
         if lse_units not in LSE_UNITS:
             raise UsageError(f"lse_units: expected 'nats' or 'log2', got {lse_units!r}")
         super().__init__(fn, spec)
+        if kind == "backward":  # a hand-written backward: FlashAttention-2's signature, or else the plain one
+            kind = "flash" if detect_kind(self.fn) == "flash" else "plain"
+            if kind == "plain":
+                forward = None  # a plain backward needs no forward (one offered is not used)
         self.kind = detect_kind(self.fn) if kind == "auto" else kind
         self.lse_units = lse_units
         self.user_fn = self.fn
@@ -290,8 +296,10 @@ class GradAdapter(Adapter):
             scale_arg = _first(params, _SCALE_NAMES, spec.scale_arg)
         positional = r.mask_positional if self.kind == "autograd" else False
         gqa_arg = r.gqa_arg if self.kind == "autograd" else None  # a forward's enable_gqa=
+        # ``mode`` carries the kind to the parent when this adapter lives in a worker process
         self.resolved = replace(
             r,
+            mode=f"backward {self.kind}" + ("+forward" if forward is not None else ""),
             mask_arg=mask_arg,
             causal_arg=causal_arg,
             scale_arg=scale_arg,
@@ -313,18 +321,6 @@ class GradAdapter(Adapter):
         self.inner_mutated: list[str] = []
         self.extra_unsupported = dict.fromkeys(extra_unsupported, "declared unsupported")
         self.fn = self._call
-
-    def describe(self) -> str:
-        parts = [a for a in (self.resolved.mask_arg, self.resolved.causal_arg, self.resolved.scale_arg) if a]
-        parts += [a for a in (self.keep_arg, self.p_arg, self.bias_arg) if a]
-        extra = "".join(", " + p + "=" for p in parts)
-        if self.kind == "flash":
-            fwd = "" if self.forward is None else " with its forward fwd(q, k, v) -> (out, lse)"
-            return f"bwd(q, k, v, out, lse [{self.lse_units}], d_out{extra}) -> (dq, dk, dv){fwd}"
-        if self.kind == "plain":
-            return f"bwd(q, k, v, d_out{extra}) -> (dq, dk, dv)"
-        how = "jax.vjp" if self.framework == "jax" else "torch autograd"
-        return f"fn(q, k, v{extra}), gradients by {how}"
 
     def structural_unsupported(self) -> dict[str, str]:
         out = super().structural_unsupported()
@@ -496,16 +492,16 @@ def _what(x: Any) -> str:
 class GradRunner(Runner):
     """The forward's :class:`~attnlab.check.runner.Runner`, sending :class:`GradRequest` s."""
 
-    def __init__(self, backend: Any, *, timeout: float, lse_units: str, gqa_map: str):
+    def __init__(self, backend: Any, *, timeout: float, lse_units: str, gqa_map: str, golden_lse: bool):
         super().__init__(backend, timeout=timeout)
         self.lse_units = lse_units
         self.gqa_map = gqa_map
+        self.golden_lse = golden_lse
 
     def request(self, case: Case, causal_flag: bool | str, gqa: bool) -> CallRequest:
         g: GradCase = case  # type: ignore[assignment]
-        adapter = getattr(self.backend, "adapter", None)
         out = lse = None
-        if getattr(adapter, "kind", "") == "flash" and getattr(adapter, "forward", None) is None:
+        if self.golden_lse:  # a flash backward without a forward (or one not yet known) gets the golden out and lse
             out, lse = golden_out_lse(g, self.gqa_map)
             if self.lse_units == "log2":
                 lse = lse / math.log(2)
@@ -636,16 +632,20 @@ class GradBattery(Battery):
         seed: int,
         probes: tuple[str, ...],
         lse_units: str,
+        kind: str = "plain",
+        with_forward: bool = False,
         align: str | None = None,
         forward_checked: bool = False,
     ):
         super().__init__(backend, spec, timeout=timeout, seed=seed, probes=probes)
         # causal=True with n_q != n_k: top-left unless declared (or, through autograd, what the forward does)
         self.align = spec.causal_align or align or "top_left"
-        self.runner = GradRunner(backend, timeout=timeout, lse_units=lse_units, gqa_map=self.gqa_map)
-        self.adapter = getattr(backend, "adapter", None)
-        self.kind = getattr(self.adapter, "kind", "plain")
-        self.has_forward = self.kind == "autograd" or getattr(self.adapter, "forward", None) is not None
+        self.kind = kind
+        self.has_forward = kind == "autograd" or with_forward
+        golden_lse = kind in ("flash", "backward") and not with_forward
+        self.runner = GradRunner(
+            backend, timeout=timeout, lse_units=lse_units, gqa_map=self.gqa_map, golden_lse=golden_lse
+        )
         self.forward_wrong: set[str] = set()
         self.forward_checked = forward_checked
         self.diagnosed = 0
@@ -737,7 +737,12 @@ class GradBattery(Battery):
             self.bug(
                 "timeout",
                 f"the function did not return within {self.runner.timeout:g} s",
-                f"case {g.label}: {out.call}; no further calls were made",
+                f"case {g.label}: {out.call}; no further calls were made ("
+                + (
+                    "the worker process was killed (with its threads and child processes))"
+                    if self.backend.isolated
+                    else "a Python thread cannot be killed; it may still be running)"
+                ),
             )
             raise _Abort
         if out.error is not None and out.error.died:
@@ -1353,6 +1358,49 @@ def _grad_spec(spec: Spec) -> Spec:
     return replace(spec, ranks=(4,), mask_form="full" if spec.mask_form in ("varlen", "kv_cache") else spec.mask_form)
 
 
+@dataclass(frozen=True)
+class GradTarget:
+    """What a worker process needs to build the :class:`GradAdapter` (sent in place of the forward's
+    :class:`~attnlab.check.Spec`; the worker calls :meth:`make_adapter` on the imported function)."""
+
+    spec: Spec
+    kind: str
+    forward: str | None = None
+    lse_units: str = "nats"
+    extra_unsupported: tuple[str, ...] = ()
+
+    def make_adapter(self, fn: Any) -> GradAdapter:
+        from .target import load_target
+
+        fwd = None if self.forward is None else load_target(self.forward)
+        return GradAdapter(
+            fn,
+            self.spec,
+            kind=self.kind,
+            forward=fwd,
+            lse_units=self.lse_units,
+            extra_unsupported=self.extra_unsupported,
+        )
+
+
+def _describe(kind: str, backend: Any, lse_units: str, with_forward: bool) -> str:
+    """The call as :meth:`GradAdapter.describe` words it, from what a worker reported."""
+    r = backend.resolved
+    parts = [a for a in (r.mask_arg, r.causal_arg, r.scale_arg) if a]
+    if "dropout" not in backend.structural:
+        parts += ["dropout_mask", "dropout_p"]
+    if "bias" not in backend.structural:
+        parts.append("bias")
+    extra = "".join(", " + p + "=" for p in parts)
+    if kind == "flash":
+        fwd = " with its forward fwd(q, k, v) -> (out, lse)" if with_forward else ""
+        return f"bwd(q, k, v, out, lse [{lse_units}], d_out{extra}) -> (dq, dk, dv){fwd}"
+    if kind == "plain":
+        return f"bwd(q, k, v, d_out{extra}) -> (dq, dk, dv)"
+    how = "jax.vjp" if backend.framework == "jax" else "torch autograd"
+    return f"fn(q, k, v{extra}), gradients by {how}"
+
+
 def run_gradients(
     fn: Any,
     spec: Spec,
@@ -1367,70 +1415,100 @@ def run_gradients(
     align: str | None = None,
     extra_unsupported: Iterable[str] = (),
     forward_checked: bool = False,
+    import_timeout: float = 60.0,
 ) -> Report:
-    """Run the gradient battery on ``fn`` (in this process) and return its :class:`~attnlab.check.Report`.
+    """Run the gradient battery on ``fn`` and return its :class:`~attnlab.check.Report`.
 
-    ``align``: the causal alignment of ``causal=True`` when n_q != n_k and none is declared (default top-left);
-    ``extra_unsupported``: gradient-only capabilities declared unsupported (``"dropout"``, ``"bias"``);
+    ``fn`` (and ``forward``) may be target strings ``"file.py:NAME"``: the function is then imported and called in
+    a worker process (:mod:`attnlab.check.isolation`), killed on a timeout, as the forward's; a callable runs in
+    this process. ``align``: the causal alignment of ``causal=True`` when n_q != n_k and none is declared (default
+    top-left); ``extra_unsupported``: gradient-only capabilities declared unsupported (``"dropout"``, ``"bias"``);
     ``forward_checked``: the forward battery ran on the same function (a wrong forward output is its finding, and
     explains the gradient findings of that case); otherwise a wrong forward output is a ``reference-mismatch``.
     """
+    from .isolation import WorkerBackend, available
+    from .target import TargetError
+
     selected = tuple(GRAD_PROBES if probes is None else probes)
     for p in selected:
         if p not in GRAD_PROBES:
             raise UsageError(f"probes: unknown gradient probe {p!r}; expected some of {', '.join(GRAD_PROBES)}")
+    if kind not in _ADAPTER_KINDS:
+        raise UsageError(f"kind: expected one of {', '.join(map(repr, KINDS))}, got {kind!r}")
     t0 = time.perf_counter()
     spec = _grad_spec(spec)
+    isolated = isinstance(fn, str) and available() and (forward is None or isinstance(forward, str))
+    if not isolated:
+        fn, forward = _load(fn), (None if forward is None else _load(forward))
+    extra = tuple(extra_unsupported)
 
-    def run(s: Spec) -> tuple[GradAdapter, GradBattery]:
-        adapter = GradAdapter(
-            fn, s, kind=kind, forward=forward, lse_units=lse_units, extra_unsupported=extra_unsupported
-        )
-        backend = InProcessBackend(adapter)
+    def run(s: Spec) -> tuple[Any, GradBattery | None, str, bool]:
+        if isolated:
+            try:
+                backend: Any = WorkerBackend(
+                    fn, GradTarget(s, kind, forward, lse_units, extra), import_timeout=import_timeout
+                )
+            except TargetError as err:
+                raise UsageError(str(err)) from None
+            if backend.import_failure is not None:
+                backend.close()
+                return backend, None, kind, forward is not None
+            k, _, f = backend.resolved.mode.removeprefix("backward ").partition("+")
+            with_fwd = bool(f)
+        else:
+            adapter = GradAdapter(fn, s, kind=kind, forward=forward, lse_units=lse_units, extra_unsupported=extra)
+            backend = InProcessBackend(adapter)
+            k, with_fwd = adapter.kind, adapter.forward is not None
         try:
             if not [d for d in DTYPES if d not in backend.structural]:
                 why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
                 raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
             battery = GradBattery(
                 backend,
-                adapter.spec,
+                s,
                 timeout=timeout,
                 seed=seed,
                 probes=selected,
                 lse_units=lse_units,
+                kind=k,
+                with_forward=with_fwd,
                 align=align,
                 forward_checked=forward_checked,
             )
             battery.run()
         finally:
             backend.close()
-        return adapter, battery
+        return backend, battery, k, with_fwd
 
-    adapter, battery = run(spec)
-    detected = adapter.resolved.detected
+    backend, battery, k, with_fwd = run(spec)
+    label = name or (fn if isinstance(fn, str) else _label(fn))
+    if battery is None:
+        e = backend.import_failure
+        what = "did not import in time" if e.timed_out else f"raised {e.error.type_name if e.error else 'an error'}"
+        raise UsageError(f"{label}: the backward's module {what} in the worker process")
+    detected = backend.resolved.detected
     if spec.framework == "auto" and _failed_everything(battery):
         # the framework was guessed from the module (which may import torch for other functions): try the others,
         # as the forward checker does
         for other in ("numpy", "torch", "jax"):
-            if other == adapter.framework or (other != "numpy" and other not in loaded_frameworks()):
+            if other == backend.framework or (other != "numpy" and other not in backend.loaded):
                 continue
             try:
-                a2, b2 = run(replace(spec, framework=other))
+                b2, bat2, k2, f2 = run(replace(spec, framework=other))
             except UsageError:
                 continue
-            if not _failed_everything(b2):
+            if bat2 is not None and not _failed_everything(bat2):
                 detected = (
-                    f"{other}: detected {detected}, but every call failed in {adapter.framework}; in {other} "
-                    "the calls ran"
+                    f"{other}: detected {detected}, but every call failed in {backend.framework}; in {other} the "
+                    "calls ran"
                 )
-                adapter, battery = a2, b2
+                backend, battery, k, with_fwd = b2, bat2, k2, f2
                 break
     findings, explained = battery.findings_list()
-    label = name or _label(fn)
     return Report(
         target=label,
-        framework=adapter.framework,
-        signature=adapter.describe(),
+        framework=backend.framework,
+        signature=_describe(k, backend, lse_units, with_fwd),
         findings=findings,
         notes=tuple(battery.notes),
         unsupported=battery.unsupported_list(),
@@ -1440,11 +1518,12 @@ def run_gradients(
         incomplete=tuple(battery.incomplete),
         calls=battery.runner.calls,
         seconds=time.perf_counter() - t0,
-        spec={**spec.as_dict(), "backward": adapter.kind, "lse_units": lse_units},
+        spec={**spec.as_dict(), "backward": k, "lse_units": lse_units},
         command="check --backward",
-        isolation="in-process",
+        isolation=backend.description,
+        import_seconds=getattr(backend, "import_seconds", 0.0),
         detected=detected,
-        kind=adapter.resolved.kind,
+        kind=backend.resolved.kind,
     )
 
 
@@ -1509,12 +1588,12 @@ def check_backward(
     if lse_units not in LSE_UNITS:
         raise UsageError(f"lse_units: expected 'nats' or 'log2', got {lse_units!r}")
     label = name or (bwd if isinstance(bwd, str) else None)
-    fn = _load(bwd)
-    if not callable(fn):
-        raise UsageError(f"bwd: expected a callable backward, got {type(fn).__name__}")
-    fwd = _load(forward) if forward is not None else None
-    if kind == "auto":  # a backward: FlashAttention-2's signature, or else the plain one
-        kind = "flash" if detect_kind(fn) == "flash" or fwd is not None else "plain"
+    fn = bwd
+    if not isinstance(fn, str) and not callable(fn):
+        raise UsageError(f"bwd: expected a callable backward or a target string, got {type(fn).__name__}")
+    fwd = forward
+    if kind == "auto":  # a backward: FlashAttention-2's signature, or else the plain one (read where it is imported)
+        kind = "backward"
     extra = [u for u in options.get("unsupported", ()) if u in GRAD_CAPABILITIES]
     spec = spec_from_options(**options)
     return run_gradients(
@@ -1569,7 +1648,7 @@ def with_backward(
     (autograd through ``fn``) or a backward callable / target string (checked with ``fn`` as its forward when it
     takes the forward's lse). Gradient findings in cases where the forward output is already wrong are explained
     by the forward's findings."""
-    fwd = _load(fn)
+    fwd = fn
     if spec.framework == "auto" and report.framework in ("numpy", "torch", "jax"):
         spec = replace(spec, framework=report.framework)  # what the forward battery found the calls run in
     if backward is True:
@@ -1594,17 +1673,13 @@ def with_backward(
             forward_checked=True,
         )
     else:
-        bwd = _load(backward)
-        if not callable(bwd):
-            raise UsageError(f"backward: expected True or a backward callable, got {type(bwd).__name__}")
-        kind = detect_kind(bwd)
-        if kind == "autograd":
-            kind = "plain"
+        if not isinstance(backward, str) and not callable(backward):
+            raise UsageError(f"backward: expected True or a backward callable, got {type(backward).__name__}")
         g = run_gradients(
-            bwd,
+            backward,
             spec,
-            kind=kind,
-            forward=fwd if kind == "flash" else None,
+            kind="backward",
+            forward=fwd,
             lse_units=lse_units,
             timeout=timeout,
             seed=seed,
@@ -1631,6 +1706,6 @@ def merge(forward: Report, grads: Report) -> Report:
         spec={**forward.spec, "backward": grads.spec.get("backward"), "lse_units": grads.spec.get("lse_units")},
         command="check --backward",
         isolation=forward.isolation
-        if forward.isolation == "in-process"
-        else f"{forward.isolation} (gradients in-process)",
+        if forward.isolation == grads.isolation
+        else f"{forward.isolation} (gradients: {grads.isolation})",
     )
