@@ -257,6 +257,28 @@ def test_each_bug_is_named_with_evidence_and_fix(fn, options, code):
     assert "grad-mismatch" not in r.codes, r.to_text()
 
 
+def test_a_feature_whose_cases_alone_fail_is_named():
+    def own_dropout_mask(q, k, v, d_out, mask=None, scale=None, causal=False, dropout_mask=None, dropout_p=0.0):
+        if dropout_mask is not None:  # draws its own keep mask instead of the forward's
+            dropout_mask = np.random.default_rng(0).random(dropout_mask.shape) >= dropout_p
+        return G.analytic(q, k, v, d_out, mask, scale, causal, dropout_mask, dropout_p)
+
+    def gqa_reversed(q, k, v, d_out, mask=None):  # the groups' K/V gradients land on the K/V heads reversed
+        g = G.analytic(q, k, v, d_out, mask)
+        if k.shape[1] == q.shape[1]:
+            return g
+        return g[0], g[1][:, ::-1].copy(), g[2][:, ::-1].copy()
+
+    def causal_odd(q, k, v, d_out, mask=None, causal=False):  # causal handled by a rule of its own
+        dq, dk, dv = G.analytic(q, k, v, d_out, mask, None, causal)
+        return (dq * 1.5, dk, dv) if causal else (dq, dk, dv)
+
+    r = check_backward(own_dropout_mask)
+    assert r.codes == ("grad-dropout",) and r.explained == ("grad-mismatch",), r.to_text()
+    assert check_backward(gqa_reversed, gqa=True).codes == ("grad-gqa-sum",)
+    assert check_backward(causal_odd).codes == ("grad-causal",)
+
+
 def test_a_masked_key_must_get_exactly_zero_gradient():
     def leaky(q, k, v, d_out, mask=None):
         dq, dk, dv = G.analytic(q, k, v, d_out, mask)

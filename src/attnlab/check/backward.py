@@ -64,7 +64,7 @@ from ..core.backward import attention_backward
 from ..core.dropout import Dropout
 from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dtype_name, round_to
 from .callables import signature_of
-from .grad_hypotheses import attention_grads, hypotheses
+from .grad_hypotheses import Variant, attention_grads, hypotheses
 from .probes import FIXES, Battery
 from .report import Finding, ProbeResult, Report, Unsupported
 from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner
@@ -1046,12 +1046,38 @@ class GradBattery(Battery):
                 self.grid.append(self.call(self.make(_G(2, 3, 9, 9, 4, 4), dtype, label=f"mask {dtype}", mask=True)))
             if "gqa" in self.caps:
                 self.grid.append(self.call(self.make(_G(1, 4, 6, 6, 8, 8, h_kv=2), dtype, label=f"gqa {dtype}")))
+        results: list[tuple[Any, bool, str | None]] = []
         for out in self.grid:
             self.case_key = self.key(out.case)
             if out.error is not None:
                 self.crash(out)
                 continue
-            self.compare_grads(out)
+            results.append((out.case, self.compare_grads(out), self.case_key))
+        # a feature whose cases alone fail, with nothing named: the backward's handling of that feature is wrong
+        for code, has, text in (
+            ("grad-causal", lambda c: c.causal is not None, "the backward's causal masking"),
+            ("grad-gqa-sum", lambda c: c.gqa, "the backward's GQA (K/V heads shared by query groups)"),
+        ):
+            self.eliminate(results, code, has, text)
+
+    def eliminate(self, results: list[tuple[Any, bool, str | None]], code: str, has: Any, text: str) -> None:
+        """Name ``code`` in the cases that have a feature (``has``) and fail with only ``grad-mismatch``, when
+        every case without the feature passed: the difference is the feature."""
+        seen: dict[str | None, set[str]] = {}
+        for o in self.obs:
+            seen.setdefault(o.case, set()).add(o.finding.code)
+        without = [ok for c, ok, _ in results if not has(c)]
+        failing = [(c, key) for c, ok, key in results if has(c) and not ok and seen.get(key) == {"grad-mismatch"}]
+        if len(without) < 3 or not all(without) or not failing:
+            return
+        for c, key in failing:
+            self.bug(
+                code,
+                f"{text} is wrong: every case without it matches the golden, the cases with it do not (no single "
+                "named mistake explains them)",
+                f"case {c.label}: {c.shapes()}; {len(without)} cases without it match",
+                case=key,
+            )
 
     def p_grad_masked_keys(self) -> None:
         if "mask" not in self.caps:
@@ -1195,8 +1221,6 @@ class GradBattery(Battery):
         self, c1: GradCase, c2: GradCase, a: dict[str, np.ndarray], b: dict[str, np.ndarray], bounds: dict[str, float]
     ) -> bool:
         """Whether the difference between two calls is that of a backward that recomputes P without the mask."""
-        from .grad_hypotheses import Variant
-
         for var in (Variant(p_mask="softmax", delta="self"), Variant(p_mask="none"), Variant(p_mask="softmax")):
             g1, g2 = (
                 attention_grads(c.q, c.k, c.v, c.d_out, _allowed(c), scale=c.scale, mapping=self.gqa_map, variant=var)
@@ -1223,7 +1247,7 @@ class GradBattery(Battery):
         if not out.ok:
             self.crash(out)
             return
-        ok = self.compare_grads(out)
+        self.compare_grads(out)
         _, bounds = self.expected(base)
         for axis, what, changed in ((0, "batch element", 1), (0, "batch element", 0), (1, "head", 1), (1, "head", 0)):
             sel = (slice(changed, changed + 1),) if axis == 0 else (slice(None), slice(changed, changed + 1))
@@ -1248,7 +1272,6 @@ class GradBattery(Battery):
                         f"moved by {float(np.nanmax(diff)):.3g} (tolerance {bounds[name]:.2g})",
                     )
                     return
-        del ok
 
     def p_grad_dropout(self) -> None:
         if "dropout" in self.unsupported:
@@ -1266,7 +1289,17 @@ class GradBattery(Battery):
             if not out.ok:
                 self.crash(out)
                 continue
-            self.compare_grads(out)
+            ok = self.compare_grads(out)
+            # right without dropout (the reference grid passed), wrong with the keep mask: the dropout differs
+            ref = next((r for r in self.probe_results if r.name == "grad-reference"), None)
+            codes = {o.finding.code for o in self.obs if o.case == self.case_key}
+            if not ok and ref is not None and ref.status == "passed" and codes == {"grad-mismatch"}:
+                self.bug(
+                    "grad-dropout",
+                    "the gradients are right without dropout and wrong with the keep mask: the backward's dropout "
+                    "differs from the forward's (another mask, or another scaling)",
+                    f"case {case.label}: {case.shapes()}, dropout p={p:g}",
+                )
 
     def preflight(self) -> None:
         """The forward battery's preflight; no dtype that works stops the battery."""

@@ -314,8 +314,9 @@ def hypotheses(
     """The named wrong backward passes worth testing on a case: ``(code, what it does, variant)``.
 
     ``masked``: the case has masked entries (mask or causal); ``causal``: its alignment; ``dropout``: a keep mask
-    is given; ``flash``: the backward takes the forward's lse (FlashAttention-2's signature); ``explicit_scale``:
-    a ``scale`` argument is passed.
+    is given; ``flash``: the backward takes the forward's lse (FlashAttention-2's signature; the same mistakes
+    apply, since a plain backward that recomputes its own lse can make them too); ``explicit_scale``: a ``scale``
+    argument is passed.
     """
     out: list[tuple[str, str, Variant]] = [
         (
@@ -461,7 +462,7 @@ def hypotheses(
             out.append(
                 ("grad-dropout", f"the backward's dropout differs from the forward's: {text}", Variant(dropout=name))
             )
-    del flash
+    del flash  # the lse mistakes are tried for every kind of backward (see above)
     # a backward that recomputes its own forward takes delta from its own (wrong) P: both versions of each
     own = [(c, t, replace(v, delta="self")) for c, t, v in out if c in _SELF_DELTA and v.delta == "dodo"]
     return out + own
