@@ -204,16 +204,23 @@ def test_jax_gradients_by_vjp():
 
     # kind="autograd" is what check(fn, backward=True) runs after the forward battery (JAX compiles each new shape,
     # so this test keeps to few shapes)
-    opts = {"dtypes": ("float32",), "unsupported": ("cross", "dv", "causal-cross"), "probes": ("grad-batch",)}
+    opts = {"dtypes": ("float32",), "unsupported": ("mask", "cross", "dv", "causal-cross"), "probes": ("grad-batch",)}
     r = check_backward(attention, kind="autograd", **opts)
     assert r.codes == () and r.framework == "jax", r.to_text()
-    assert "jax.vjp" in r.signature
+    assert "jax.vjp" in r.signature and r.calls < 12
 
-    def wrong(q, k, v, mask=None):  # the gradient of a forward without 1/sqrt(d_k) is that forward's, not the golden
-        return attention(q * math.sqrt(q.shape[-1]), k, v, mask)
 
-    bad = check_backward(wrong, kind="autograd", **opts)
+def test_a_wrong_forward_is_its_own_finding_and_explains_its_gradients():
+    pytest.importorskip("torch")
+
+    def wrong(q, k, v, mask=None):  # no 1/sqrt(d_k): its gradients are that forward's, not the golden's
+        return G.torch_function()(q * math.sqrt(q.shape[-1]), k, v, mask)
+
+    bad = check_backward(wrong, kind="autograd", probes=("grad-reference",))
     assert bad.codes == ("reference-mismatch",) and bad.explained == ("grad-mismatch",), bad.to_text()
+    both = check(wrong, backward=True, probes=("reference",))
+    assert both.codes == ("scale-missing",), both.to_text()
+    assert [(f.code, f.explained_by) for f in both.explained_findings][-1] == ("grad-mismatch", "scale-missing")
 
 
 # ------------------------------------------------------------------------------------------------ named bugs

@@ -67,8 +67,8 @@ from .callables import signature_of
 from .grad_hypotheses import Variant, attention_grads, hypotheses
 from .probes import FIXES, Battery
 from .report import Finding, ProbeResult, Report, Unsupported
-from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner
-from .tolerance import bound, compare, expand_kv, golden_output
+from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
+from .tolerance import bound, compare, expand_kv, golden_output, naive_output
 
 __all__ = [
     "BACKWARD_CODES",
@@ -274,6 +274,14 @@ class GradAdapter(Adapter):
             if kind == "plain":
                 forward = None  # a plain backward needs no forward (one offered is not used)
         self.kind = detect_kind(self.fn) if kind == "auto" else kind
+        if self.kind == "autograd" and self.framework == "numpy" and spec.framework == "auto":
+            # a forward whose library was not seen in its code (imported inside a helper): NumPy has no gradient,
+            # so take the loaded library that has one
+            other = next(iter(loaded_frameworks()), None)
+            if other is not None:
+                super().__init__(fn, replace(spec, framework=other))
+                why = f"{other}: NumPy (detected) has no gradient, and {other} is loaded"
+                self.resolved = replace(self.resolved, detected=why)
         self.lse_units = lse_units
         self.user_fn = self.fn
         self.forward = None
@@ -635,7 +643,7 @@ class GradBattery(Battery):
         kind: str = "plain",
         with_forward: bool = False,
         align: str | None = None,
-        forward_checked: bool = False,
+        forward_checked: bool | str = False,
     ):
         super().__init__(backend, spec, timeout=timeout, seed=seed, probes=probes)
         # causal=True with n_q != n_k: top-left unless declared (or, through autograd, what the forward does)
@@ -647,7 +655,9 @@ class GradBattery(Battery):
             backend, timeout=timeout, lse_units=lse_units, gqa_map=self.gqa_map, golden_lse=golden_lse
         )
         self.forward_wrong: set[str] = set()
-        self.forward_checked = forward_checked
+        self.forward_checked = bool(forward_checked)
+        #: the forward finding that explains gradient codes of a case whose forward output is wrong
+        self.forward_code = forward_checked if isinstance(forward_checked, str) else "reference-mismatch"
         self.diagnosed = 0
         self.matched: list[tuple[str, str, Any]] = []  # hypotheses that explained a case, tried first next time
         self.lse_units = lse_units
@@ -682,7 +692,7 @@ class GradBattery(Battery):
                 # no per-case hypothesis expresses it (as nondeterminism explains the forward's perturbation leaks)
                 why = "grad-batch-leak"
             if why is None and o.case in self.forward_wrong and code in BACKWARD_CODES and "forward" not in o.case:
-                why = "reference-mismatch"
+                why = self.forward_code
             if why is None:
                 kept.setdefault(code, o.finding)
             elif code not in explained:
@@ -829,8 +839,12 @@ class GradBattery(Battery):
                 case.q, case.k, case.v, case.mask, scale=case.scale, causal=case.causal, gqa=self.gqa_map
             )
             if case.bias is None and ret.out.shape == gout.shape:
-                tol = bound(self.work_dtype(case.dtype), gout, None) * 1e3 + 1e-2
-                rows = _allowed(case).any(axis=-1)
+                # the forward's rule, with room: this only tells a wrong forward from a wrong backward
+                work = self.work_dtype(case.dtype)
+                allowed = _allowed(case)
+                naive = naive_output(case.q, case.k, case.v, allowed, dtype=work, scale=case.scale, gqa=self.gqa_map)
+                tol = 10 * bound(work, gout, naive)
+                rows = allowed.any(axis=-1)
                 if not compare(ret.out, gout, tol, rows).ok:
                     self.forward_wrong.add(key)
                     if not self.forward_checked:  # nobody else looks at this forward: say it is wrong
@@ -1447,7 +1461,7 @@ def run_gradients(
     name: str | None = None,
     align: str | None = None,
     extra_unsupported: Iterable[str] = (),
-    forward_checked: bool = False,
+    forward_checked: bool | str = False,
     import_timeout: float = 60.0,
 ) -> Report:
     """Run the gradient battery on ``fn`` and return its :class:`~attnlab.check.Report`.
@@ -1457,7 +1471,8 @@ def run_gradients(
     this process. ``align``: the causal alignment of ``causal=True`` when n_q != n_k and none is declared (default
     top-left); ``extra_unsupported``: gradient-only capabilities declared unsupported (``"dropout"``, ``"bias"``);
     ``forward_checked``: the forward battery ran on the same function (a wrong forward output is its finding, and
-    explains the gradient findings of that case); otherwise a wrong forward output is a ``reference-mismatch``.
+    explains the gradient findings of that case: a code, the forward's first finding, names it); otherwise a wrong
+    forward output is a ``reference-mismatch``.
     """
     from .isolation import WorkerBackend, available
     from .target import TargetError
@@ -1703,7 +1718,7 @@ def with_backward(
             seed=seed,
             name=name,
             align=align,
-            forward_checked=True,
+            forward_checked=report.codes[0] if report.codes else True,
         )
     else:
         if not isinstance(backward, str) and not callable(backward):
