@@ -299,4 +299,102 @@ def torch_function(bug=None):
     return attention
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# written in other styles (einsum, a recomputed lse, a torch import inside the function)
+
+
+def e_sm(s):
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(s - m)
+    d = e.sum(-1, keepdims=True)
+    return np.divide(e, d, out=np.zeros_like(e), where=d > 0)
+
+
+def einsum_delta_do(q, k, v, d_out, mask=None, scale=None):
+    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * sc
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    p = e_sm(s)
+    dv = np.einsum("bhqk,bhqd->bhkd", p, d_out)
+    dp = np.einsum("bhqd,bhkd->bhqk", d_out, v)
+    ds = p * (dp - d_out.sum(-1, keepdims=True))
+    return (
+        (np.einsum("bhqk,bhkd->bhqd", ds, k) * sc).astype(q.dtype),
+        (np.einsum("bhqk,bhqd->bhkd", ds, q) * sc).astype(q.dtype),
+        dv.astype(q.dtype),
+    )
+
+
+def flash_lse_unmasked(q, k, v, out, lse, d_out, mask=None, scale=None):
+    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    w = np.float64 if q.dtype == np.float64 else np.float32
+    out_dtype = q.dtype
+    q, k, v, out, d_out = (np.asarray(x, w) for x in (q, k, v, out, d_out))
+    s = q @ np.swapaxes(k, -1, -2) * sc
+    m = s.max(-1, keepdims=True)
+    lse2 = m + np.log(np.exp(s - m).sum(-1, keepdims=True))  # recomputed, over every key
+    p = np.exp(s - lse2)
+    if mask is not None:
+        p = np.where(mask, p, 0)
+    dv = np.swapaxes(p, -1, -2) @ d_out
+    dp = d_out @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (d_out * out).sum(-1, keepdims=True))
+    return tuple(x.astype(out_dtype) for x in (ds @ k * sc, np.swapaxes(ds, -1, -2) @ q * sc, dv))
+
+
+def torch_dk_unscaled():
+    import torch
+
+    class F(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            sc = 1 / math.sqrt(q.shape[-1])
+            p = torch.softmax(q @ k.transpose(-1, -2) * sc, -1)
+            ctx.save_for_backward(q, k, v, p)
+            ctx.sc = sc
+            return p @ v
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, p = ctx.saved_tensors
+            dv = p.transpose(-1, -2) @ do
+            dp = do @ v.transpose(-1, -2)
+            ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+            return ds @ k * ctx.sc, ds.transpose(-1, -2) @ q, dv
+
+    def attn(q, k, v):
+        return F.apply(q, k, v)
+
+    return attn
+
+
+def torch_plain_bwd_leak(q, k, v, d_out, mask=None):
+    import torch
+
+    sc = 1 / math.sqrt(q.shape[-1])
+    s = q @ k.transpose(-1, -2) * sc
+    p = torch.softmax(s, -1)  # mask forgotten entirely
+    dv = p.transpose(-1, -2) @ d_out
+    dp = d_out @ v.transpose(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    return ds @ k * sc, ds.transpose(-1, -2) @ q * sc, dv
+
+
+def dropout_twice(q, k, v, d_out, mask=None, dropout_mask=None, dropout_p=0.0):
+    sc = 1 / math.sqrt(q.shape[-1])
+    s = q @ np.swapaxes(k, -1, -2) * sc
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    p = e_sm(s)
+    keep = 1.0 if dropout_mask is None else dropout_mask / (1 - dropout_p)
+    pd = p * keep
+    out = pd @ v
+    dv = np.swapaxes(pd, -1, -2) @ d_out
+    dp = (d_out @ np.swapaxes(v, -1, -2)) * keep * keep  # twice
+    ds = p * (dp - (d_out * out).sum(-1, keepdims=True))
+    return (ds @ k * sc).astype(q.dtype), (np.swapaxes(ds, -1, -2) @ q * sc).astype(q.dtype), dv.astype(q.dtype)
+
+
 __all__ = ["analytic", "flash", "flash_forward", "plain", "plain_dropout", "tiled_backward", "tiled_forward"]

@@ -264,6 +264,26 @@ def test_each_bug_is_named_with_evidence_and_fix(fn, options, code):
     assert "grad-mismatch" not in r.codes, r.to_text()
 
 
+@pytest.mark.parametrize(
+    "fn, code",
+    [
+        (G.einsum_delta_do, "grad-delta"),
+        (G.flash_lse_unmasked, "grad-lse"),
+        (G.torch_plain_bwd_leak, "grad-masked-leak"),  # imports torch inside: detected NumPy, tried in torch
+        (G.dropout_twice, "grad-dropout"),
+    ],
+    ids=["einsum-delta-rowsum-dO", "lse-over-masked-keys", "torch-import-inside", "dropout-twice-in-dP"],
+)
+def test_other_styles_are_named(fn, code):
+    r = check_backward(fn)
+    assert r.codes == (code,), r.to_text()
+
+
+def test_torch_function_with_dk_unscaled_is_named():
+    pytest.importorskip("torch")
+    assert check(G.torch_dk_unscaled(), backward=True, probes=("reference",)).codes == ("grad-scale",)
+
+
 def test_a_feature_whose_cases_alone_fail_is_named():
     def own_dropout_mask(q, k, v, d_out, mask=None, scale=None, causal=False, dropout_mask=None, dropout_p=0.0):
         if dropout_mask is not None:  # draws its own keep mask instead of the forward's

@@ -1539,7 +1539,8 @@ def run_gradients(
         # the framework was guessed from the module (which may import torch for other functions): try the others,
         # as the forward checker does
         for other in ("numpy", "torch", "jax"):
-            if other == backend.framework or (other != "numpy" and other not in backend.loaded):
+            loaded = backend.loaded if isolated else loaded_frameworks()  # now: the calls may have imported it
+            if other == backend.framework or (other != "numpy" and other not in loaded):
                 continue
             try:
                 b2, bat2, k2, f2 = run(replace(spec, framework=other))

@@ -41,7 +41,8 @@ class Variant:
 
     Attributes:
         jacobian: subtract ``delta`` in ``dS = P ∘ (dP - delta)`` (False: ``dS = P ∘ dP``).
-        delta: ``"dodo"`` ``rowsum(dO ∘ O)`` (right), ``"dp"`` ``rowsum(dP)``, ``"p"`` ``rowsum(P)``, ``"self"``
+        delta: ``"dodo"`` ``rowsum(dO ∘ O)`` (right), ``"dp"`` ``rowsum(dP)``, ``"p"`` ``rowsum(P)``, ``"do"``
+            ``rowsum(dO)``, ``"self"``
             ``rowsum(dP ∘ P)`` from the backward's own (possibly wrong) P and dP: the same as ``"dodo"`` unless P or
             the dropout is wrong, as in a backward that recomputes its own forward.
         scale_dq, scale_dk: the power of ``scale`` in dQ and dK (1 right, 0 missing, 2 applied twice).
@@ -55,7 +56,7 @@ class Variant:
         p_where: where the wrong P is used: ``"all"``, ``"dv"`` (only in dV = Pᵀ dO) or ``"ds"`` (only in dS).
         lse: the lse the backward's P comes from: ``"right"``, ``"nomax"`` (``log(sum exp(s - m))``, the max not
             added back), ``"log2"`` (a log2-units lse read as nats), ``"nats-as-log2"`` (the reverse), ``"axis"``
-            (logsumexp over the queries).
+            (logsumexp over the queries), ``"unmasked"`` (logsumexp over every key, masked ones too).
         gqa: how dK/dV of a K/V head come from its query heads: ``"sum"`` (right), ``"first"`` (one head's),
             ``"mean"``, ``"tile"`` (the other head mapping).
         accumulate: ``(tensor, block, which)``: ``tensor`` ``"kv"`` (dK and dV keep only one query block's
@@ -206,6 +207,8 @@ def attention_grads(
             delta = np.sum(dp, axis=-1, keepdims=True)
         elif var.delta == "p":
             delta = np.sum(p_ds, axis=-1, keepdims=True)
+        elif var.delta == "do":
+            delta = np.sum(do, axis=-1, keepdims=True)
         else:
             delta = np.sum(do * out, axis=-1, keepdims=True)
         delta = r(delta)
@@ -252,6 +255,9 @@ def _recomputed(
         lse_used = lse / math.log(2)
     elif var.lse == "nats-as-log2":  # a nats lse read as log2 units
         lse_used = lse * math.log(2)
+    elif var.lse == "unmasked":  # logsumexp over every key, the masked ones too
+        mu = np.max(s, axis=-1, keepdims=True)
+        lse_used = mu + np.log(np.sum(np.exp(s - mu), axis=-1, keepdims=True))
     elif var.lse == "axis":
         sm = np.where(ok, s, -np.inf)
         mc = np.max(sm, axis=-2, keepdims=True)
@@ -333,6 +339,11 @@ def hypotheses(
             "grad-delta",
             "delta is computed from the wrong quantity: rowsum(P) (= 1) instead of rowsum(dO ∘ O)",
             Variant(delta="p"),
+        ),
+        (
+            "grad-delta",
+            "delta is computed from the wrong quantity: rowsum(dO) instead of rowsum(dO ∘ O)",
+            Variant(delta="do"),
         ),
     ]
     for sq, sk, text in (
@@ -431,6 +442,8 @@ def hypotheses(
     ]
     if n_q == n_k:
         lse_variants.append(("axis", "the lse is taken over the wrong axis (the queries)"))
+    if masked:
+        lse_variants.append(("unmasked", "the lse is taken over every key, the masked ones too"))
     for name, text in lse_variants:
         out.append(("grad-lse", f"the backward's P comes from a wrong lse: {text}", Variant(lse=name)))
     for tensor, what in (
