@@ -160,12 +160,16 @@ def test_torch_sdpa_autograd_is_clean(backend):
     kind = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION}[backend]
 
     def attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
-        with sdpa_kernel([kind, SDPBackend.MATH]):  # the flash kernel where it takes the input, math elsewhere
+        with sdpa_kernel(kind):  # that backend only (PyTorch's CPU flash kernel takes masks and every dtype)
             return torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale
             )
 
-    r = check(attention, backward=True, probes=("reference", "causal", "padding", "masked-rows"))
+    # the CPU flash kernel has no d_v != d_k and no 3-D inputs: declared, so they are "not tested"
+    unsupported = ("dv", "rank") if backend == "flash" else ()
+    r = check(
+        attention, backward=True, probes=("reference", "causal", "padding", "masked-rows"), unsupported=unsupported
+    )
     assert r.ok, r.to_text()
     assert "grad-reference" in [p.name for p in r.probes]
     assert r.spec["backward"] == "autograd"
