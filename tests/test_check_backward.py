@@ -381,6 +381,17 @@ def test_signatures_by_parameter_names_and_return_forms():
     assert check_backward(ignores_scale).codes == ("grad-scale",)
 
 
+def test_an_additive_finfo_min_mask_gives_a_note_on_masked_rows_not_a_bug():
+    torch = pytest.importorskip("torch")
+
+    def additive(q, k, v, attn_mask=None):  # Hugging Face's eager attention: s + finfo.min, then softmax
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return torch.softmax(s if attn_mask is None else s + attn_mask, -1) @ v
+
+    r = check(additive, backward=True, mask_convention="additive", probes=("reference", "masked-rows"))
+    assert r.codes == () and "masked-row-additive" in [n.code for n in r.notes], r.to_text()
+
+
 def test_inputs_unmodified_and_dtypes_checked_on_every_call():
     r = check_backward(G.plain("mutate"), probes=("grad-reference",))
     f = next(f for f in r.findings if f.code == "mutates-input")

@@ -1215,6 +1215,8 @@ class GradBattery(Battery):
                     f"the masked rows' d_out moves {name} by up to {float(np.max(np.abs(diff))):.3g} (tolerance "
                     f"{tol:.2g})"
                 )
+        if problems and self.spec.mask_convention == "additive" and self.policy_additive(case, d2, rows, a, b, bounds):
+            return
         if problems and self._rows_leak(case, replace(case, d_out=d2), a, b, bounds):
             self.bug(
                 "grad-masked-leak",
@@ -1230,6 +1232,41 @@ class GradBattery(Battery):
                 else f"the gradients of fully masked rows do not follow the declared policy masked_rows={policy!r}",
                 f"case {case.label}: {case.shapes()}; {where}; " + "; ".join(problems),
             )
+
+    def policy_additive(
+        self,
+        case: GradCase,
+        d2: np.ndarray,
+        rows: np.ndarray,
+        a: dict[str, np.ndarray],
+        b: dict[str, np.ndarray],
+        bounds: dict[str, float],
+    ) -> bool:
+        """An additive ``finfo.min`` mask: a fully masked row is ``softmax(s + c)``, uniform in floating point, and
+        autograd of such a forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches
+        dQ, dK and dV. That is the policy of additive masks (a note), not a bug of the backward."""
+        m = np.array(np.broadcast_to(case.mask, (*rows.shape, case.k.shape[-2])))
+        m[rows] = True
+        # those rows' weights are uniform (s + c rounds to c) and the Jacobian is taken there: a bias of -s on them
+        sc = 1 / math.sqrt(case.q.shape[-1]) if case.scale is None else case.scale
+        logits = case.q @ np.swapaxes(expand_kv(case.q, case.k, self.gqa_map), -1, -2) * sc
+        c1 = replace(case, mask=m, bias=np.where(rows[..., None], -logits, 0.0))
+        g1, g2 = golden_grads(c1, self.gqa_map), golden_grads(replace(c1, d_out=d2), self.gqa_map)
+        for name in ("dq", "dk", "dv"):
+            x, y = a.get(name), b.get(name)
+            if x is None or y is None or x.shape != g1[name].shape:
+                continue
+            if float(np.max(np.abs((x - y) - (g1[name] - g2[name])))) > bounds[name]:
+                return False
+        self.note(
+            "masked-row-additive",
+            "fully masked rows pass gradient: an additive finfo.min mask makes them uniform (s + c rounds to c), "
+            "and the softmax Jacobian at those uniform weights sends their d_out to dQ, dK and dV",
+            f"case {case.label}: {case.shapes()}; their d_out moves dQ, dK and dV as for unmasked rows",
+            "give fully masked rows zero gradient (a boolean mask, or zero them explicitly) if masked keys must "
+            "not learn from them",
+        )
+        return True
 
     def _rows_leak(
         self, c1: GradCase, c2: GradCase, a: dict[str, np.ndarray], b: dict[str, np.ndarray], bounds: dict[str, float]
