@@ -456,6 +456,9 @@ def test_a_target_string_runs_in_a_worker_process_killed_on_timeout(tmp_path):
     assert "worker process was killed" in r.findings[0].evidence
     r = check_backward(f"{tmp_path / 'bad.py'}:dies")
     assert r.codes == ("crash",) and "status 3" in r.findings[0].message
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no import')\n")
+    r = check_backward(f"{tmp_path / 'broken.py'}:bwd")
+    assert r.codes == ("crash",) and "no import" in r.findings[0].message and r.exit_status == 1
 
 
 def test_assertion_helpers():

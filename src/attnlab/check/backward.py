@@ -1567,10 +1567,25 @@ def run_gradients(
 
     backend, battery, k, with_fwd = run(spec)
     label = name or (fn if isinstance(fn, str) else _label(fn))
-    if battery is None:
-        e = backend.import_failure
-        what = "did not import in time" if e.timed_out else f"raised {e.error.type_name if e.error else 'an error'}"
-        raise UsageError(f"{label}: the backward's module {what} in the worker process")
+    if battery is None:  # the module did not import: a crash (or timeout) finding, nothing run
+        fail = backend.import_failure
+        if fail.timed_out:
+            code, message = "timeout", f"importing the module did not finish within {import_timeout:g} s"
+        else:
+            code, message = "crash", f"importing the module failed: {fail.error.text.splitlines()[0][:300]}"
+        finding = Finding(code, message, f"import of {label}", GRAD_FIXES[code], "import")
+        return Report(
+            target=label,
+            framework=spec.framework,
+            signature="(not imported)",
+            findings=(finding,),
+            probes=(ProbeResult("import", "failed", 0, fail.seconds, "", (code,)),),
+            incomplete=tuple(Unsupported(p, "not run: the module did not import") for p in CORE_GRAD_PROBES),
+            seconds=time.perf_counter() - t0,
+            spec={**spec.as_dict(), "backward": kind, "lse_units": lse_units},
+            command="check --backward",
+            isolation=backend.description,
+        )
     detected = backend.resolved.detected
     if spec.framework == "auto" and _failed_everything(battery):
         # the framework was guessed from the module (which may import torch for other functions): try the others,
@@ -1735,6 +1750,8 @@ def with_backward(
     takes the forward's lse). Gradient findings in cases where the forward output is already wrong are explained
     by the forward's findings."""
     fwd = fn
+    if any(p.name == "import" for p in report.probes):
+        return report  # the forward's module did not import: nothing to differentiate
     if spec.framework == "auto" and report.framework in ("numpy", "torch", "jax"):
         spec = replace(spec, framework=report.framework)  # what the forward battery found the calls run in
     if backward is True:
