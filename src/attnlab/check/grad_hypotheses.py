@@ -30,7 +30,7 @@ from .adapters import round_to
 __all__ = ["BLOCKS", "Variant", "attention_grads", "hypotheses"]
 
 #: Block sizes a tiled backward may use (the accumulate hypotheses try each one smaller than the sequence).
-BLOCKS = (1, 2, 3, 4, 8, 16, 32, 64, 128)
+BLOCKS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
 #: Codes whose mistakes change P or the dropout (their delta may come from the real O or the backward's own P).
 _SELF_DELTA = ("grad-masked-leak", "grad-causal", "grad-lse", "grad-dropout", "grad-transposed")
 
@@ -451,10 +451,15 @@ def hypotheses(
         ("q", "dQ keeps only one key block's contribution"),
     ):
         n = n_q if tensor == "kv" else n_k
+        kept: set[tuple[int, int]] = set()  # block sizes that keep the same rows are one hypothesis
         for block in BLOCKS:
             if block >= n:
                 continue
             for which in ("last", "first"):
+                sl = _block_range(n, block, which)
+                if (sl.start, sl.stop) in kept:
+                    continue
+                kept.add((sl.start, sl.stop))
                 out.append(
                     (
                         "grad-accumulate",
