@@ -42,7 +42,7 @@ class Variant:
     Attributes:
         jacobian: subtract ``delta`` in ``dS = P ∘ (dP - delta)`` (False: ``dS = P ∘ dP``).
         delta: ``"dodo"`` ``rowsum(dO ∘ O)`` (right), ``"dp"`` ``rowsum(dP)``, ``"p"`` ``rowsum(P)``, ``"do"``
-            ``rowsum(dO)``, ``"self"``
+            ``rowsum(dO)``, ``"dp-allowed"`` (``rowsum(dP)`` over the allowed keys), ``"self"``
             ``rowsum(dP ∘ P)`` from the backward's own (possibly wrong) P and dP: the same as ``"dodo"`` unless P or
             the dropout is wrong, as in a backward that recomputes its own forward.
         scale_dq, scale_dk: the power of ``scale`` in dQ and dK (1 right, 0 missing, 2 applied twice).
@@ -205,6 +205,8 @@ def attention_grads(
             delta = np.sum(dp * p_ds, axis=-1, keepdims=True)
         elif var.delta == "dp":
             delta = np.sum(dp, axis=-1, keepdims=True)
+        elif var.delta == "dp-allowed":  # rowsum(dP) over the keys the row may see
+            delta = np.sum(np.where(ok, dp, 0.0), axis=-1, keepdims=True)
         elif var.delta == "p":
             delta = np.sum(p_ds, axis=-1, keepdims=True)
         elif var.delta == "do":
@@ -346,6 +348,14 @@ def hypotheses(
             Variant(delta="do"),
         ),
     ]
+    if masked:
+        out.append(
+            (
+                "grad-delta",
+                "delta is computed from the wrong quantity: rowsum(dP) over the allowed keys instead of rowsum(dO ∘ O)",
+                Variant(delta="dp-allowed"),
+            )
+        )
     for sq, sk, text in (
         (0, 0, "the 1/sqrt(d_k) scale is missing from dQ and dK"),
         (0, 1, "the 1/sqrt(d_k) scale is missing from dQ"),
