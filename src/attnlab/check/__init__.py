@@ -301,7 +301,15 @@ def check(
         from .backward import with_backward
 
         return with_backward(
-            report, fn, backward, spec, lse_units=lse_units, timeout=timeout, seed=seed, name=name or label
+            report,
+            fn,
+            backward,
+            spec,
+            lse_units=lse_units,
+            timeout=timeout,
+            seed=seed,
+            name=name or label,
+            import_timeout=import_timeout,
         )
     # --- end backward ------------------------------------------------------------------------------------------
     return report

@@ -1744,6 +1744,7 @@ def with_backward(
     timeout: float = 10.0,
     seed: int = 0,
     name: str | None = None,
+    import_timeout: float = 60.0,
 ) -> Report:
     """The forward ``report`` of :func:`attnlab.check` extended by the gradient battery: ``backward=True``
     (autograd through ``fn``) or a backward callable / target string (checked with ``fn`` as its forward when it
@@ -1774,6 +1775,7 @@ def with_backward(
             name=name,
             align=align,
             forward_checked=report.codes[0] if report.codes else True,
+            import_timeout=import_timeout,
         )
     else:
         if not isinstance(backward, str) and not callable(backward):
@@ -1787,6 +1789,7 @@ def with_backward(
             timeout=timeout,
             seed=seed,
             name=None,
+            import_timeout=import_timeout,
         )
     return merge(report, g)
 
