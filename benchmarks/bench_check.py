@@ -4,6 +4,12 @@ PyTorch on 2 cores, and the isolation costing at most 0.5 s more.
 
 Run: ``python benchmarks/bench_check.py`` (``--repeats N``, default 3; medians).
 
+``--backward`` times the gradient battery instead (issue 14; targets: under 3 s for a NumPy backward, under 10 s
+for a PyTorch one on 2 cores): ``check_backward`` on a NumPy analytic backward and on a tiled NumPy
+FlashAttention-2 backward, and the gradient battery of PyTorch SDPA through autograd (``check_backward(fn,
+kind="autograd")``, which ``check(fn, backward=True)`` runs after the forward battery), each in a fresh
+interpreter (first-use costs included).
+
 * ``in-process``: ``check(fn)`` with the function already imported, called in a thread of this process: the
   first check after the import (first-use costs of NumPy/torch included), as ``attnlab check`` ran before it
   isolated the function.
@@ -69,10 +75,10 @@ MEASURE = textwrap.dedent(
 )
 
 
-def _run(folder: str, target: str, options: dict, mode: str) -> dict:
+def _run(folder: str, target: str, options: dict, mode: str, script: str = MEASURE) -> dict:
     env = dict(os.environ, PYTHONPATH=SRC)
     out = subprocess.run(
-        [sys.executable, "-c", MEASURE, target, json.dumps(options), mode],
+        [sys.executable, "-c", script, target, json.dumps(options), mode],
         cwd=folder,
         env=env,
         capture_output=True,
@@ -96,10 +102,99 @@ def _cli(folder: str, target: str, args: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+# --- backward (issue 14) -----------------------------------------------------------------------------------------
+NUMPY_BWD = textwrap.dedent(
+    """
+    import math
+    import numpy as np
+
+
+    def _p(q, k, mask):
+        s = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = np.where(mask, s, -np.inf)
+        m = s.max(axis=-1, keepdims=True)
+        e = np.exp(s - np.where(np.isfinite(m), m, 0))
+        d = e.sum(axis=-1, keepdims=True)
+        return np.divide(e, d, out=np.zeros_like(e), where=d > 0)
+
+
+    def bwd(q, k, v, d_out, mask=None):
+        sc = 1 / math.sqrt(q.shape[-1])
+        p = _p(q, k, mask)
+        dp = d_out @ np.swapaxes(v, -1, -2)
+        ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+        return ((ds @ k) * sc).astype(q.dtype), (np.swapaxes(ds, -1, -2) @ q * sc).astype(q.dtype), (
+            np.swapaxes(p, -1, -2) @ d_out).astype(q.dtype)
+
+
+    def tiled_bwd(q, k, v, out, lse, d_out, mask=None, block=16):
+        dtypes = (q.dtype, k.dtype, v.dtype)
+        sc = 1 / math.sqrt(q.shape[-1])
+        work = np.float64 if q.dtype == np.float64 else np.float32
+        q, k, v, out, d_out, lse = (np.asarray(x, work) for x in (q, k, v, out, d_out, lse))
+        delta = (d_out * out).sum(axis=-1)
+        dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+        full = None if mask is None else np.broadcast_to(mask, (*q.shape[:-1], k.shape[-2]))
+        for j in range(0, k.shape[-2], block):
+            for i in range(0, q.shape[-2], block):
+                s = q[..., i:i + block, :] @ np.swapaxes(k[..., j:j + block, :], -1, -2) * sc
+                li = lse[..., i:i + block, None]
+                ok = np.isfinite(li) if full is None else full[..., i:i + block, j:j + block] & np.isfinite(li)
+                p = np.where(ok, np.exp(s - np.where(np.isfinite(li), li, 0)), 0.0)
+                dp = d_out[..., i:i + block, :] @ np.swapaxes(v[..., j:j + block, :], -1, -2)
+                ds = p * (dp - delta[..., i:i + block, None])
+                dv[..., j:j + block, :] += np.swapaxes(p, -1, -2) @ d_out[..., i:i + block, :]
+                dk[..., j:j + block, :] += np.swapaxes(ds, -1, -2) @ q[..., i:i + block, :] * sc
+                dq[..., i:i + block, :] += ds @ k[..., j:j + block, :] * sc
+        return tuple(x.astype(d) for x, d in zip((dq, dk, dv), dtypes))
+    """
+)
+MEASURE_BWD = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.path.insert(0, ".")
+    import importlib
+    from attnlab.check import check_backward
+    mod, name = sys.argv[1].split(".py:")
+    fn = getattr(importlib.import_module(mod), name)
+    options = json.loads(sys.argv[2])
+    t0 = time.perf_counter()
+    r = check_backward(fn, **options)
+    print(json.dumps({"seconds": time.perf_counter() - t0, "calls": r.calls, "verdict": r.verdict}))
+    """
+)
+
+
+def backward(repeats: int) -> int:
+    """The gradient battery's time on a NumPy backward, a tiled NumPy one and PyTorch SDPA through autograd."""
+    print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of {repeats}")
+    print(f"{'backward':<44}{'battery':>9}{'calls':>7}  verdict  target")
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "np_backward.py").write_text(NUMPY_BWD)
+        Path(folder, "torch_attention.py").write_text(TORCH)
+        cases = [
+            ("NumPy analytic bwd(q, k, v, d_out)", "np_backward.py:bwd", {}, 3.0),
+            ("NumPy tiled FA2 bwd(q, k, v, out, lse, d_out)", "np_backward.py:tiled_bwd", {}, 3.0),
+            ("torch SDPA autograd (4 dtypes, GQA)", "torch_attention.py:attention", {"kind": "autograd", "gqa": 1}, 10),
+        ]
+        worst = 0
+        for label, target, options, limit in cases:
+            runs = [_run(folder, target, options, "", MEASURE_BWD) for _ in range(repeats)]
+            sec = statistics.median(r["seconds"] for r in runs)
+            ok = "clean" if all(r["verdict"] == "clean" for r in runs) else runs[0]["verdict"]
+            worst |= sec > limit or ok != "clean"
+            print(f"{label:<44}{sec:>8.2f}s{runs[0]['calls']:>7}  {ok:<7}  < {limit:g} s")
+    return int(worst)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--backward", action="store_true", help="time the gradient battery (issue 14)")
     ns = parser.parse_args()
+    if ns.backward:
+        return backward(ns.repeats)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of {ns.repeats}")
     print(
         f"{'implementation':<34}{'in-process':>11}{'isolated':>10}{'import':>8}{'battery':>9}{'overhead':>10}{'cli':>7}"

@@ -12,7 +12,7 @@ True means "may attend"; :mod:`attnlab.masks` converts every other convention.
 """
 
 from . import check, cost, invariants, masks, weights_io
-from .check import Finding, Report
+from .check import Finding, Report, check_backward
 from .core import (
     AttentionTrace,
     attention_trace,
@@ -82,6 +82,7 @@ __all__ = [
     "attention_trace",
     "cached_attention",
     "check",
+    "check_backward",
     "cost",
     "dropout",
     "flash_attention",

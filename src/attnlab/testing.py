@@ -26,7 +26,12 @@ import numpy as np
 from ._arrays import to_numpy
 from .check.tolerance import FLOORS
 
-__all__ = ["assert_attention_close", "assert_attention_correct"]
+__all__ = [
+    "assert_attention_close",
+    "assert_attention_correct",
+    "assert_attention_grads_correct",
+    "assert_grads_close",
+]
 
 
 def _dtype_name(x: Any) -> str:
@@ -103,6 +108,84 @@ def assert_attention_correct(fn: Callable[..., Any], **options: Any) -> Any:
     from .check import check
 
     report = check(fn, **options)
+    if not report.ok:
+        raise AssertionError(f"{report.summary}\n{report.to_text()}")
+    return report
+
+
+#: The gradients' names, in the order a backward returns them.
+GRAD_NAMES = ("dq", "dk", "dv", "dbias")
+
+
+def assert_grads_close(
+    actual: Any,
+    expected: Any,
+    *,
+    reference: Any | None = None,
+    dtype: str | None = None,
+    factor: float = 3.0,
+    floor: float | None = None,
+) -> None:
+    """FlashAttention's rule for gradients: each of ``actual`` (``(dq, dk, dv)`` or ``(dq, dk, dv, dbias)``, or one
+    array) is within ``factor`` (3) times the error of a same-precision naive backward (``reference``, same
+    structure) plus the per-dtype floor of the float64 ``expected``.
+
+    ``reference`` may come from :func:`attnlab.check.grad_hypotheses.attention_grads` with ``dtype=``; without it
+    the bound is the floor alone. ``dtype`` chooses the floor (default: each gradient's dtype).
+
+    >>> import numpy as np
+    >>> g = (np.ones(3), np.zeros(3), np.ones(3))
+    >>> assert_grads_close(g, g)
+    >>> try:
+    ...     assert_grads_close((g[0], g[1] + 1e-3, g[2]), g)
+    ... except AssertionError as err:
+    ...     print(str(err).split(" (float64")[0])
+    dk: max |actual - expected| = 0.001 at (0,) exceeds the tolerance 1e-10
+
+    Raises:
+        AssertionError: naming the first gradient that breaks its bound, the error, where, and the bound; also when
+            the number of gradients or a shape differs.
+    """
+    many = isinstance(actual, (tuple, list))
+    acts = tuple(actual) if many else (actual,)
+    exps = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
+    refs: tuple[Any, ...] = (None,) * len(exps) if reference is None else (tuple(reference) if many else (reference,))
+    if len(acts) != len(exps):
+        raise AssertionError(f"gradients: got {len(acts)} arrays, expected {len(exps)}")
+    if len(refs) != len(exps):
+        raise AssertionError(f"reference: got {len(refs)} arrays, expected {len(exps)}")
+    for i, (a, e, r) in enumerate(zip(acts, exps, refs, strict=True)):
+        if a is None and e is None:
+            continue
+        name = GRAD_NAMES[i] if many and i < len(GRAD_NAMES) else "gradient"
+        assert_attention_close(a, e, reference=r, dtype=dtype, factor=factor, floor=floor, name=name)
+
+
+def assert_attention_grads_correct(fn_or_bwd: Callable[..., Any] | str, **options: Any) -> Any:
+    """Run the gradient oracle and raise ``AssertionError`` with the report unless the verdict is clean.
+
+    ``fn_or_bwd`` is a forward (PyTorch or JAX: its own gradients are checked, forward battery first), a
+    hand-written backward ``bwd(q, k, v, d_out, ...)`` or ``bwd(q, k, v, out, lse, d_out, ...)`` (detected from
+    its parameter names; checked alone, or with ``forward=fwd``), or a target string. ``options`` are those of
+    :func:`attnlab.check.check` / :func:`attnlab.check.backward.check_backward` (``backward=bwd`` checks ``fn``
+    as the forward of ``bwd``). Returns the :class:`~attnlab.check.Report` when clean.
+    """
+    from .check import check
+    from .check.backward import check_backward, detect_kind
+
+    if "backward" in options:
+        report = check(fn_or_bwd, **options)
+    else:
+        fn = fn_or_bwd
+        if isinstance(fn, str):
+            from .check.backward import load_callable
+
+            fn = load_callable(fn)
+        if detect_kind(fn) == "autograd" and "forward" not in options and options.get("kind") in (None, "autograd"):
+            options.pop("kind", None)
+            report = check(fn_or_bwd, backward=True, **options)
+        else:
+            report = check_backward(fn_or_bwd, **options)
     if not report.ok:
         raise AssertionError(f"{report.summary}\n{report.to_text()}")
     return report

@@ -50,6 +50,7 @@ __all__ = [
     "Unsupported",
     "UsageError",
     "check",
+    "check_backward",
 ]
 
 #: Default seconds the worker may take to import the target module (torch and JAX imports take seconds).
@@ -207,7 +208,7 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
             detected += f" (every call failed in {', '.join(tried)} as well)" if len(tried) > 1 else ""
     findings, explained = battery.findings_list()
     r = backend.resolved
-    return Report(
+    report = Report(
         target=label,
         framework=backend.framework,
         signature=r.describe(),
@@ -227,6 +228,29 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
         kind=r.kind,
         mode=r.mode,
     )
+    backward = spec.backward  # the gradient battery after the forward's (attnlab.check.backward)
+    if backward is not None:
+        from .backward import with_backward
+
+        return with_backward(
+            report,
+            fn,
+            backward,
+            spec,
+            lse_units=spec.lse_units,
+            timeout=timeout,
+            seed=seed,
+            name=name or label,
+            import_timeout=import_timeout,
+        )
+    return report
+
+
+def check_backward(bwd: Callable[..., Any] | str, forward: Any = None, **options: Any) -> Report:
+    """Check a hand-written attention backward alone (see :func:`attnlab.check.backward.check_backward`)."""
+    from .backward import check_backward as _check_backward
+
+    return _check_backward(bwd, forward, **options)
 
 
 def _failed_everything(battery: Battery) -> bool:

@@ -177,9 +177,13 @@ class Outcome:
 def execute_call(adapter: Adapter, req: CallRequest) -> CallResult:
     """Build the call, call the function in this thread, translate its return value and look for input writes."""
     try:
-        args, kwargs = adapter.build_call(
-            req.q, req.k, req.v, dtype=req.dtype, mask=req.mask, causal=req.causal, scale=req.scale, gqa=req.gqa
-        )
+        build = getattr(adapter, "build_request", None)
+        if build is not None:  # the gradient battery's adapter (attnlab.check.backward) reads the whole request
+            args, kwargs = build(req)
+        else:
+            args, kwargs = adapter.build_call(
+                req.q, req.k, req.v, dtype=req.dtype, mask=req.mask, causal=req.causal, scale=req.scale, gqa=req.gqa
+            )
         before = adapter.snapshot(args, kwargs)
     except Exception as err:  # the library refused our inputs (e.g. a dtype it lacks)
         return CallResult(error=CallError.from_exception(err, library=True))
@@ -388,12 +392,16 @@ class Runner:
             parts.append(f"{r.gqa_arg}=True")
         return f"fn({', '.join(parts)})"
 
+    def request(self, case: Case, causal_flag: bool | str, gqa: bool) -> CallRequest:
+        """The request sent for ``case`` (the gradient battery's runner adds d_out, dropout and bias)."""
+        return CallRequest(case.q, case.k, case.v, case.dtype, case.mask, causal_flag, case.scale, gqa)
+
     def call(self, case: Case, *, causal_flag: bool | str = False, gqa: bool = False) -> Outcome:
         """Call the function on ``case``. ``causal_flag`` (True or an alignment) goes to its causal argument."""
         described = self.describe(case, causal_flag, gqa)
         if self.stopped is not None:
             return Outcome(case, skipped=True, call=described)
-        req = CallRequest(case.q, case.k, case.v, case.dtype, case.mask, causal_flag, case.scale, gqa)
+        req = self.request(case, causal_flag, gqa)
         self.calls += 1
         res = self.backend.call(req, self.timeout)
         out = Outcome(

@@ -205,6 +205,12 @@ def _isolate(name: str, value: Any) -> bool | None:
     return check_choice(name, value, (None, True, False))
 
 
+def _backward(name: str, value: Any) -> Any:
+    if value is None or value is False or value is True or callable(value) or (isinstance(value, str) and value):
+        return None if value is False else value
+    raise OptionError(f"{name}: expected True, a backward callable or a target string 'file.py:NAME', got {value!r}")
+
+
 def _probes(name: str, value: Any) -> tuple[str, ...] | None:
     from .probes import PROBES  # the probes import this module; by the time a Spec is built they are loaded
 
@@ -390,6 +396,25 @@ class Spec:
         "text",
         group="run",
         cli=False,
+    )
+    backward: object = option(  # True, a callable, a target string or None
+        None,
+        "also run the gradient battery (``attnlab.check.backward``): True differentiates the function itself "
+        "(PyTorch autograd, ``jax.vjp``; a NumPy function has none: UsageError); a callable or target string is "
+        "a hand-written backward ``bwd(q, k, v, d_out, ...)`` or ``bwd(q, k, v, out, lse, d_out, ...)`` checked "
+        "with the function as its forward (see ``check_backward``). On the command line ``--backward`` alone, or "
+        "``--backward NAME`` (a function in the target's file, or ``file.py:NAME``).",
+        "custom",
+        validate=_backward,
+        group="run",
+        cli={"nargs": "?", "const": True, "default": None, "metavar": "NAME"},
+    )
+    lse_units: str = option(
+        "nats",
+        "the units of the lse a flash backward takes: ``nats`` or ``log2``.",
+        "choice",
+        choices=("nats", "log2"),
+        group="run",
     )
 
     def __post_init__(self) -> None:

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     chosen = {name: getattr(args, name) for name, _, opt in options() if opt.cli is not False}
     try:
-        report = check(args.target, name=args.target, **chosen)
+        report = check(args.target, name=args.target, **_same_file_backward(args.target, chosen))
     except UsageError as err:
         sys.stderr.write(f"attnlab check: error: {one_line(err)}\n")
         return ExitStatus.USAGE
@@ -106,6 +106,14 @@ def run(args: argparse.Namespace) -> int:
     if not _write(text):
         return ExitStatus.CHECKER_FAILURE
     return report.exit_status
+
+
+def _same_file_backward(target: str, chosen: dict[str, Any]) -> dict[str, Any]:
+    """``--backward NAME`` alone names a function in the target's file or module (``file.py:NAME``)."""
+    b = chosen.get("backward")
+    if isinstance(b, str) and ":" not in b:
+        return {**chosen, "backward": f"{target.rpartition(':')[0]}:{b}"}
+    return chosen
 
 
 def _write(text: str) -> bool:

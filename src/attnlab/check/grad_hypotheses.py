@@ -1,0 +1,496 @@
+"""Gradients of attention under named wrong backward passes: the hypotheses the gradient battery tests.
+
+:func:`attention_grads` computes ``dq, dk, dv, dbias`` of ``O = softmax(Q Kᵀ · scale + bias, masked) V`` (with an
+optional dropout keep mask) step by step, FlashAttention-2's way (``P``, ``dV = Pᵀ dO``, ``dP = dO Vᵀ``,
+``delta = rowsum(dO ∘ O)``, ``dS = P ∘ (dP - delta)``, ``dQ = dS K · scale``, ``dK = dSᵀ Q · scale``). Every step
+can be rounded to a dtype (``dtype=``: the same-precision naive baseline of the tolerance rule) or replaced by a
+known mistake (``variant=``: a :class:`Variant`). :func:`hypotheses` lists the named mistakes of a case, each with
+its finding code and a sentence; the battery recomputes the gradients under each one and names the one that
+matches what the function returned.
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> q, k, v, do = (rng.standard_normal((1, 1, 3, 2)) for _ in range(4))
+>>> g = attention_grads(q, k, v, do)
+>>> bad = attention_grads(q, k, v, do, variant=Variant(jacobian=False))
+>>> bool(np.allclose(g["dv"], bad["dv"])), bool(np.allclose(g["dq"], bad["dq"]))
+(True, False)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .. import masks as _masks
+from .adapters import round_to
+
+__all__ = ["BLOCKS", "Variant", "attention_grads", "hypotheses"]
+
+#: Block sizes a tiled backward may use (the accumulate hypotheses try each one smaller than the sequence).
+BLOCKS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
+#: Codes whose mistakes change P or the dropout (their delta may come from the real O or the backward's own P).
+_SELF_DELTA = ("grad-masked-leak", "grad-causal", "grad-lse", "grad-dropout", "grad-transposed")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One wrong (or, with the defaults, the right) backward pass.
+
+    Attributes:
+        jacobian: subtract ``delta`` in ``dS = P ∘ (dP - delta)`` (False: ``dS = P ∘ dP``).
+        delta: ``"dodo"`` ``rowsum(dO ∘ O)`` (right), ``"dp"`` ``rowsum(dP)``, ``"p"`` ``rowsum(P)``, ``"do"``
+            ``rowsum(dO)``, ``"dp-allowed"`` (``rowsum(dP)`` over the allowed keys), ``"self"``
+            ``rowsum(dP ∘ P)`` from the backward's own (possibly wrong) P and dP: the same as ``"dodo"`` unless P or
+            the dropout is wrong, as in a backward that recomputes its own forward.
+        scale_dq, scale_dk: the power of ``scale`` in dQ and dK (1 right, 0 missing, 2 applied twice).
+        transposed: factors used transposed: ``"dv"`` (``P dO``), ``"dk"`` (``dS Q``), ``"dq"`` (``dSᵀ K``),
+            ``"dp"`` (``(dO Vᵀ)ᵀ``); square cases only.
+        p_mask: ``"mask"`` (right), ``"none"``: the backward recomputes P from the unmasked logits with the
+            forward's lse (``exp(s - lse)`` on every key); ``"softmax"``: a softmax of the unmasked logits.
+        p_causal: ``(alignment, shift)``: the backward recomputes P under another causal mask than the forward's
+            (key j allowed for query i when ``j <= i + offset + shift``, offset 0 top-left, ``n_k - n_q``
+            bottom-right), with ``p_norm`` ``"lse"`` (``exp(s - lse)``, the forward's lse) or ``"softmax"``.
+        p_where: where the wrong P is used: ``"all"``, ``"dv"`` (only in dV = Pᵀ dO) or ``"ds"`` (only in dS).
+        lse: the lse the backward's P comes from: ``"right"``, ``"nomax"`` (``log(sum exp(s - m))``, the max not
+            added back), ``"log2"`` (a log2-units lse read as nats), ``"nats-as-log2"`` (the reverse), ``"axis"``
+            (logsumexp over the queries), ``"unmasked"`` (logsumexp over every key, masked ones too).
+        gqa: how dK/dV of a K/V head come from its query heads: ``"sum"`` (right), ``"first"`` (one head's),
+            ``"mean"``, ``"tile"`` (the other head mapping).
+        accumulate: ``(tensor, block, which)``: ``tensor`` ``"kv"`` (dK and dV keep only one query block's
+            contribution) or ``"q"`` (dQ keeps one key block's), ``which`` ``"last"`` or ``"first"``.
+        dropout: ``"same"`` (right), ``"off"`` (the backward ignores the keep mask), ``"noscale"`` (keep mask
+            without ``1/(1-p)``), ``"twice"`` (``1/(1-p)²``), ``"dv"`` (only dV drops), ``"dp"`` (only dP drops),
+            ``"transposed"`` (the keep mask transposed, square cases).
+        default_scale: dQ and dK use 1/sqrt(d_k) where the forward was given another ``scale``.
+    """
+
+    jacobian: bool = True
+    delta: str = "dodo"
+    scale_dq: int = 1
+    scale_dk: int = 1
+    transposed: frozenset[str] = frozenset()
+    p_mask: str = "mask"
+    p_causal: tuple[str, int] | None = None
+    p_norm: str = "lse"
+    p_where: str = "all"
+    lse: str = "right"
+    gqa: str = "sum"
+    accumulate: tuple[str, int, str] | None = None
+    dropout: str = "same"
+    default_scale: bool = False
+
+
+def _expand(x: np.ndarray, h: int, mapping: str) -> np.ndarray:
+    h_kv = x.shape[-3]
+    if h_kv == h:
+        return x
+    g = h // h_kv
+    if mapping == "tile":
+        return np.tile(x, (1,) * (x.ndim - 3) + (g, 1, 1))
+    return np.repeat(x, g, axis=-3)
+
+
+def _reduce(x: np.ndarray, h_kv: int, mapping: str, how: str) -> np.ndarray:
+    """Per-query-head gradients ``[..., h, n, d]`` summed back to ``h_kv`` K/V heads."""
+    h = x.shape[-3]
+    if h == h_kv:
+        return x
+    g = h // h_kv
+    lead = x.shape[:-3]
+    if mapping == "tile":  # head i reads K/V head i % h_kv: [g, h_kv]
+        grouped = x.reshape(*lead, g, h_kv, *x.shape[-2:])
+        axis = -4
+    else:  # head i reads K/V head i // g: [h_kv, g]
+        grouped = x.reshape(*lead, h_kv, g, *x.shape[-2:])
+        axis = -3
+    if how == "first":
+        return np.take(grouped, 0, axis=axis)
+    if how == "mean":
+        return grouped.mean(axis=axis)
+    return grouped.sum(axis=axis)
+
+
+def _softmax(s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``P``, the row max and the row sum of ``exp(s - max)`` (``-inf`` entries 0; empty rows all 0)."""
+    m = np.max(s, axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(s - m)
+    den = np.sum(e, axis=-1, keepdims=True)
+    return np.divide(e, den, out=np.zeros_like(e), where=den > 0), m, den
+
+
+def attention_grads(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    d_out: np.ndarray,
+    allowed: np.ndarray | None = None,
+    *,
+    causal: str | None = None,
+    scale: float | None = None,
+    bias: np.ndarray | None = None,
+    keep: np.ndarray | None = None,
+    dropout_p: float = 0.0,
+    mapping: str = "interleave",
+    dtype: str = "float64",
+    variant: Variant | None = None,
+) -> dict[str, np.ndarray | None]:
+    """Gradients ``{"dq", "dk", "dv", "dbias", "out"}`` of attention for the upstream gradient ``d_out``.
+
+    Shapes: ``q [..., h, n_q, d_k]``, ``k [..., h_kv, n_k, d_k]``, ``v [..., h_kv, n_k, d_v]``,
+    ``d_out [..., h, n_q, d_v]``, ``allowed``/``bias``/``keep`` broadcastable to ``[..., h, n_q, n_k]``
+    (``allowed`` True = may attend; ``keep`` True = kept by dropout); ``causal``: ``"top_left"`` or
+    ``"bottom_right"`` ANDed with ``allowed`` (None: not causal). Fully masked rows have zero output and zero
+    gradient. ``dtype`` rounds every intermediate to that precision (computed in float32 below float64);
+    ``variant`` makes one step wrong (see :class:`Variant`). ``dbias`` is None without a bias.
+    """
+    var = variant or Variant()
+    work = np.float64 if dtype == "float64" else np.float32
+
+    def r(x: np.ndarray) -> np.ndarray:
+        return x if dtype == "float64" else round_to(np.asarray(x, dtype=work), dtype).astype(work)
+
+    q, k, v, do = (np.asarray(x, dtype=work) for x in (q, k, v, d_out))
+    h, h_kv = q.shape[-3], k.shape[-3]
+    kx, vx = _expand(k, h, mapping), _expand(v, h, mapping)
+    sc = work(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    full = (*np.broadcast_shapes(q.shape[:-2], kx.shape[:-2]), n_q, n_k)
+    user = np.ones(full, bool) if allowed is None else np.broadcast_to(np.asarray(allowed, bool), full)
+    ok = user if causal is None else user & _masks.causal(n_q, n_k, align=causal)
+    s = r(r(q @ np.swapaxes(kx, -1, -2)) * sc)
+    if bias is not None:
+        s = r(s + np.asarray(bias, dtype=work))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        p, m, den = _softmax(np.where(ok, s, -np.inf))
+        p = r(p)
+        lse = m + np.log(np.where(den > 0, den, 1.0))
+        p_ds = p  # the P that dS (and delta) use; ``p`` is the one dV uses
+        if var.lse != "right" or var.p_mask != "mask" or var.p_causal is not None:
+            wrong = _recomputed(s, ok, user, lse, m, var)
+            p = wrong if var.p_where in ("all", "dv") else p
+            p_ds = wrong if var.p_where in ("all", "ds") else p_ds
+        keep_f = None
+        if keep is not None:
+            keep_f = np.broadcast_to(np.asarray(keep, bool), full).astype(work) / work(1.0 - dropout_p)
+        fwd_drop = keep_f
+        p_fwd, _, _ = _softmax(np.where(ok, s, -np.inf))
+        out = r((p_fwd if fwd_drop is None else r(p_fwd * fwd_drop)) @ vx)
+        kv_drop = dp_drop = keep_f
+        if keep is not None and var.dropout != "same":
+            kb = np.broadcast_to(np.asarray(keep, bool), full).astype(work)
+            alt = {
+                "off": None,
+                "noscale": kb,
+                "twice": kb / work((1.0 - dropout_p) ** 2),
+                "transposed": np.swapaxes(kb, -1, -2) / work(1.0 - dropout_p) if n_q == n_k else keep_f,
+            }
+            if var.dropout in alt:
+                kv_drop = dp_drop = alt[var.dropout]
+            elif var.dropout == "dv":
+                dp_drop = None
+            elif var.dropout == "dp":
+                kv_drop = None
+        pd = p if kv_drop is None else r(p * kv_drop)
+        dv_x = r(pd @ do) if "dv" in var.transposed else r(np.swapaxes(pd, -1, -2) @ do)
+        dp = r(do @ np.swapaxes(vx, -1, -2))
+        if "dp" in var.transposed:
+            dp = np.swapaxes(dp, -1, -2)
+        if dp_drop is not None:
+            dp = r(dp * dp_drop)
+        if var.delta == "self":  # from the backward's own P and dP (as a backward that recomputes O does)
+            delta = np.sum(dp * p_ds, axis=-1, keepdims=True)
+        elif var.delta == "dp":
+            delta = np.sum(dp, axis=-1, keepdims=True)
+        elif var.delta == "dp-allowed":  # rowsum(dP) over the keys the row may see
+            delta = np.sum(np.where(ok, dp, 0.0), axis=-1, keepdims=True)
+        elif var.delta == "p":
+            delta = np.sum(p_ds, axis=-1, keepdims=True)
+        elif var.delta == "do":
+            delta = np.sum(do, axis=-1, keepdims=True)
+        else:
+            delta = np.sum(do * out, axis=-1, keepdims=True)
+        delta = r(delta)
+        ds = r(p_ds * (dp - delta)) if var.jacobian else r(p_ds * dp)
+        ds = np.where(np.isfinite(ds), ds, np.nan)
+    ds_q, ds_k = ds, ds
+    if var.accumulate is not None:
+        ds_q, ds_k = _accumulated(ds, var.accumulate)
+        if var.accumulate[0] == "kv":
+            dv_x = r(np.swapaxes(_rows_of_block(pd, var.accumulate), -1, -2) @ do)
+    dq = r(ds_q @ kx) if "dq" not in var.transposed else r(np.swapaxes(ds_q, -1, -2) @ kx)
+    dk_x = r(np.swapaxes(ds_k, -1, -2) @ q) if "dk" not in var.transposed else r(ds_k @ q)
+    sg = work(1.0 / math.sqrt(q.shape[-1])) if var.default_scale else sc
+    dq = r(dq * sg**var.scale_dq)
+    dk_x = r(dk_x * sg**var.scale_dk)
+    how, mp = var.gqa, mapping
+    if how == "tile":
+        how, mp = "sum", ("tile" if mapping == "interleave" else "interleave")
+    dk = _reduce(dk_x, h_kv, mp, how)
+    dv = _reduce(dv_x, h_kv, mp, how)
+    dbias = None
+    if bias is not None:
+        dbias = _sum_to(ds, np.shape(bias))
+    return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias, "out": out}
+
+
+def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    extra = x.ndim - len(shape)
+    if extra > 0:
+        x = x.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape, strict=True)) if b == 1 and a != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+def _recomputed(
+    s: np.ndarray, ok: np.ndarray, user: np.ndarray, lse: np.ndarray, m: np.ndarray, var: Variant
+) -> np.ndarray:
+    """The backward's P recomputed under a wrong mask or a wrong lse."""
+    fin = np.isfinite(lse) & ok.any(axis=-1, keepdims=True)
+    lse_used = lse
+    if var.lse == "nomax":
+        lse_used = lse - m
+    elif var.lse == "log2":  # the lse handed over in log2 units, read as nats
+        lse_used = lse / math.log(2)
+    elif var.lse == "nats-as-log2":  # a nats lse read as log2 units
+        lse_used = lse * math.log(2)
+    elif var.lse == "unmasked":  # logsumexp over every key, the masked ones too
+        mu = np.max(s, axis=-1, keepdims=True)
+        lse_used = mu + np.log(np.sum(np.exp(s - mu), axis=-1, keepdims=True))
+    elif var.lse == "axis":
+        sm = np.where(ok, s, -np.inf)
+        mc = np.max(sm, axis=-2, keepdims=True)
+        mc = np.where(np.isfinite(mc), mc, 0.0)
+        lse_used = mc + np.log(np.maximum(np.sum(np.exp(sm - mc), axis=-2, keepdims=True), 1e-300))
+    mask = ok
+    if var.p_mask in ("none", "softmax"):
+        mask = np.ones_like(ok)
+    if var.p_causal is not None:
+        align, shift = var.p_causal
+        n_q, n_k = s.shape[-2], s.shape[-1]
+        i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+        off = 0 if align == "top_left" else n_k - n_q
+        mask = user & (j <= i + off + shift)
+    if var.p_mask == "softmax" or (var.p_causal is not None and var.p_norm == "softmax"):
+        p, _, _ = _softmax(np.where(mask, s, -np.inf))
+        return p
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = np.where(mask & fin, np.exp(np.where(mask, s, 0.0) - np.where(fin, lse_used, 0.0)), 0.0)
+    return p
+
+
+def _block_range(n: int, block: int, which: str) -> slice:
+    starts = list(range(0, n, block))
+    start = starts[-1] if which == "last" else 0
+    return slice(start, min(start + block, n))
+
+
+def _rows_of_block(x: np.ndarray, acc: tuple[str, int, str]) -> np.ndarray:
+    """``x [..., n_q, n_k]`` with only one query block's rows kept (dK/dV overwritten per query block)."""
+    out = np.zeros_like(x)
+    sl = _block_range(x.shape[-2], acc[1], acc[2])
+    out[..., sl, :] = x[..., sl, :]
+    return out
+
+
+def _accumulated(ds: np.ndarray, acc: tuple[str, int, str]) -> tuple[np.ndarray, np.ndarray]:
+    """``dS`` as the dQ and the dK computations see it when one accumulator is overwritten per block."""
+    tensor, block, which = acc
+    if tensor == "kv":
+        return ds, _rows_of_block(ds, acc)
+    out = np.zeros_like(ds)
+    sl = _block_range(ds.shape[-1], block, which)
+    out[..., sl] = ds[..., sl]
+    return out, ds
+
+
+def hypotheses(
+    n_q: int,
+    n_k: int,
+    *,
+    h: int,
+    h_kv: int,
+    masked: bool,
+    causal: str | None,
+    dropout: bool,
+    flash: bool,
+    explicit_scale: bool = False,
+) -> list[tuple[str, str, Variant]]:
+    """The named wrong backward passes worth testing on a case: ``(code, what it does, variant)``.
+
+    ``masked``: the case has masked entries (mask or causal); ``causal``: its alignment; ``dropout``: a keep mask
+    is given; ``flash``: the backward takes the forward's lse (FlashAttention-2's signature; the same mistakes
+    apply, since a plain backward that recomputes its own lse can make them too); ``explicit_scale``: a ``scale``
+    argument is passed.
+    """
+    out: list[tuple[str, str, Variant]] = [
+        (
+            "grad-jacobian",
+            "the softmax-Jacobian term is missing: dS = P ∘ dP, without - delta",
+            Variant(jacobian=False),
+        ),
+        (
+            "grad-delta",
+            "delta is computed from the wrong quantity: rowsum(dP) instead of rowsum(dO ∘ O)",
+            Variant(delta="dp"),
+        ),
+        (
+            "grad-delta",
+            "delta is computed from the wrong quantity: rowsum(P) (= 1) instead of rowsum(dO ∘ O)",
+            Variant(delta="p"),
+        ),
+        (
+            "grad-delta",
+            "delta is computed from the wrong quantity: rowsum(dO) instead of rowsum(dO ∘ O)",
+            Variant(delta="do"),
+        ),
+    ]
+    if masked:
+        out.append(
+            (
+                "grad-delta",
+                "delta is computed from the wrong quantity: rowsum(dP) over the allowed keys instead of rowsum(dO ∘ O)",
+                Variant(delta="dp-allowed"),
+            )
+        )
+    for sq, sk, text in (
+        (0, 0, "the 1/sqrt(d_k) scale is missing from dQ and dK"),
+        (0, 1, "the 1/sqrt(d_k) scale is missing from dQ"),
+        (1, 0, "the 1/sqrt(d_k) scale is missing from dK"),
+        (2, 2, "the 1/sqrt(d_k) scale is applied twice in dQ and dK"),
+        (2, 1, "the 1/sqrt(d_k) scale is applied twice in dQ"),
+        (1, 2, "the 1/sqrt(d_k) scale is applied twice in dK"),
+    ):
+        out.append(("grad-scale", text, Variant(scale_dq=sq, scale_dk=sk)))
+    if explicit_scale:
+        out.append(
+            (
+                "grad-scale",
+                "dQ and dK are scaled by 1/sqrt(d_k), not by the scale argument the forward used",
+                Variant(default_scale=True),
+            )
+        )
+    if n_q == n_k:
+        for which, text in (
+            ("dv", "dV = P dO: P is used where Pᵀ belongs"),
+            ("dk", "dK = dS Q: dS is used where dSᵀ belongs"),
+            ("dq", "dQ = dSᵀ K: dSᵀ is used where dS belongs"),
+            ("dp", "dP = (dO Vᵀ)ᵀ: the transposed product"),
+        ):
+            out.append(("grad-transposed", text, Variant(transposed=frozenset({which}))))
+        out.append(
+            (
+                "grad-transposed",
+                "dV and dK use P and dS where Pᵀ and dSᵀ belong",
+                Variant(transposed=frozenset({"dv", "dk"})),
+            )
+        )
+    if masked:
+        out += [
+            (
+                "grad-masked-leak",
+                "the backward recomputes P without the mask (exp(s - lse) on every key), so masked keys get gradient",
+                Variant(p_mask="none"),
+            ),
+            (
+                "grad-masked-leak",
+                "the backward recomputes P as a softmax of the unmasked scores, so masked keys get gradient",
+                Variant(p_mask="softmax"),
+            ),
+        ]
+        for where, what in (("dv", "dV = Pᵀ dO"), ("ds", "dS = P ∘ (dP - delta)")):
+            for pm, how in (("none", "exp(s - lse) on every key"), ("softmax", "a softmax of the unmasked scores")):
+                out.append(
+                    (
+                        "grad-masked-leak",
+                        f"{what} uses P without the mask ({how}), so masked keys get gradient",
+                        Variant(p_mask=pm, p_where=where),
+                    )
+                )
+    if causal is not None:
+        other = "bottom_right" if causal == "top_left" else "top_left"
+        shifts = [
+            ((causal, -1), "off by one: query i sees keys j < i (the diagonal excluded)"),
+            ((causal, 1), "off by one: query i also sees key i + 1"),
+        ]
+        if n_q != n_k:
+            shifts.append(((other, 0), f"aligned {other.replace('_', '-')}"))
+        for pc, text in shifts:
+            for norm in ("lse", "softmax"):
+                out.append(
+                    (
+                        "grad-causal",
+                        f"the backward's causal mask is {text}, unlike the forward's",
+                        Variant(p_causal=pc, p_norm=norm),
+                    )
+                )
+    if h_kv != h:
+        out += [
+            (
+                "grad-gqa-sum",
+                "GQA: dK/dV take one query head's gradient instead of the group's sum",
+                Variant(gqa="first"),
+            ),
+            (
+                "grad-gqa-sum",
+                "GQA: dK/dV are the mean over the query heads of a group, not the sum",
+                Variant(gqa="mean"),
+            ),
+            (
+                "grad-gqa-sum",
+                "GQA: dK/dV are summed over the wrong query heads (the other head mapping, i % h_kv vs i // group)",
+                Variant(gqa="tile"),
+            ),
+        ]
+    lse_variants = [
+        ("nomax", "the lse has no max: log(sum exp(s - m)) without + m"),
+        ("log2", "the lse is in log2 units where nats are expected"),
+        ("nats-as-log2", "the lse is read as log2 units where it is in nats"),
+    ]
+    if n_q == n_k:
+        lse_variants.append(("axis", "the lse is taken over the wrong axis (the queries)"))
+    if masked:
+        lse_variants.append(("unmasked", "the lse is taken over every key, the masked ones too"))
+    for name, text in lse_variants:
+        out.append(("grad-lse", f"the backward's P comes from a wrong lse: {text}", Variant(lse=name)))
+    for tensor, what in (
+        ("kv", "dK/dV keep only one query block's contribution"),
+        ("q", "dQ keeps only one key block's contribution"),
+    ):
+        n = n_q if tensor == "kv" else n_k
+        kept: set[tuple[int, int]] = set()  # block sizes that keep the same rows are one hypothesis
+        for block in BLOCKS:
+            if block >= n:
+                continue
+            for which in ("last", "first"):
+                sl = _block_range(n, block, which)
+                if (sl.start, sl.stop) in kept:
+                    continue
+                kept.add((sl.start, sl.stop))
+                out.append(
+                    (
+                        "grad-accumulate",
+                        f"per-block accumulators are overwritten, not accumulated: {what} (the {which} block of "
+                        f"{block})",
+                        Variant(accumulate=(tensor, block, which)),
+                    )
+                )
+    if dropout:
+        for name, text in (
+            ("off", "the backward ignores the dropout mask"),
+            ("noscale", "the backward applies the keep mask without 1/(1-p)"),
+            ("twice", "the backward divides by (1-p) twice"),
+            ("dv", "dP = dO Vᵀ is not multiplied by the keep mask / (1-p)"),
+            ("dp", "dV uses the weights without dropout"),
+            ("transposed", "the backward's keep mask is transposed"),
+        ):
+            out.append(
+                ("grad-dropout", f"the backward's dropout differs from the forward's: {text}", Variant(dropout=name))
+            )
+    del flash  # the lse mistakes are tried for every kind of backward (see above)
+    # a backward that recomputes its own forward takes delta from its own (wrong) P: both versions of each
+    own = [(c, t, replace(v, delta="self")) for c, t, v in out if c in _SELF_DELTA and v.delta == "dodo"]
+    return out + own
