@@ -362,12 +362,18 @@ class GradAdapter(Adapter):
         return args, kwargs
 
     def to_bool(self, x: np.ndarray) -> Any:
-        m = np.array(x, dtype=bool)
-        if self.framework == "torch":
-            return self._lib.from_numpy(m)
-        if self.framework == "jax":
-            return self._lib[1].asarray(m)
-        return m
+        """A keep mask as a bool array of the function's library, on its device."""
+        return self.fw.exact(np.array(x, dtype=bool))
+
+    def to_framework(self, x: np.ndarray, dtype: str) -> Any:
+        """A fresh float array of the function's library (on its device) holding ``x`` in ``dtype``."""
+        return self.fw.floats(x, dtype)
+
+    def to_layout(self, x: np.ndarray) -> np.ndarray:
+        """A canonical ``[B, h, n, d]`` array in the declared layout (``bnhd`` swaps the middle axes)."""
+        return np.swapaxes(x, -2, -3) if self.spec.layout == "bnhd" else x
+
+    from_layout = to_layout  # the swap is its own inverse
 
     def snapshot(self, args: tuple, kwargs: dict) -> list[tuple[str, np.ndarray]]:
         out = super().snapshot(args, kwargs)
@@ -406,7 +412,7 @@ class GradAdapter(Adapter):
         if self.bias_arg is not None and self.bias_arg in kwargs:
             leaves_at.append(self.bias_arg)
         if self.framework == "torch":
-            torch = self._lib
+            torch = self.fw.torch
             args = list(args)
             for i in leaves_at:
                 if isinstance(i, int):
@@ -424,7 +430,7 @@ class GradAdapter(Adapter):
                 grads = torch.autograd.grad(out, leaves, grad_outputs=d_out, allow_unused=True)
             grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
             return _Value(tuple(grads), out.detach())
-        jax, _ = self._lib
+        jax = self.fw.jax
         rest = args[3:]
         bias_key = self.bias_arg if self.bias_arg in kwargs else None
 
@@ -476,7 +482,7 @@ class GradAdapter(Adapter):
                 return GradReturned(problem=f"returned {name} that could not be read as an array ({err})")
             got[name] = a if name == "dbias" else self.from_layout(a)
             dtypes[name] = framework_dtype_name(g)
-            wrong = wrong or self.foreign(g, name)
+            wrong = wrong or self.fw.foreign(g, name)
         out = None
         if value.out is not None and self.is_array(value.out):
             out = self.from_layout(np.array(self.host(value.out), dtype=np.float64))
