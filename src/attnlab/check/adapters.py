@@ -564,7 +564,8 @@ class Adapter:
         return args, kwargs
 
     def interpret(self, value: Any) -> Returned:
-        """Translate a return value: an array, or a pair ``(out, weights)``; anything else is a problem."""
+        """Translate a return value: an array, a pair ``(out, weights)`` or ``(out, lse)``; anything else is a
+        problem."""
         weights = None
         if (
             not self.is_array(value)
@@ -580,8 +581,16 @@ class Adapter:
                     "array, or a pair (out, weights)"
                 )
             value, weights = value
-            if self.spec.returns == "auto" and self.is_array(value) and not self.is_array(weights):
+            if self.spec.returns == "output+lse":
+                weights = None  # (out, lse [B, h, n_q]): a FlashAttention-style forward; the lse is not compared
+            elif self.spec.returns == "auto" and self.is_array(value) and not self.is_array(weights):
                 weights = None  # (out, something else): x-transformers' Attend returns (out, Intermediates)
+            elif (
+                self.spec.returns == "auto"
+                and self.is_array(value)
+                and len(getattr(weights, "shape", ())) == len(getattr(value, "shape", ())) - 1
+            ):
+                weights = None  # (out, lse): one axis fewer than out is a log-sum-exp per query, never weights
         elif self.spec.returns == "output+weights":
             return Returned(
                 problem=f"returned a {type(value).__name__}; declared returns='output+weights' "

@@ -53,7 +53,7 @@ FRAMEWORKS = ("auto", "numpy", "torch", "jax")
 SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
 CONVENTIONS = ("allow", "block", "additive", "keep")
 LAYOUTS = ("bhnd", "bnhd")
-RETURNS = ("auto", "output", "output+weights")
+RETURNS = ("auto", "output", "output+weights", "output+lse")
 ALIGNS = (None, "top_left", "bottom_right")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 GQA_MAPPINGS = ("interleave", "tile")
@@ -262,7 +262,9 @@ class Spec:
     )
     returns: str = option(
         "auto",
-        "``output``, ``output+weights`` (a pair ``(out, weights)``) or ``auto`` (a pair is a pair).",
+        "``output``, ``output+weights`` (a pair ``(out, weights)``), ``output+lse`` (a pair ``(out, lse)``, as a "
+        "FlashAttention forward's; the lse is not compared) or ``auto`` (a pair is ``(out, weights)``, or "
+        "``(out, lse)`` when its second array has one axis fewer than ``out``).",
         "choice",
         choices=RETURNS,
     )
