@@ -28,9 +28,10 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from attnlab.bench import _kernel_line
+from attnlab.bench import _kernel_line, gemm_floor
 from attnlab.kernels import fused, tiled
 from attnlab.kernels.threads import blas_report
+from attnlab.kernels.tiled.plan import position_mask
 
 SECTIONS = ("blocks", "accuracy", "shapes", "bias", "after-torch")
 
@@ -57,7 +58,7 @@ def _blocks_at(d: int) -> None:
     rng = np.random.default_rng(0)
     b, n = 512, 4096
     jit, one = fused.kernels(), np.float32(1)
-    diag = tiled._position_mask(b, b, 0, True, None, None, "<f4")
+    diag = position_mask(b, b, 0, True, None, None, "<f4")
     ones = np.ones(b, np.float32)
     # as the kernel: a power of two of the scale folded into Q (exact), the rest times log2(e) applied in the pass
     mant, exp = math.frexp(1 / np.sqrt(d))
@@ -155,7 +156,7 @@ def shapes() -> None:
         for bq, bk in ((512, 512), (512, 256), (256, 512), (1024, 256), (768, 256), (1024, 512), (384, 384)):
             kw = {"causal": causal, "block_q": bq, "block_k": bk}
             t, f = _alternate(
-                lambda kw=kw: tiled.flash_attention(q, k, v, **kw), lambda kw=kw: tiled.gemm_floor(q, k, v, **kw), 5
+                lambda kw=kw: tiled.flash_attention(q, k, v, **kw), lambda kw=kw: gemm_floor(q, k, v, **kw), 5
             )
             print(f"  causal={causal!s:<5} {bq:>4}x{bk:<4} tiled {t:7.1f}  floor {f:7.1f}  ratio {t / f:.3f}")
 
@@ -185,13 +186,13 @@ def after_torch() -> None:
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 8, 8192, 128), dtype=np.float32) for _ in range(3))
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-    tiled.gemm_floor(q, k, v)
+    gemm_floor(q, k, v)
     print("GEMM floor, n=8192, d=128 (ms): first call after SDPA (1 s pause), then the next call:")
     for _ in range(4):
         torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
         time.sleep(1.0)
-        first = _median_us(lambda: tiled.gemm_floor(q, k, v), repeats=1) / 1e3
-        nxt = _median_us(lambda: tiled.gemm_floor(q, k, v), repeats=1) / 1e3
+        first = _median_us(lambda: gemm_floor(q, k, v), repeats=1) / 1e3
+        nxt = _median_us(lambda: gemm_floor(q, k, v), repeats=1) / 1e3
         print(f"  after SDPA {first:7.1f}   next {nxt:7.1f}")
 
 

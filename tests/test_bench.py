@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from attnlab import bench
+from attnlab.bench import gemm_floor
 from attnlab.cli import main
 from attnlab.errors import OptionError
 from attnlab.kernels import threads
-from attnlab.kernels.tiled import flash_attention, gemm_floor
+from attnlab.kernels.tiled import flash_attention
 
 
 def test_run_bench_table_structure(tmp_path):

@@ -13,7 +13,9 @@ from attnlab import masks
 from attnlab.errors import DTypeError, MaskedRowError, MaskError, OptionError, ShapeError
 from attnlab.kernels import config as kernel_settings
 from attnlab.kernels import tiled
-from attnlab.kernels.tiled import _forward_tasks, _plan, flash_attention
+from attnlab.kernels.tiled import TiledOptions, flash_attention
+from attnlab.kernels.tiled import forward as tiled_forward
+from attnlab.kernels.tiled.plan import bad_array, forward_tasks, make_plan
 from tests.reference import reference_attention
 
 
@@ -210,18 +212,12 @@ def test_broadcast_leading_dims_and_inputs_untouched():
 def test_skips_masked_blocks_and_plain_lists():
     rng = np.random.default_rng(12)
     q = k = v = rng.standard_normal((1, 1024, 8))
-    plan = _plan(
-        q, k, v, causal=True, q_offset=None, window=None, key_lengths=None, segments=None, mask=None, bias=None,
-        scale=None, temperature=1.0, masked_rows="raise", block_q=128, block_k=128, num_threads=1,
-    )  # fmt: skip
-    visited = [(j0, bad is None) for _, i0, i1 in _forward_tasks(plan) for j0, _, bad in plan.key_blocks((0,), i0, i1)]
+    plan = make_plan(q, k, v, None, TiledOptions(causal=True, block_q=128, block_k=128, num_threads=1))
+    visited = [(j0, bad is None) for _, i0, i1 in forward_tasks(plan) for j0, _, bad in plan.key_blocks((0,), i0, i1)]
     assert len(visited) == 8 * 9 // 2  # causal: 36 of the 64 blocks computed
     assert sum(full for _, full in visited) == 8 * 7 // 2  # only the 8 diagonal blocks are masked
-    plan_w = _plan(
-        q, k, v, causal=True, q_offset=None, window=100, key_lengths=None, segments=None, mask=None, bias=None,
-        scale=None, temperature=1.0, masked_rows="raise", block_q=128, block_k=128, num_threads=1,
-    )  # fmt: skip
-    n_w = sum(1 for _, i0, i1 in _forward_tasks(plan_w) for _ in plan_w.key_blocks((0,), i0, i1))
+    plan_w = make_plan(q, k, v, None, TiledOptions(causal=True, window=100, block_q=128, block_k=128, num_threads=1))
+    n_w = sum(1 for _, i0, i1 in forward_tasks(plan_w) for _ in plan_w.key_blocks((0,), i0, i1))
     assert n_w == 8 + 7  # a band of two blocks per query block
     out = flash_attention([[1, 0], [0, 1]], [[1, 0], [0, 1]], [[10, 0], [0, 20]]).output
     np.testing.assert_allclose(out, [[6.6976, 6.6048], [3.3024, 13.3952]], atol=1e-4)
@@ -337,8 +333,8 @@ def test_fast_path_near_its_bound_and_online_path_beyond(monkeypatch):
     rng = np.random.default_rng(15)
     n, d = 300, 16
     calls = []
-    real = tiled._online_softmax
-    monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    real = tiled_forward._online_softmax
+    monkeypatch.setattr(tiled_forward, "_online_softmax", lambda *a: calls.append(1) or real(*a))
     u = rng.standard_normal(d)
     u /= np.linalg.norm(u)
     q = (np.outer(rng.uniform(-1, 1, n), u) * 14 + rng.standard_normal((n, d)) * 0.1).astype(np.float32)
@@ -451,8 +447,8 @@ def test_bias_float32_on_every_inner_loop(exp, size, shape, kernel_config, monke
     for the fused pass). float32 forward under FlashAttention's rule, gradients against the float64 core."""
     kernel_config(exp=exp)
     calls = []
-    real = tiled._online_softmax
-    monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    real = tiled_forward._online_softmax
+    monkeypatch.setattr(tiled_forward, "_online_softmax", lambda *a: calls.append(1) or real(*a))
     rng = np.random.default_rng(19)
     q, k, v = _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 8)
     bias = _rand(rng, *shape, scale=size)
@@ -534,8 +530,7 @@ def _naive_on_the_kernels_tiles(q, k, v, **kw):
     """Naive float32 attention whose ``Q Kᵀ`` is computed tile by tile as the kernel computes it (the same BLAS
     calls, so the same rounding of the products: small tiles round differently from one large product, and at
     |logits| ~ 1e3 that alone decides which of two equally exact float32 results is closer to float64)."""
-    plan = _plan(q, k, v, q_offset=None, window=None, segments=None, mask=None, bias=None, scale=None,
-                 temperature=1.0, masked_rows="zero", num_threads=1, **kw)  # fmt: skip
+    plan = make_plan(q, k, v, None, TiledOptions(masked_rows="zero", num_threads=1, **kw))
     n_q, n_k = plan.n_q, plan.n_k
     out = np.zeros((*plan.batch, n_q, plan.d_v), np.float32)
     for idx in np.ndindex(*plan.batch):
@@ -545,7 +540,7 @@ def _naive_on_the_kernels_tiles(q, k, v, **kw):
             for j0, j1, bad in plan.key_blocks(idx, i0, i1):
                 tile = (plan.q[idx][i0:i1] @ plan.k[idx][j0:j1].T) * np.float32(plan.scale)
                 if bad is not None:
-                    tile[tiled._bad_array(bad)] = -np.inf
+                    tile[bad_array(bad)] = -np.inf
                 s[i0:i1, j0:j1] = tile
         rows = np.isfinite(s.max(axis=1))
         s = s[rows] - s[rows].max(axis=1, keepdims=True)
