@@ -32,6 +32,7 @@ from attnlab.bench import _kernel_line, gemm_floor
 from attnlab.kernels import fused, tiled
 from attnlab.kernels.threads import blas_report
 from attnlab.kernels.tiled.plan import position_mask
+from attnlab.masks import MaskSpec
 
 SECTIONS = ("blocks", "accuracy", "shapes", "bias", "after-torch")
 
@@ -58,7 +59,7 @@ def _blocks_at(d: int) -> None:
     rng = np.random.default_rng(0)
     b, n = 512, 4096
     jit, one = fused.kernels(), np.float32(1)
-    diag = position_mask(b, b, 0, True, None, None, "<f4")
+    diag = position_mask(MaskSpec(causal=True).sized(b, b).blocked(0, b, 0, b), "<f4")
     ones = np.ones(b, np.float32)
     # as the kernel: a power of two of the scale folded into Q (exact), the rest times log2(e) applied in the pass
     mant, exp = math.frexp(1 / np.sqrt(d))

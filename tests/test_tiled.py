@@ -13,9 +13,9 @@ from attnlab import masks
 from attnlab.errors import DTypeError, MaskedRowError, MaskError, OptionError, ShapeError
 from attnlab.kernels import config as kernel_settings
 from attnlab.kernels import tiled
-from attnlab.kernels.tiled import TiledOptions, flash_attention
+from attnlab.kernels.tiled import flash_attention
 from attnlab.kernels.tiled import forward as tiled_forward
-from attnlab.kernels.tiled.plan import bad_array, forward_tasks, make_plan
+from attnlab.kernels.tiled.plan import bad_array, forward_tasks, make_plan, options
 from tests.reference import reference_attention
 
 
@@ -212,11 +212,11 @@ def test_broadcast_leading_dims_and_inputs_untouched():
 def test_skips_masked_blocks_and_plain_lists():
     rng = np.random.default_rng(12)
     q = k = v = rng.standard_normal((1, 1024, 8))
-    plan = make_plan(q, k, v, None, TiledOptions(causal=True, block_q=128, block_k=128, num_threads=1))
+    plan = make_plan(q, k, v, None, options(causal=True, block_q=128, block_k=128, num_threads=1))
     visited = [(j0, bad is None) for _, i0, i1 in forward_tasks(plan) for j0, _, bad in plan.key_blocks((0,), i0, i1)]
     assert len(visited) == 8 * 9 // 2  # causal: 36 of the 64 blocks computed
     assert sum(full for _, full in visited) == 8 * 7 // 2  # only the 8 diagonal blocks are masked
-    plan_w = make_plan(q, k, v, None, TiledOptions(causal=True, window=100, block_q=128, block_k=128, num_threads=1))
+    plan_w = make_plan(q, k, v, None, options(causal=True, window=100, block_q=128, block_k=128, num_threads=1))
     n_w = sum(1 for _, i0, i1 in forward_tasks(plan_w) for _ in plan_w.key_blocks((0,), i0, i1))
     assert n_w == 8 + 7  # a band of two blocks per query block
     out = flash_attention([[1, 0], [0, 1]], [[1, 0], [0, 1]], [[10, 0], [0, 20]]).output
@@ -530,7 +530,7 @@ def _naive_on_the_kernels_tiles(q, k, v, **kw):
     """Naive float32 attention whose ``Q Kᵀ`` is computed tile by tile as the kernel computes it (the same BLAS
     calls, so the same rounding of the products: small tiles round differently from one large product, and at
     |logits| ~ 1e3 that alone decides which of two equally exact float32 results is closer to float64)."""
-    plan = make_plan(q, k, v, None, TiledOptions(masked_rows="zero", num_threads=1, **kw))
+    plan = make_plan(q, k, v, None, options(masked_rows="zero", num_threads=1, **kw))
     n_q, n_k = plan.n_q, plan.n_k
     out = np.zeros((*plan.batch, n_q, plan.d_v), np.float32)
     for idx in np.ndindex(*plan.batch):

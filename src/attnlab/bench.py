@@ -426,10 +426,10 @@ def gemm_floor(
     :func:`~attnlab.kernels.flash_attention`.
     """
     from .kernels.threads import run_tasks
-    from .kernels.tiled.plan import TiledOptions, forward_tasks, make_plan
+    from .kernels.tiled.plan import forward_tasks, make_plan, options
 
-    options = TiledOptions(causal=causal, masked_rows="zero", block_q=block_q, block_k=block_k, num_threads=num_threads)
-    plan = make_plan(q, k, v, None, options)
+    opts = options(causal=causal, masked_rows="zero", block_q=block_q, block_k=block_k, num_threads=num_threads)
+    plan = make_plan(q, k, v, None, opts)
     out = np.empty((*plan.batch, plan.n_q, plan.d_v), dtype=plan.q.dtype)
     run_tasks(lambda t: _floor_task(plan, out, t), forward_tasks(plan), plan.threads)
     return out.reshape((*plan.out_batch, plan.n_q, plan.d_v))

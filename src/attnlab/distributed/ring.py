@@ -16,9 +16,10 @@ the end, back to the rank that owns the block.
 
 Causal attention skips every tile that no query of the rank may see (and drops the mask on tiles that are fully
 visible); with the zig-zag layout every rank then does the same work. GQA: ``h`` query heads share ``h_kv`` key/value
-heads (``h % h_kv == 0``); only the ``h_kv`` heads travel. Padding by lengths: ``lengths [B]`` hides keys at global
-position >= ``lengths[b]``; ``query_lengths [B]`` also empties the rows of padded queries, which then follow the core's
-``masked_rows`` policy ("raise", "zero", "nan").
+heads (``h % h_kv == 0``); only the ``h_kv`` heads travel. Padding by lengths: ``key_lengths [B]`` hides keys at
+global position >= ``key_lengths[b]``; ``query_lengths [B]`` also empties the rows of padded queries, which then
+follow the core's ``masked_rows`` policy ("raise", "zero", "nan"). Which keys each query sees is one
+:class:`~attnlab.masks.MaskSpec` on the global positions, read tile by tile.
 
 Every rank validates its inputs and the ranks agree (one small all-gather) before any ring traffic, so a bad shard
 on one rank raises the same error type on every rank instead of leaving the others waiting. Without an initialized
@@ -29,16 +30,17 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .. import errors as _errors
-from .. import masks as _masks
 from .._arrays import index_tuples, namespace
-from ..core.inputs import MaskedRows, check_finite, prepare, resolve_causal
-from ..errors import AttnlabError, MaskedRowError, ShapeError, masked_rows_error, missing_extra
+from ..core.inputs import MaskedRows, check_finite, prepare
+from ..errors import AttnlabError, MaskedRowError, OptionError, ShapeError, masked_rows_error, missing_extra
+from ..masks import MaskSpec
 from ..validate import check_int
 from .layout import RingLayout
 
@@ -50,6 +52,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 __all__ = [
     "RingGrads",
+    "RingOptions",
     "RingResult",
     "RingStats",
     "merge_partials",
@@ -159,10 +162,8 @@ class _Plan:
     peers: tuple[int, ...]  # global rank of each group rank
     layout_q: RingLayout
     layout_k: RingLayout
-    shift: int | None  # causal: key j visible to query i when j <= i + shift; None = not causal
+    spec: MaskSpec  # causal, key lengths, query lengths, on the global positions (sized)
     scale: float
-    lengths: np.ndarray | None  # [B] key lengths
-    query_lengths: np.ndarray | None  # [B]
     policy: str
     block_q: int
     block_k: int
@@ -213,23 +214,6 @@ def _agree(group: Any, world: int, error: BaseException | None, signature: tuple
     return [s for _, s in gathered]
 
 
-def _check_lengths(name: str, lengths: Any, n: int, batch: int | None, padding: Any) -> np.ndarray | None:
-    if lengths is None:
-        return None
-    if batch is None:
-        raise ShapeError(f"{name}: lengths need a batch axis: q must be [B, ..., h, n_r, d_k] (at least 4 dims)")
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.detach().cpu().numpy()
-    lens = np.asarray(lengths)
-    try:
-        padding(lens, n, ndim=4)  # the masks module's validation of lengths
-    except ShapeError as err:
-        raise ShapeError(f"{name}: {str(err).removeprefix('lengths: ')}") from None
-    if lens.shape[0] != batch:
-        raise ShapeError(f"{name}: {lens.shape[0]} entries, but q has batch size B={batch} (dim 0)")
-    return lens.astype(np.int64)
-
-
 def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple[Any, tuple]:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -273,19 +257,6 @@ def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple
     return p, sig
 
 
-def _masked_rows(plan_lead: tuple[int, ...], h: int, n_q: int, shift: int | None, lens, qlens) -> np.ndarray:
-    """``[B or 1, n_q]`` True where a global query row may attend to no key at all."""
-    b = plan_lead[0] if (lens is not None or qlens is not None) else 1
-    ok = np.ones((b, n_q), dtype=bool)
-    if qlens is not None:
-        ok &= np.arange(n_q)[None, :] < qlens[:, None]
-    if lens is not None:
-        ok &= (lens > 0)[:, None]
-    if shift is not None:  # key 0 is visible to query i when 0 <= i + shift
-        ok &= (np.arange(n_q) + shift >= 0)[None, :]
-    return ~ok
-
-
 def _as_key(lengths: Any) -> Any:
     """``lengths`` as a comparable value (the ranks must agree on it)."""
     if lengths is None:
@@ -296,42 +267,99 @@ def _as_key(lengths: Any) -> Any:
     return (arr.shape, arr.ravel().tolist())
 
 
-def _make_plan(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: Any,
-    scale: Any,
-    lengths: Any,
-    query_lengths: Any,
-    layout: Any,
-    masked_rows: Any,
-    block_q: Any,
-    block_k: Any,
-    group: Any,
-) -> _Plan:
-    rank, world, peers = _group_info(group)
+@dataclass(frozen=True)
+class RingOptions:
+    """Every option of :func:`ring_attention_forward` but the arrays, as one value: the forward's
+    :class:`RingResult` keeps it, and :func:`ring_attention_backward` plans from it (nothing repeated). Fields and
+    defaults as the keywords of :func:`ring_attention_forward`."""
+
+    causal: Any = False
+    scale: float | None = None
+    key_lengths: Any = None
+    query_lengths: Any = None
+    layout: str = "contiguous"
+    masked_rows: MaskedRows = "raise"
+    block_q: int = _DEFAULT_BLOCK
+    block_k: int = _DEFAULT_BLOCK
+    group: Any = None
+
+
+def _key_lengths(key_lengths: Any, lengths: Any) -> Any:
+    """``key_lengths``, or the deprecated ``lengths=`` (a :class:`FutureWarning`; removed in the next release)."""
+    if lengths is None:
+        return key_lengths
+    if key_lengths is not None:
+        raise OptionError("lengths: the deprecated name of key_lengths; pass key_lengths= alone")
+    warnings.warn(
+        "ring attention's lengths= is now key_lengths= (the name attnlab.flash_attention uses); lengths= will be "
+        "removed in the next release",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return lengths
+
+
+def _structure(o: RingOptions, lead: tuple[int, ...]) -> MaskSpec:
+    """The options' :class:`~attnlab.masks.MaskSpec` (unsized); lengths need a batch axis."""
+    for name in ("key_lengths", "query_lengths"):
+        if getattr(o, name) is not None and not lead:
+            raise ShapeError(f"{name}: lengths need a batch axis: q must be [B, ..., h, n_r, d_k] (at least 4 dims)")
+    return MaskSpec(causal=o.causal, key_lengths=o.key_lengths, query_lengths=o.query_lengths)
+
+
+def _make_plan(q: Any, k: Any, v: Any, o: RingOptions) -> _Plan:
+    rank, world, peers = _group_info(o.group)
     error: BaseException | None = None
     sig: tuple = ()
-    p = None
+    p = spec = None
     try:
-        p, sig = _local_checks(q, k, v, scale, masked_rows)
-        for name, b in (("block_q", block_q), ("block_k", block_k)):
+        p, sig = _local_checks(q, k, v, o.scale, o.masked_rows)
+        for name, b in (("block_q", o.block_q), ("block_k", o.block_k)):
             check_int(name, b, minimum=1)  # tile sizes
-        sig = (*sig, layout, str(causal), str(masked_rows), p.scale, _as_key(lengths), _as_key(query_lengths))
+        spec = _structure(o, tuple(q.shape[:-3]))
+        sig = (*sig, o.layout, str(o.causal), str(o.masked_rows), p.scale, _as_key(o.key_lengths))
+        sig = (*sig, _as_key(o.query_lengths))
     except Exception as err:  # every rank must hear about it, whatever it is
         error = err
     n_r = (q.shape[-2], k.shape[-2]) if error is None else (0, 0)
-    sigs = _agree(group, world, error, (sig, n_r))
-    assert p is not None
+    sigs = _agree(o.group, world, error, (sig, n_r))
+    assert p is not None and spec is not None
     for r, (s, _) in enumerate(sigs):
         if s != sigs[0][0]:
             raise ShapeError(
                 f"q, k, v: ranks disagree on (batch, h, h_kv, d_k, d_v, dtypes, layout, causal, masked_rows, scale, "
-                f"lengths, query_lengths): "
+                f"key_lengths, query_lengths): "
                 f"rank 0 has {sigs[0][0]}, rank {r} has {s}"
             )
+    layout_q, layout_k = _layouts(sigs, world, o.layout)
+    lead = tuple(q.shape[:-3])
+    spec = spec.sized(layout_q.n, layout_k.n, lead[0] if lead else 1)
+    h, h_kv = q.shape[-3], k.shape[-3]
+    rows = _empty_rows(spec, lead, h, p.masked_rows)
+    return _Plan(
+        group=o.group,
+        rank=rank,
+        world=world,
+        peers=peers,
+        layout_q=layout_q,
+        layout_k=layout_k,
+        spec=spec,
+        scale=p.scale,
+        policy=p.masked_rows,
+        block_q=o.block_q,
+        block_k=o.block_k,
+        lead=lead,
+        h=h,
+        h_kv=h_kv,
+        d_k=q.shape[-1],
+        d_v=v.shape[-1],
+        cdt=p.q.dtype,
+        masked_rows=rows,
+    )
+
+
+def _layouts(sigs: list[tuple], world: int, layout: str) -> tuple[RingLayout, RingLayout]:
+    """The global query and key layouts from the ranks' shard lengths (a :class:`ShapeError` if they do not fit)."""
     q_sizes = tuple(s[1][0] for s in sigs)
     k_sizes = tuple(s[1][1] for s in sigs)
     layout_q = RingLayout(sum(q_sizes), world, layout)
@@ -342,51 +370,27 @@ def _make_plan(
                 f"{name}: the ranks hold {got} positions, but a {layout!r} layout of n={lay.n} over P={world} "
                 f"ranks holds {lay.sizes()}; shard with RingLayout({lay.n}, {world}, {layout!r}).shard(x, rank)"
             )
-    n_q, n_k = layout_q.n, layout_k.n
-    align = resolve_causal(causal, n_q, n_k)
-    shift = None if align is None else (0 if align == "top_left" else n_k - n_q)
-    lead = tuple(q.shape[:-3])
-    batch = lead[0] if lead else None
-    lens = _check_lengths("lengths", lengths, n_k, batch, _masks.key_padding)
-    qlens = _check_lengths("query_lengths", query_lengths, n_q, batch, _masks.query_padding)
-    h, h_kv = q.shape[-3], k.shape[-3]
-    empty = _masked_rows(lead, h, n_q, shift, lens, qlens)  # [B or 1, n_q]
-    rows: tuple[tuple[int, ...], ...] = ()
-    if empty.any():
-        # [B or 1, n_q] -> [*lead, h, n_q]: the batch axis is lead's first; without lead it is a single row
-        per_row = empty.reshape((empty.shape[0],) + (1,) * len(lead) + (n_q,)) if lead else empty[0]
-        full = np.broadcast_to(per_row, (*lead, h, n_q))
-        rows = index_tuples(full)
-        if p.masked_rows == "raise":
-            raise masked_rows_error(
-                rows,
-                (*lead, h, n_q, n_k),
-                index="(*batch, head, global query)",
-                scores="global scores",
-                fix="lengths / query_lengths / causal",
-            )
-    return _Plan(
-        group=group,
-        rank=rank,
-        world=world,
-        peers=peers,
-        layout_q=layout_q,
-        layout_k=layout_k,
-        shift=shift,
-        scale=p.scale,
-        lengths=lens,
-        query_lengths=qlens,
-        policy=p.masked_rows,
-        block_q=block_q,
-        block_k=block_k,
-        lead=lead,
-        h=h,
-        h_kv=h_kv,
-        d_k=q.shape[-1],
-        d_v=v.shape[-1],
-        cdt=p.q.dtype,
-        masked_rows=rows,
-    )
+    return layout_q, layout_k
+
+
+def _empty_rows(spec: MaskSpec, lead: tuple[int, ...], h: int, policy: str) -> tuple[tuple[int, ...], ...]:
+    """Every fully masked row of the global problem as ``(*batch, head, global query)`` (raised under "raise")."""
+    empty = spec.empty_rows()  # [S, n_q], S = 1 or B
+    if not empty.any():
+        return ()
+    n_q, n_k = spec.n_q, spec.n_k
+    # [S, n_q] -> [*lead, h, n_q]: the batch axis is lead's first; without lead it is a single row
+    per_row = empty.reshape((empty.shape[0],) + (1,) * len(lead) + (n_q,)) if lead else empty[0]
+    rows = index_tuples(np.broadcast_to(per_row, (*lead, h, n_q)))
+    if policy == "raise":
+        raise masked_rows_error(
+            rows,
+            (*lead, h, n_q, n_k),
+            index="(*batch, head, global query)",
+            scores="global scores",
+            fix="key_lengths / query_lengths / causal",
+        )
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -406,38 +410,15 @@ def _tiles(layout: RingLayout, rank: int, block: int) -> list[tuple[int, int, in
 
 def _tile_mask(plan: _Plan, qt: tuple[int, int, int], kt: tuple[int, int, int], device: Any) -> Any:
     """``None`` (every pair allowed), ``False`` (no pair allowed) or a bool mask broadcastable to the scores tile
-    ``[*lead, h_kv, g, bq, bk]`` (True = may attend)."""
+    ``[*lead, h_kv, g, bq, bk]`` (True = may attend): :meth:`MaskSpec.block <attnlab.masks.MaskSpec.block>` on the
+    tile's global positions."""
     qa, _, bq = qt
     ka, _, bk = kt
-    qb, kb = qa + bq, ka + bk  # exclusive ends (global positions)
-    full = True
-    if plan.shift is not None:
-        if ka > qb - 1 + plan.shift:
-            return False
-        full = full and kb - 1 <= qa + plan.shift
-    for lens, lo, hi in ((plan.lengths, ka, kb), (plan.query_lengths, qa, qb)):
-        if lens is not None:
-            if lo >= int(lens.max()):
-                return False
-            full = full and hi <= int(lens.min())
-    if full:
-        return None
+    m = plan.spec.block(qa, qa + bq, ka, ka + bk)  # [S, bq, bk], S = 1 or B
+    if m is None or m is False:
+        return m
     nd = len(plan.lead) + 4
-    qpos = torch.arange(qa, qb, device=device)
-    kpos = torch.arange(ka, kb, device=device)
-    mask = torch.ones((bq, bk), dtype=torch.bool, device=device)
-    if plan.shift is not None:
-        mask = kpos[None, :] <= qpos[:, None] + plan.shift  # [bq, bk]
-    mask = mask.reshape((1,) * (nd - 2) + (bq, bk))
-    if plan.lengths is not None:
-        lens = torch.as_tensor(plan.lengths, device=device)
-        kok = kpos[None, :] < lens[:, None]  # [B, bk]
-        mask = mask & kok.reshape((lens.shape[0],) + (1,) * (nd - 2) + (bk,))
-    if plan.query_lengths is not None:
-        lens = torch.as_tensor(plan.query_lengths, device=device)
-        qok = qpos[None, :] < lens[:, None]  # [B, bq]
-        mask = mask & qok.reshape((lens.shape[0],) + (1,) * (nd - 3) + (bq, 1))
-    return mask
+    return torch.from_numpy(m).to(device).reshape((m.shape[0],) + (1,) * (nd - 3) + (bq, bk))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -652,13 +633,14 @@ def ring_attention_forward(
     *,
     causal: Any = False,
     scale: float | None = None,
-    lengths: Any = None,
+    key_lengths: Any = None,
     query_lengths: Any = None,
     layout: str = "contiguous",
     masked_rows: MaskedRows = "raise",
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
     group: Any = None,
+    lengths: Any = None,
 ) -> RingResult:
     """Exact attention for this rank's queries over the whole (sharded) sequence; call it on every rank of ``group``.
 
@@ -672,8 +654,9 @@ def ring_attention_forward(
         causal: False, True (needs global n_q == n_k), ``"top_left"`` or ``"bottom_right"``, as in the core, on the
             *global* positions.
         scale: multiplies ``q kᵀ``; default ``1/sqrt(d_k)``.
-        lengths: ``[B]`` key lengths: key j of sequence b is padding when j >= lengths[b] (needs q ``[B, ..., h,
-            n_r, d_k]``).
+        key_lengths: ``[B]`` (or one shared) key lengths: key j of sequence b is padding when j >= key_lengths[b]
+            (needs q ``[B, ..., h, n_r, d_k]``). ``lengths=``, its old name, still works for one release (a
+            FutureWarning).
         query_lengths: ``[B]``: queries at i >= query_lengths[b] are padding; their rows are fully masked.
         layout: how the sequence was sharded: ``"contiguous"`` or ``"zigzag"`` (balanced causal work), see
             :class:`~attnlab.distributed.RingLayout`. Global n is the sum of the ranks' shard lengths.
@@ -693,10 +676,10 @@ def ring_attention_forward(
     >>> bool(torch.allclose(r.output, ref)), r.stats.tiles_skipped
     (True, 3)
     """
-    plan = _make_plan(
-        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
-        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
-    )  # fmt: skip
+    options = RingOptions(
+        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
+    )
+    plan = _make_plan(q, k, v, options)
     out, lse, stats = _forward(plan, q, k, v)
     return RingResult(
         output=out.to(q.dtype),
@@ -718,13 +701,14 @@ def ring_attention_backward(
     *,
     causal: Any = False,
     scale: float | None = None,
-    lengths: Any = None,
+    key_lengths: Any = None,
     query_lengths: Any = None,
     layout: str = "contiguous",
     masked_rows: MaskedRows = "raise",
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
     group: Any = None,
+    lengths: Any = None,
 ) -> RingGrads:
     """Gradients for this rank's ``q, k, v`` shards, given ``dO = ∂loss/∂output`` of this rank's queries.
 
@@ -734,10 +718,10 @@ def ring_attention_backward(
     Shapes: ``dO [..., h, n_r, d_v]``; returns :class:`RingGrads` ``dq [..., h, n_r, d_k]``,
     ``dk [..., h_kv, n_r', d_k]``, ``dv [..., h_kv, n_r', d_v]``.
     """
-    plan = _make_plan(
-        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
-        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
-    )  # fmt: skip
+    options = RingOptions(
+        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
+    )
+    plan = _make_plan(q, k, v, options)
     want = (*q.shape[:-1], v.shape[-1])
     for name, x, shape in (("dO", dO, want), ("output", output, want), ("lse", lse, tuple(q.shape[:-1]))):
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(shape):
@@ -770,13 +754,14 @@ def ring_attention(
     *,
     causal: Any = False,
     scale: float | None = None,
-    lengths: Any = None,
+    key_lengths: Any = None,
     query_lengths: Any = None,
     layout: str = "contiguous",
     masked_rows: MaskedRows = "raise",
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
     group: Any = None,
+    lengths: Any = None,
 ) -> Any:
     """Differentiable ring attention: :func:`ring_attention_forward`'s ``output``, with a backward that runs the
     ring again (``loss.backward()`` on every rank gives each rank the gradients of its own shards).
@@ -790,8 +775,8 @@ def ring_attention(
     >>> q.grad.shape
     torch.Size([2, 5, 3])
     """
-    plan = _make_plan(
-        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
-        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
-    )  # fmt: skip
+    options = RingOptions(
+        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
+    )
+    plan = _make_plan(q, k, v, options)
     return _RingAttentionFunction.apply(q, k, v, plan)

@@ -20,12 +20,12 @@ from ..threads import run_tasks
 from .exponentials import Units, exp_offset
 from .plan import (
     Plan,
-    TiledOptions,
     apply_mask,
     bad_array,
     bias_block,
     empty_rows_error,
     make_plan,
+    options,
     to_caller,
     to_logits,
 )
@@ -318,9 +318,9 @@ def flash_attention_backward(
     ((3, 50, 8), (3, 50, 8), (3, 50, 8))
     """
     autograd.refuse_grad("flash_attention_backward", q=q, k=k, v=v, output=output, lse=lse, d_out=d_out, bias=bias)
-    options = TiledOptions(
+    opts = options(
         causal=causal, q_offset=q_offset, window=window, key_lengths=key_lengths, segments=segments, mask=mask,
         scale=scale, temperature=temperature, masked_rows=masked_rows, block_q=block_q, block_k=block_k,
         num_threads=num_threads,
     )  # fmt: skip
-    return backward(make_plan(q, k, v, bias, options), output, lse, d_out, d_lse)
+    return backward(make_plan(q, k, v, bias, opts), output, lse, d_out, d_lse)

@@ -32,6 +32,7 @@ from .plan import (
     empty_rows_error,
     forward_tasks,
     make_plan,
+    options,
     to_caller,
     to_logits,
     zero_masked,
@@ -386,7 +387,9 @@ def flash_attention(  # 16 parameters: the public keywords, each a field of Tile
             axis of q (or 1, shared by all).
         segments: packed sequences: integer ids ``[n]`` or ``[B, n]`` (self-attention) or a pair
             ``(q_segments, k_segments)``; a query sees only keys with the same id.
-        mask: boolean, True = may attend, broadcastable to ``[..., h, n_q, n_k]``; applied block by block.
+        mask: boolean, True = may attend, broadcastable to ``[..., h, n_q, n_k]``; applied block by block. Or a
+            :class:`~attnlab.masks.MaskSpec` (then none of causal, q_offset, window, key_lengths, segments), which
+            the keywords above build otherwise.
         bias: additive float scores (ALiBi, relative positions), finite, broadcastable to ``[..., h, n_q, n_k]``;
             read block by block (never broadcast to full size). With GQA, a per-head bias is ``[..., h, n_q, n_k]``.
         scale: multiplies ``Q Kᵀ``; default ``1/sqrt(d_k)``.
@@ -417,15 +420,15 @@ def flash_attention(  # 16 parameters: the public keywords, each a field of Tile
     >>> r.lse.shape
     (2, 97)
     """
-    options = TiledOptions(
+    opts = options(
         causal=causal, q_offset=q_offset, window=window, key_lengths=key_lengths, segments=segments, mask=mask,
         scale=scale, temperature=temperature, masked_rows=masked_rows, block_q=block_q, block_k=block_k,
         num_threads=num_threads,
     )  # fmt: skip
     if autograd.wants_grad(q, k, v, bias):
-        output, lse = autograd.flash_function(q, k, v, bias, options)
+        output, lse = autograd.flash_function(q, k, v, bias, opts)
     else:
-        output, lse = forward(q, k, v, bias, options)
+        output, lse = forward(q, k, v, bias, opts)
     return FlashResult(output=output, lse=lse)
 
 

@@ -7,19 +7,18 @@ Internal to :mod:`attnlab.kernels.tiled`: names here are public to the package's
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..._arrays import compute_dtype, device_of, index_tuples, namespace, shape_of, to_numpy
 from ...core.inputs import Causal, MaskedRows, check_policy, prepare
-from ...errors import DTypeError, MaskedRowError, MaskError, RangeError, ShapeError, masked_rows_error
-from ...masks import causal_alignment_message
+from ...errors import DTypeError, MaskedRowError, RangeError, ShapeError, masked_rows_error
+from ...masks import BlockMask, MaskSpec
 from ...validate import check_int
 from ..config import KernelConfig
 from ..config import current as current_config
@@ -42,6 +41,8 @@ __all__ = [
     "empty_rows_error",
     "forward_tasks",
     "make_plan",
+    "options",
+    "position_mask",
     "scratch",
     "to_caller",
     "to_logits",
@@ -56,15 +57,11 @@ DEFAULT_BLOCK_K = 512
 @dataclass(frozen=True)
 class TiledOptions:
     """Every option of :func:`~attnlab.kernels.flash_attention` but the arrays, as one value: the forward builds it
-    once, its :class:`~attnlab.kernels.FlashResult` keeps it, and the backward plans from it (nothing repeated).
-    Fields and defaults as the keywords of :func:`~attnlab.kernels.flash_attention`."""
+    once (:func:`options`), its :class:`~attnlab.kernels.FlashResult` keeps it, and the backward plans from it
+    (nothing repeated). ``mask`` is the :class:`~attnlab.masks.MaskSpec` that the forward's mask keywords build; the
+    rest as the keywords of :func:`~attnlab.kernels.flash_attention`."""
 
-    causal: Causal = False
-    q_offset: int | None = None
-    window: Any = None
-    key_lengths: Any = None
-    segments: Any = None
-    mask: Any = None
+    mask: MaskSpec = field(default_factory=MaskSpec)
     scale: float | None = None
     temperature: float = 1.0
     masked_rows: MaskedRows = "raise"
@@ -72,9 +69,28 @@ class TiledOptions:
     block_k: int | None = None
     num_threads: int | None = None
 
-    def keywords(self) -> dict[str, Any]:
-        """The options as keywords of :func:`~attnlab.kernels.flash_attention` (arrays not copied)."""
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+def options(  # 13 parameters: the public keywords of flash_attention, turned into one value here and only here
+    *,
+    causal: Causal = False,
+    q_offset: Any = None,
+    window: Any = None,
+    key_lengths: Any = None,
+    segments: Any = None,
+    mask: Any = None,
+    scale: float | None = None,
+    temperature: float = 1.0,
+    masked_rows: MaskedRows = "raise",
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_threads: int | None = None,
+) -> TiledOptions:
+    """:class:`TiledOptions` from :func:`~attnlab.kernels.flash_attention`'s keywords (``mask`` a boolean array or a
+    :class:`~attnlab.masks.MaskSpec`)."""
+    spec = MaskSpec.build(
+        mask, causal=causal, q_offset=q_offset, window=window, key_lengths=key_lengths, segments=segments
+    )
+    return TiledOptions(spec, scale, temperature, masked_rows, block_q, block_k, num_threads)
 
 
 @dataclass(frozen=True)
@@ -98,13 +114,7 @@ class Plan:
     d_v: int
     scale: float
     temperature: float  # logits are (scale · q · k) / temperature
-    causal: bool
-    shift: int  # position of query 0 relative to key 0 (query i sits at key position i + shift)
-    left: int | None
-    right: int | None
-    key_lengths: np.ndarray | None  # [B] or None
-    q_seg: np.ndarray | None  # [B or 1, n_q]
-    k_seg: np.ndarray | None  # [B or 1, n_k]
+    spec: MaskSpec  # the structure (causal, window, lengths, segments), sized; its dense part is ``mask``
     mask: np.ndarray | None  # broadcast view [*batch, n_q, n_k]
     bias: np.ndarray | None  # broadcast view [*batch, n_q, n_k], compute dtype
     bias_raw: np.ndarray | None  # the bias as prepared (GQA-reshaped, not broadcast)
@@ -138,76 +148,26 @@ class Plan:
 
     def key_range(self, idx: tuple[int, ...], i0: int, i1: int) -> tuple[int, int]:
         """Keys ``[lo, hi)`` that query rows ``[i0, i1)`` may see at most (causal, window, key lengths)."""
-        lo, hi = 0, self.n_k
-        if self.causal:
-            hi = min(hi, i1 + self.shift)
-        if self.right is not None:
-            hi = min(hi, i1 + self.shift + self.right)
-        if self.left is not None:
-            lo = max(lo, i0 + self.shift - self.left)
-        if self.key_lengths is not None:
-            kl = self.key_lengths
-            hi = min(hi, int(kl[self.seq(idx)] if kl.shape[0] > 1 else kl[0]))
-        return lo, hi
+        return self.spec.key_range(i0, i1, self.seq(idx))
 
     def query_range(self, idx: tuple[int, ...], j0: int, j1: int) -> tuple[int, int]:
-        """Query rows ``[lo, hi)`` that may see some key of ``[j0, j1)`` (causal and window only)."""
-        lo, hi = 0, self.n_q
-        if self.causal:
-            lo = max(lo, j0 - self.shift)
-        if self.right is not None:
-            lo = max(lo, j0 - self.shift - self.right)
-        if self.left is not None:
-            hi = min(hi, j1 + self.left - self.shift)
-        return lo, hi
+        """Query rows ``[lo, hi)`` that may see some key of ``[j0, j1)`` (causal and window)."""
+        return self.spec.query_range(j0, j1, self.seq(idx))
 
     def n_keys(self, idx: tuple[int, ...]) -> int:
-        if self.key_lengths is None:
-            return self.n_k
-        kl = self.key_lengths
-        return int(kl[self.seq(idx)] if kl.shape[0] > 1 else kl[0])
+        return self.spec.n_keys(self.seq(idx))
 
     def blocked(self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
-        """The block's mask ``[i1-i0, j1-j0]``: ``None`` if nothing is blocked, ``False`` if everything is (skip
-        the block), else a bool array True = *blocked*, or (causal/window alone) a cached :class:`PositionMask`.
-        Apply it before ``exp2`` with :func:`apply_mask` or after it with :func:`zero_masked`."""
-        parts: list[np.ndarray] = []
-        # positions: rel = key position - query position
-        need_rel = (
-            (self.causal and j1 - 1 > i0 + self.shift)
-            or (self.right is not None and j1 - 1 > i0 + self.shift + self.right)
-            or (self.left is not None and j0 < i1 - 1 + self.shift - self.left)
-        )
-        if need_rel:
-            parts.append(position_block(i1 - i0, j1 - j0, j0 - i0 - self.shift, self.causal, self.left, self.right))
-        if self.q_seg is not None:
-            b = self.seq(idx) if self.q_seg.shape[0] > 1 else 0
-            qs = self.q_seg[b, i0:i1]
-            ks = self.k_seg[b, j0:j1]
-            qmin, qmax, kmin, kmax = qs.min(), qs.max(), ks.min(), ks.max()
-            if qmax < kmin or kmax < qmin:
-                return False
-            if not (qmin == qmax == kmin == kmax):
-                parts.append(qs[:, None] != ks[None, :])
-        if self.mask is not None:
-            m = self.mask[idx][i0:i1, j0:j1]
-            if not m.all():
-                if not m.any():
-                    return False
-                parts.append(~m)
-        if not parts:
-            return None
-        if len(parts) == 1 and need_rel:
-            key = (i1 - i0, j1 - j0, j0 - i0 - self.shift, self.causal, self.left, self.right)
-            if position_all(*key):
-                return False
-            return position_mask(*key, self.q.dtype.str)
-        bad = parts[0]
-        for p in parts[1:]:
-            bad = bad | p
-        if bad.all():
-            return False
-        return bad
+        """The block's mask ``[i1-i0, j1-j0]`` (:meth:`MaskSpec.blocked <attnlab.masks.MaskSpec.blocked>`): ``None``
+        if nothing is blocked, ``False`` if everything is (skip the block), else a bool array True = *blocked*, or
+        (causal/window alone) a cached :class:`PositionMask`. Apply it before ``exp2`` with :func:`apply_mask` or
+        after it with :func:`zero_masked`."""
+        b = self.spec.blocked(i0, i1, j0, j1, self.seq(idx), None if self.mask is None else self.mask[idx])
+        if b is None or b is False:
+            return b
+        if b.position is not None:
+            return position_mask(b, self.q.dtype.str)
+        return b.blocked
 
     def key_blocks(self, idx: tuple[int, ...], i0: int, i1: int) -> Iterator[tuple[int, int, Any]]:
         lo, hi = self.key_range(idx, i0, i1)
@@ -216,27 +176,6 @@ class Plan:
             bad = self.blocked(idx, i0, i1, j0, j1)
             if bad is not False:
                 yield j0, j1, bad
-
-
-@functools.lru_cache(maxsize=256)
-def position_block(bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None) -> np.ndarray:
-    """True = blocked ``[bq, bk]`` for the causal/window constraints, where ``offset`` is the block's first key
-    position minus its first query position. Cached: every diagonal block of a call has the same pattern."""
-    rel = np.arange(bk)[None, :] + offset - np.arange(bq)[:, None]  # key position - query position
-    bad = np.zeros(rel.shape, dtype=bool)
-    if causal:
-        bad |= rel > 0
-    if right is not None:
-        bad |= rel > right
-    if left is not None:
-        bad |= rel < -left
-    bad.flags.writeable = False
-    return bad
-
-
-@functools.lru_cache(maxsize=256)
-def position_all(bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None) -> bool:
-    return bool(position_block(bq, bk, offset, causal, left, right).all())
 
 
 @dataclass(frozen=True)
@@ -250,17 +189,24 @@ class PositionMask:
     bad: np.ndarray
 
 
-@functools.lru_cache(maxsize=256)
-def position_mask(
-    bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None, dtype: str
-) -> PositionMask:
-    """:func:`position_block` as a cached :class:`PositionMask` in ``dtype``."""
-    bad = position_block(bq, bk, offset, causal, left, right)
-    add = np.where(bad, -np.inf, 0).astype(dtype)
-    keep = np.where(bad, 0, 1).astype(dtype)
-    add.flags.writeable = False
-    keep.flags.writeable = False
-    return PositionMask(add, keep, bad)
+_position_masks: dict[tuple, PositionMask] = {}
+
+
+def position_mask(block: BlockMask, dtype: str) -> PositionMask:
+    """A causal/window :class:`~attnlab.masks.BlockMask` (``block.position`` set) as a :class:`PositionMask` in
+    ``dtype``, cached by its pattern: every diagonal block of a call shares one."""
+    key = (block.position, dtype)
+    pm = _position_masks.get(key)
+    if pm is None:
+        bad = block.blocked
+        add = np.where(bad, -np.inf, 0).astype(dtype)
+        keep = np.where(bad, 0, 1).astype(dtype)
+        add.flags.writeable = False
+        keep.flags.writeable = False
+        if len(_position_masks) >= 256:
+            _position_masks.clear()
+        pm = _position_masks[key] = PositionMask(add, keep, bad)
+    return pm
 
 
 def bad_array(bad: np.ndarray | PositionMask | None) -> np.ndarray | None:
@@ -320,22 +266,6 @@ def bias_block(plan: Plan, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: 
     return out
 
 
-def _check_window(window: Any) -> tuple[int | None, int | None] | None:
-    """``None``; an int ``w`` (keys up to ``w`` positions back, none ahead); or ``(left, right)``, None = unbounded."""
-    if window is None:
-        return None
-    if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
-        pair = (int(window), 0)
-    elif isinstance(window, (tuple, list)) and len(window) == 2:
-        pair = tuple(window)
-    else:
-        raise MaskError(f"window: expected None, an int >= 0 or a (left, right) pair, got {window!r}")
-    for name, w in zip(("window left", "window right"), pair, strict=True):
-        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0):
-            raise MaskError(f"{name}: expected None or an int >= 0, got {w!r} (window={window!r})")
-    return (None if pair[0] is None else int(pair[0]), None if pair[1] is None else int(pair[1]))
-
-
 def _split_gqa(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) -> int:
     """The GQA group size: q ``[..., h, n_q, d_k]`` with k, v ``[..., h_kv, n_k, d]`` and ``h % h_kv == 0``."""
     if len(qs) < 3 or len(ks) < 3 or len(vs) < 3:
@@ -352,49 +282,6 @@ def _split_gqa(qs: tuple[int, ...], ks: tuple[int, ...], vs: tuple[int, ...]) ->
             f"k: {hk} kv heads (dim -3) do not divide q's {h} heads; GQA needs h % h_kv == 0 (q {qs}, k {ks}, v {vs})"
         )
     return h // hk
-
-
-def _lengths_array(key_lengths: Any, n_k: int, first_axis: int) -> np.ndarray:
-    kl = to_numpy(key_lengths)
-    if kl.ndim == 0:
-        kl = kl.reshape(1)
-    if kl.ndim != 1 or not (np.issubdtype(kl.dtype, np.integer)):
-        raise ShapeError(f"key_lengths: expected a 1-D integer array [B], got shape {kl.shape} dtype {kl.dtype}")
-    if kl.shape[0] not in (1, first_axis):
-        raise ShapeError(
-            f"key_lengths: {kl.shape[0]} entries, expected one per sequence (B={first_axis}, the first leading "
-            f"axis of q) or a single one"
-        )
-    bad = np.flatnonzero((kl < 0) | (kl > n_k))
-    if bad.size:
-        raise ShapeError(f"key_lengths: entry {bad[0]} is {kl[bad[0]]}; expected 0 <= length <= n_k={n_k}")
-    return kl.astype(np.int64)
-
-
-def _segments_arrays(segments: Any, n_q: int, n_k: int, first_axis: int) -> tuple[np.ndarray, np.ndarray]:
-    if isinstance(segments, tuple) and len(segments) == 2:
-        qs, ks = to_numpy(segments[0]), to_numpy(segments[1])
-    else:
-        qs = ks = to_numpy(segments)
-    out = []
-    for name, s, n in (("q_segments", qs, n_q), ("k_segments", ks, n_k)):
-        if s.ndim == 1:
-            s = s[None, :]
-        if s.ndim != 2 or not np.issubdtype(s.dtype, np.integer):
-            raise ShapeError(
-                f"segments: {name} must be integer ids [n] or [B, n], got shape {s.shape} dtype {s.dtype} "
-                f"(pass one array for self-attention or a (q_segments, k_segments) pair)"
-            )
-        if s.shape[1] != n:
-            raise ShapeError(f"segments: {name} has {s.shape[1]} ids, expected {n} (shape {s.shape})")
-        if s.shape[0] not in (1, first_axis):
-            raise ShapeError(f"segments: {name} has {s.shape[0]} rows, expected 1 or one per sequence (B={first_axis})")
-        out.append(s)
-    qa, ka = out
-    if qa.shape[0] != ka.shape[0]:
-        b = max(qa.shape[0], ka.shape[0])
-        qa, ka = np.broadcast_to(qa, (b, n_q)), np.broadcast_to(ka, (b, n_k))
-    return qa, ka
 
 
 def _library(x: Any) -> str:
@@ -486,49 +373,16 @@ def _group_heads(a: _Arrays, group: int) -> tuple[_Arrays, bool]:
     return dataclasses.replace(a, q=q, k=k, v=v, mask=mask, bias=bias), len(qs) == 3
 
 
-def _positions(o: TiledOptions, has_window: bool, n_q: int, n_k: int) -> tuple[bool, int]:
-    """``(causal, shift)``: whether the causal constraint applies, and query 0's key position."""
-    q_offset, causal = o.q_offset, o.causal
-    if q_offset is not None:
-        if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)) or q_offset < 0:
-            raise MaskError(f"q_offset: expected None or an int >= 0 (query 0's key position), got {q_offset!r}")
-        if causal not in (True, False, None):
-            raise MaskError(
-                f"q_offset={q_offset} already places the queries (query i sits at key position q_offset + i); "
-                f"pass causal=True with it, not causal={causal!r}"
-            )
-        return bool(causal), int(q_offset)
-    if causal in (False, None):
-        is_causal, align = False, None
-    elif causal is True:
-        if n_q != n_k:
-            raise MaskError(causal_alignment_message(n_q, n_k, "causal=True"))
-        is_causal, align = True, "top_left"
-    elif causal in ("top_left", "bottom_right"):
-        is_causal, align = True, causal
-    else:
-        raise MaskError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
-    if align is None and has_window and n_q != n_k:
-        raise MaskError(
-            causal_alignment_message(n_q, n_k, "window").replace(
-                "pass causal='top_left' or causal='bottom_right'",
-                "pass q_offset= or causal='top_left'/'bottom_right'",
-            )
-        )
-    return is_causal, n_k - n_q if align == "bottom_right" else 0
-
-
 def make_plan(q: Any, k: Any, v: Any, bias: Any, options: TiledOptions) -> Plan:
     """Validate ``q, k, v, bias`` and ``options`` (shapes as in :func:`~attnlab.kernels.flash_attention`) into the
     :class:`Plan` the forward and the backward run from."""
     o = options
     bias_shape = None if bias is None else shape_of(np.asarray(bias) if isinstance(bias, (list, tuple)) else bias)
-    a = _caller_arrays(q, k, v, o.mask, bias)
+    a = _caller_arrays(q, k, v, o.mask.dense, bias)
     qs, ks, vs = shape_of(a.q), shape_of(a.k), shape_of(a.v)
     block_q = check_int("block_q", DEFAULT_BLOCK_Q if o.block_q is None else o.block_q, minimum=1)
     block_k = check_int("block_k", DEFAULT_BLOCK_K if o.block_k is None else o.block_k, minimum=1)
     threads = resolve_threads(o.num_threads)
-    win = _check_window(o.window)
     check_policy(o.masked_rows)
     group = _split_gqa(qs, ks, vs) if all(len(s) >= 2 for s in (qs, ks, vs)) else 1
     a, seq_axis_split = _group_heads(a, group)
@@ -536,13 +390,7 @@ def make_plan(q: Any, k: Any, v: Any, bias: Any, options: TiledOptions) -> Plan:
     n_q, n_k, batch = p.n_q, p.n_k, p.batch
     _check_factors(p.scale, p.temperature, p.bias is not None, p.q.dtype)
     out_batch = (*batch[:-2], batch[-2] * group) if group > 1 else batch
-    is_causal, shift = _positions(o, win is not None, n_q, n_k)
-    left, right = win if win is not None else (None, None)
-    first_axis = out_batch[0] if out_batch else 1
-    kl = None if o.key_lengths is None else _lengths_array(o.key_lengths, n_k, first_axis)
-    q_seg = k_seg = None
-    if o.segments is not None:
-        q_seg, k_seg = _segments_arrays(o.segments, n_q, n_k, first_axis)
+    spec = dataclasses.replace(o.mask, dense=None).sized(n_q, n_k, out_batch[0] if out_batch else 1)
     return Plan(
         q=np.broadcast_to(p.q, (*batch, n_q, p.d_k)),
         k=np.broadcast_to(p.k, (*batch, n_k, p.d_k)),
@@ -563,13 +411,7 @@ def make_plan(q: Any, k: Any, v: Any, bias: Any, options: TiledOptions) -> Plan:
         d_v=p.d_v,
         scale=p.scale,
         temperature=p.temperature,
-        causal=is_causal,
-        shift=shift,
-        left=left,
-        right=right,
-        key_lengths=kl,
-        q_seg=q_seg,
-        k_seg=k_seg,
+        spec=spec,
         mask=None if p.mask is None else np.broadcast_to(np.asarray(p.mask), p.scores_shape),
         bias=None if p.bias is None else np.broadcast_to(p.bias, p.scores_shape),
         bias_raw=p.bias,
