@@ -98,7 +98,7 @@ def _run_case(rank: int, world: int, case: dict) -> dict:
     try:
         if case.get("api") == "functional":
             fwd = ring_attention_forward(q, k, v, **_opts(case))
-            grads = ring_attention_backward(dO, q, k, v, fwd.output, fwd.lse, **_opts(case))
+            grads = ring_attention_backward(fwd, dO)
             out, dq, dk, dv = fwd.output, grads.dq, grads.dk, grads.dv
             stats = (fwd.stats, grads.stats)
         else:

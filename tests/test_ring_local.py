@@ -186,7 +186,12 @@ def test_functional_backward_matches_autograd_and_keeps_inputs():
     q, k, v, dO = (torch.randn(1, 2, 9, 3, generator=g) for _ in range(4))
     saved = [x.clone() for x in (q, k, v, dO)]
     fwd = ring_attention_forward(q, k, v, causal=True, block_q=4, block_k=2)
-    grads = ring_attention_backward(dO, q, k, v, fwd.output, fwd.lse, causal=True, block_q=4, block_k=2)
+    grads = ring_attention_backward(fwd, dO)
+    with pytest.warns(FutureWarning, match=r"is now ring_attention_backward\(result, d_out\)"):
+        old = ring_attention_backward(dO, q, k, v, fwd.output, fwd.lse, causal=True, block_q=4, block_k=2)
+    assert all(torch.equal(a, b) for a, b in zip((grads.dq, grads.dk, grads.dv), (old.dq, old.dk, old.dv), strict=True))
+    with pytest.raises(attnlab.OptionError, match=r"got causal; the forward's RingResult already holds"):
+        ring_attention_backward(fwd, dO, causal=True)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     ring_attention(*leaves, causal=True).backward(dO)
     for a, b in zip((grads.dq, grads.dk, grads.dv), leaves, strict=True):

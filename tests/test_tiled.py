@@ -373,10 +373,7 @@ def test_every_mask_kind_float32_on_every_inner_loop(exp, path, kernel_config):
             block_q=bq, block_k=bk,
         )  # fmt: skip
         _check_rule(r.output, q, k, v, allowed)
-        g = tiled.flash_attention_backward(
-            q, k, v, r.output, r.lse, np.ones_like(r.output), causal=True, window=70, segments=ids,
-            key_lengths=lengths, mask=m, masked_rows="zero", block_q=bq, block_k=bk,
-        )  # fmt: skip
+        g = tiled.flash_attention_backward(r, np.ones_like(r.output))
         trace = attnlab.attention_trace(*(x.astype(np.float64) for x in (q, k, v)), allowed, masked_rows="zero")
         ref = attnlab.attention_backward(trace, np.ones(r.output.shape))
         for got, want in zip((g.dq, g.dk, g.dv), (ref.dq, ref.dk, ref.dv), strict=True):
@@ -394,9 +391,7 @@ def test_temperature_as_in_the_core(temperature, causal):
     trace = attnlab.attention_trace(q, k, v, causal=causal, temperature=temperature)
     np.testing.assert_allclose(r.output, trace.output, atol=1e-12, rtol=0)
     np.testing.assert_allclose(r.lse, trace.lse, atol=1e-12, rtol=0)
-    g = tiled.flash_attention_backward(
-        q, k, v, r.output, r.lse, d_o, causal=causal, temperature=temperature, block_q=16, block_k=32
-    )
+    g = tiled.flash_attention_backward(r, d_o)
     ref = attnlab.attention_backward(trace, d_o)
     for got, want in zip((g.dq, g.dk, g.dv), (ref.dq, ref.dk, ref.dv), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-11, rtol=0)
@@ -429,13 +424,14 @@ def test_bias_forward_and_backward_as_in_the_core(bias_shape):
     np.testing.assert_allclose(r.output, trace.output, atol=1e-12, rtol=0)
     fin = np.isfinite(trace.lse)
     np.testing.assert_allclose(r.lse[fin], trace.lse[fin], atol=1e-12, rtol=0)
-    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, block_q=16, block_k=32, **kw)
+    g = tiled.flash_attention_backward(r, d_o)
     ref = attnlab.attention_backward(trace, d_o)
     assert g.dbias.shape == bias_shape
     for got, want in zip((g.dq, g.dk, g.dv, g.dbias), (ref.dq, ref.dk, ref.dv, ref.dbias), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-11, rtol=0)
     np.testing.assert_array_equal(bias, bias_copy)
-    assert tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, **{**kw, "bias": None}).dbias is None
+    no_bias = flash_attention(q, k, v, block_q=16, block_k=32, **{**kw, "bias": None})
+    assert tiled.flash_attention_backward(no_bias, d_o).dbias is None
 
 
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
@@ -456,7 +452,7 @@ def test_bias_float32_on_every_inner_loop(exp, size, shape, kernel_config, monke
     assert bool(calls) == (size > 1)
     _check_rule(r.output, q, k, v, masks.causal(130), bias=bias)
     d_o = np.ones_like(r.output)
-    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, bias=bias, causal=True, block_q=32, block_k=48)
+    g = tiled.flash_attention_backward(r, d_o)
     trace = attnlab.attention_trace(
         *(x.astype(np.float64) for x in (q, k, v)), bias=bias.astype(np.float64), causal=True
     )
@@ -475,7 +471,7 @@ def test_bias_with_gqa_and_torch():
     kr, vr = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
     trace = attnlab.attention_trace(q, kr, vr, bias=bias, causal=True)
     np.testing.assert_allclose(r.output, trace.output, atol=1e-12)
-    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, np.ones_like(r.output), bias=bias, causal=True)
+    g = tiled.flash_attention_backward(r, np.ones_like(r.output))
     ref = attnlab.attention_backward(trace, np.ones(r.output.shape))
     np.testing.assert_allclose(g.dbias, ref.dbias, atol=1e-11)
     np.testing.assert_allclose(g.dk, ref.dk.reshape(2, 2, 2, 40, 8).sum(axis=2), atol=1e-11)
@@ -483,7 +479,7 @@ def test_bias_with_gqa_and_torch():
     rt = flash_attention(tq, tk, tv, bias=tb, causal=True)
     assert isinstance(rt.output, torch.Tensor) and isinstance(rt.lse, torch.Tensor)
     np.testing.assert_allclose(rt.output.numpy(), r.output, atol=1e-12)
-    gt = tiled.flash_attention_backward(tq, tk, tv, rt.output, rt.lse, torch.ones_like(rt.output), bias=tb, causal=True)
+    gt = tiled.flash_attention_backward(rt, torch.ones_like(rt.output))
     assert isinstance(gt.dbias, torch.Tensor)
     np.testing.assert_allclose(gt.dbias.numpy(), ref.dbias, atol=1e-11)
 
@@ -613,7 +609,7 @@ def test_block_sizes_are_clamped_to_the_sequence():
     flash_attention(x, x, x)  # anything loaded on first use is not this call's memory
     tracemalloc.start()
     r = flash_attention(x, x, x, block_q=10**9, block_k=10**9, num_threads=1)
-    g = tiled.flash_attention_backward(x, x, x, r.output, r.lse, x, block_q=10**9, block_k=10**9, num_threads=1)
+    g = tiled.flash_attention_backward(r, x)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 2**22  # a few 64x64 blocks, not 10**9 columns

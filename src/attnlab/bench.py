@@ -489,9 +489,7 @@ def _make_methods(
                 out[name] = lambda: flash_attention(q, k, v, causal=causal, **kw)
             else:
                 fwd = flash_attention(q, k, v, causal=causal, **kw)
-                out[name] = lambda fwd=fwd: flash_attention_backward(
-                    q, k, v, fwd.output, fwd.lse, d_o, causal=causal, **kw
-                )
+                out[name] = lambda fwd=fwd: flash_attention_backward(fwd, d_o)
         elif name == "floor":
             if backward:
                 out[name] = "skipped: the floor is measured for the forward"
@@ -533,7 +531,7 @@ def _warm_up_tiled(kw: dict[str, Any]) -> None:
     x = np.zeros((2, 64, 8), dtype=np.float32)
     for causal in (False, True):
         f = tiled.flash_attention(x, x, x, causal=causal, **kw)
-        tiled.flash_attention_backward(x, x, x, f.output, f.lse, x, causal=causal, **kw)
+        tiled.flash_attention_backward(f, x)
 
 
 def _groups(names: list[str]) -> list[list[str]]:

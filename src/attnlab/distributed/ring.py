@@ -98,7 +98,8 @@ class RingResult:
     Shapes: ``output [..., h, n_r, d_v]`` (input dtype), ``lse [..., h, n_r]`` (compute dtype, natural log of the
     row sum of ``exp(scale · q kᵀ)`` over the allowed keys, ``-inf`` on fully masked rows). ``masked_rows`` lists
     every fully masked row of the *global* problem as ``(*batch_index, head, global_query_index)``, the same on
-    every rank; ``policy`` says what was done with them.
+    every rank; ``policy`` says what was done with them. ``inputs`` (this rank's ``(q, k, v)``, references) and
+    ``options`` (:class:`RingOptions`) are what :func:`ring_attention_backward` needs besides ``d_out``.
     """
 
     output: Any
@@ -107,6 +108,8 @@ class RingResult:
     policy: str
     layout: RingLayout
     stats: RingStats
+    inputs: tuple[Any, Any, Any] | None = field(default=None, repr=False, compare=False)
+    options: RingOptions | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -469,16 +472,16 @@ def _group_q(plan: _Plan, x: Any) -> Any:
     return x.reshape(*plan.lead, plan.h_kv, plan.h // plan.h_kv, *x.shape[-2:])
 
 
-def _accumulate(
-    plan: _Plan, qg: Any, k: Any, v: Any, src: int, m_i: Any, l_i: Any, acc: Any, counts: list[int]
-) -> None:
+def _accumulate(plan: _Plan, qg: Any, kv: tuple[Any, Any], src: int, state: tuple, counts: list[int]) -> None:
     """Online softmax of the local queries ``qg [..., h_kv, g, n_r, d_k]`` against rank ``src``'s block
-    ``k [..., h_kv, n_s, d_k]``, ``v [..., h_kv, n_s, d_v]``, tile by tile, into the running ``m_i, l_i
-    [..., h_kv, g, n_r]`` and ``acc [..., h_kv, g, n_r, d_v]`` (in place: they are this function's own buffers).
+    ``kv = (k [..., h_kv, n_s, d_k], v [..., h_kv, n_s, d_v])``, tile by tile, into the running ``state = (m_i, l_i
+    [..., h_kv, g, n_r], acc [..., h_kv, g, n_r, d_v])`` (in place: they are the forward's own buffers).
 
     The running pair ``(acc / l_i, m_i + log l_i)`` is the partial ``(out, lse)`` over every key seen so far, so
     each tile update is the :func:`merge_partials` of the old result with the tile's, done without extra buffers.
     """
+    k, v = kv
+    m_i, l_i, acc = state
     kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., h_kv, 1, n_s, d]: shared by the g query heads of a group
     rows = math.prod(plan.lead) * plan.h
     for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
@@ -520,7 +523,7 @@ def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
         if step < plan.world - 1:  # post the next block's transfer before computing on this one
             nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
             reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
-        _accumulate(plan, qg, cur[0].to(plan.cdt), cur[1].to(plan.cdt), src, m_i, l_i, acc, counts)
+        _accumulate(plan, qg, (cur[0].to(plan.cdt), cur[1].to(plan.cdt)), src, (m_i, l_i, acc), counts)
         if nxt is not None:
             traffic.wait(reqs)
             cur = nxt
@@ -544,10 +547,13 @@ def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
 
 
 def _block_backward(
-    plan: _Plan, qg: Any, dOg: Any, lse: Any, delta: Any, k: Any, v: Any, src: int, dq: Any, counts: list[int]
+    plan: _Plan, saved: tuple, kv: tuple[Any, Any], src: int, dq: Any, counts: list[int]
 ) -> tuple[Any, Any]:
-    """FlashAttention-2 backward of the local queries against rank ``src``'s block; adds into ``dq`` and returns
-    this rank's contribution ``(dk [..., h_kv, n_s, d_k], dv [..., h_kv, n_s, d_v])``."""
+    """FlashAttention-2 backward of the local queries against rank ``src``'s block ``kv = (k, v)``, with ``saved =
+    (qg, dOg, lse, delta)`` (grouped for GQA); adds into ``dq`` and returns this rank's contribution
+    ``(dk [..., h_kv, n_s, d_k], dv [..., h_kv, n_s, d_v])``."""
+    qg, dOg, lse, delta = saved
+    k, v = kv
     kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., h_kv, 1, n_s, d]
     dk = torch.zeros(k.shape, dtype=plan.cdt, device=k.device)
     dv = torch.zeros(v.shape, dtype=plan.cdt, device=v.device)
@@ -596,9 +602,8 @@ def _backward(plan: _Plan, dO: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) 
         if step < plan.world - 1:
             nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
             kv_reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
-        dk_blk, dv_blk = _block_backward(
-            plan, qg, dOg, lse_g, delta, cur[0].to(plan.cdt), cur[1].to(plan.cdt), src, dq, counts
-        )
+        kv = (cur[0].to(plan.cdt), cur[1].to(plan.cdt))
+        dk_blk, dv_blk = _block_backward(plan, (qg, dOg, lse_g, delta), kv, src, dq, counts)
         if dkv_in is not None:  # the accumulators the previous ranks built for this block
             traffic.wait(dkv_reqs)
             dk_blk.add_(dkv_in[0])
@@ -626,7 +631,7 @@ def _backward(plan: _Plan, dO: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) 
 # public API
 
 
-def ring_attention_forward(
+def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptions below
     q: Any,
     k: Any,
     v: Any,
@@ -688,47 +693,74 @@ def ring_attention_forward(
         policy=plan.policy,
         layout=plan.layout_q,
         stats=stats,
+        inputs=(q, k, v),
+        options=options,
     )
 
 
-def ring_attention_backward(
-    dO: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    output: Any,
-    lse: Any,
-    *,
-    causal: Any = False,
-    scale: float | None = None,
-    key_lengths: Any = None,
-    query_lengths: Any = None,
-    layout: str = "contiguous",
-    masked_rows: MaskedRows = "raise",
-    block_q: int = _DEFAULT_BLOCK,
-    block_k: int = _DEFAULT_BLOCK,
-    group: Any = None,
-    lengths: Any = None,
-) -> RingGrads:
-    """Gradients for this rank's ``q, k, v`` shards, given ``dO = ∂loss/∂output`` of this rank's queries.
+def ring_attention_backward(result: RingResult, d_out: Any, *legacy: Any, **old: Any) -> RingGrads:
+    """Gradients for this rank's ``q, k, v`` shards from its forward's result and ``d_out = ∂loss/∂output``.
 
-    Uses the forward's ``output [..., h, n_r, d_v]`` and ``lse [..., h, n_r]`` (no attention matrix is kept);
-    options must be those of the forward. Fully masked rows get zero gradient. Call it on every rank.
+    ``result`` is this rank's :class:`RingResult` (its output, ``lse``, inputs and options: nothing is repeated, no
+    attention matrix is kept). Fully masked rows get zero gradient. Call it on every rank.
 
-    Shapes: ``dO [..., h, n_r, d_v]``; returns :class:`RingGrads` ``dq [..., h, n_r, d_k]``,
+    Shapes: ``d_out [..., h, n_r, d_v]``; returns :class:`RingGrads` ``dq [..., h, n_r, d_k]``,
     ``dk [..., h_kv, n_r', d_k]``, ``dv [..., h_kv, n_r', d_v]``.
+
+    The old spelling ``ring_attention_backward(dO, q, k, v, output, lse, **forward_options)`` still works for one
+    release, with a :class:`FutureWarning`.
+
+    >>> import torch
+    >>> q = torch.randn(1, 2, 6, 4, dtype=torch.float64)
+    >>> fwd = ring_attention_forward(q, q, q, causal=True, block_q=4, block_k=2)
+    >>> ring_attention_backward(fwd, torch.ones_like(fwd.output)).dq.shape
+    torch.Size([1, 2, 6, 4])
     """
-    options = RingOptions(
-        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
-    )
+    if not isinstance(result, RingResult):
+        return _legacy_backward(result, d_out, legacy, old)
+    if legacy or old:
+        extra = ", ".join([f"{len(legacy)} more positional argument(s)"] * bool(legacy) + sorted(old))
+        raise OptionError(
+            f"ring_attention_backward(result, d_out): got {extra}; the forward's RingResult already holds its "
+            f"inputs and options"
+        )
+    if result.inputs is None or result.options is None:
+        raise OptionError(
+            "result: a RingResult without the forward's inputs; pass what ring_attention_forward returned"
+        )
+    return _gradients(*result.inputs, result.output, result.lse, d_out, result.options)
+
+
+def _gradients(q: Any, k: Any, v: Any, output: Any, lse: Any, d_out: Any, options: RingOptions) -> RingGrads:
+    """The ring backward of one rank (shapes as in :func:`ring_attention_backward`)."""
     plan = _make_plan(q, k, v, options)
     want = (*q.shape[:-1], v.shape[-1])
-    for name, x, shape in (("dO", dO, want), ("output", output, want), ("lse", lse, tuple(q.shape[:-1]))):
+    for name, x, shape in (("d_out", d_out, want), ("output", output, want), ("lse", lse, tuple(q.shape[:-1]))):
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(shape):
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ShapeError(f"{name}: expected a tensor of shape {tuple(shape)}, got {got}")
-    dq, dk, dv, stats = _backward(plan, dO, q, k, v, output, lse)
+    dq, dk, dv, stats = _backward(plan, d_out, q, k, v, output, lse)
     return RingGrads(dq=dq, dk=dk, dv=dv, stats=stats)
+
+
+def _legacy_backward(dO: Any, q: Any, rest: tuple, old: dict[str, Any]) -> RingGrads:
+    """The old ``ring_attention_backward(dO, q, k, v, output, lse, **forward_options)``, for one release."""
+    if len(rest) != 4:
+        raise OptionError(
+            f"ring_attention_backward: expected (result, d_out) (the forward's RingResult), or the old "
+            f"(dO, q, k, v, output, lse), got {2 + len(rest)} positional arguments"
+        )
+    warnings.warn(
+        "ring_attention_backward(dO, q, k, v, output, lse, **options) is now ring_attention_backward(result, d_out), "
+        "with the forward's RingResult (which holds its inputs and options); the old spelling will be removed in "
+        "the next release",
+        FutureWarning,
+        stacklevel=3,
+    )
+    k, v, output, lse = rest
+    old = dict(old)
+    old["key_lengths"] = _key_lengths(old.get("key_lengths"), old.pop("lengths", None))
+    return _gradients(q, k, v, output, lse, dO, RingOptions(**old))
 
 
 class _RingAttentionFunction(torch.autograd.Function):
@@ -747,7 +779,7 @@ class _RingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def ring_attention(
+def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
     q: Any,
     k: Any,
     v: Any,

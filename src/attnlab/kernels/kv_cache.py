@@ -305,7 +305,7 @@ class _Saved:
 
     def backward(self, d_out: Any) -> Any:
         """``dq`` from ``d_out [B, h, t, d_v]``: FlashAttention-2's backward per sequence (padding rows: 0)."""
-        from .tiled import flash_attention_backward
+        from .tiled import FlashResult, TiledOptions, flash_attention_backward
 
         if self.masked_rows == "nan" and self.empty.any():
             raise MaskedRowError(
@@ -322,17 +322,10 @@ class _Saved:
         for b in range(B):
             if self.spec.n_keys(b) == 0:
                 continue
-            gr = flash_attention_backward(
-                self.q[b].reshape(h_kv, g, t, d_k),
-                self.k[b, :, None],
-                self.v[b, :, None],
-                self.out[b],
-                self.lse[b],
-                do[b],
-                mask=self.spec.sequence(b),
-                scale=self.scale,
-                masked_rows="zero",
-            )
+            inputs = (self.q[b].reshape(h_kv, g, t, d_k), self.k[b, :, None], self.v[b, :, None], None)
+            opts = TiledOptions(mask=self.spec.sequence(b), scale=self.scale, masked_rows="zero")
+            forward = FlashResult(output=self.out[b], lse=self.lse[b], inputs=inputs, options=opts)
+            gr = flash_attention_backward(forward, do[b])
             dq[b] = gr.dq
         dq = dq.reshape(B, h, t, d_k)
         import torch

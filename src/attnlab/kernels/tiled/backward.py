@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..._arrays import shape_of, to_numpy
-from ...core.inputs import Causal, MaskedRows, check_finite
-from ...errors import DTypeError, MaskedRowError, ShapeError
+from ...core.inputs import check_finite
+from ...errors import DTypeError, MaskedRowError, OptionError, ShapeError
 from .. import autograd, fused
 from ..overflow import gradient_overflow_error
 from ..threads import run_tasks
 from .exponentials import Units, exp_offset
+from .forward import FlashResult
 from .plan import (
     Plan,
     apply_mask,
@@ -254,29 +256,9 @@ def backward(plan: Plan, output: Any, lse: Any, d_out: Any, d_lse: Any) -> Flash
 
 
 def flash_attention_backward(
-    q: Any,
-    k: Any,
-    v: Any,
-    output: Any,
-    lse: Any,
-    d_out: Any,
-    *,
-    causal: Causal = False,
-    q_offset: int | None = None,
-    window: Any = None,
-    key_lengths: Any = None,
-    segments: Any = None,
-    mask: Any = None,
-    bias: Any = None,
-    scale: float | None = None,
-    temperature: float = 1.0,
-    masked_rows: MaskedRows = "raise",
-    block_q: int | None = None,
-    block_k: int | None = None,
-    num_threads: int | None = None,
-    d_lse: Any = None,
+    result: FlashResult, d_out: Any, *legacy: Any, d_lse: Any = None, **old: Any
 ) -> FlashGrads:
-    """FlashAttention-2's backward: gradients of the tiled forward from its output and ``lse`` in O(n) memory.
+    """FlashAttention-2's backward: gradients of the tiled forward from its result in O(n) memory.
 
     ``P`` is recomputed block by block from ``lse``; ``delta = rowsum(dO ∘ O) - dlse``, ``dV = Pᵀ dO``,
     ``dP = dO Vᵀ``, ``dS = P ∘ (dP - delta)``, ``dQ = dS K · scale / T``, ``dK = dSᵀ Q · scale / T``,
@@ -284,26 +266,25 @@ def flash_attention_backward(
     ``delta``).
 
     Args:
-        q, k, v: the forward's inputs (shapes as in :func:`flash_attention`, GQA included).
-        output: the forward's output ``[..., h, n_q, d_v]``.
-        lse: the forward's ``lse [..., h, n_q]``.
+        result: the forward's :class:`FlashResult`: its output, ``lse``, inputs and options (nothing is repeated).
         d_out: ``dO = ∂L/∂output`` ``[..., h, n_q, d_v]``.
-        causal, q_offset, window, key_lengths, segments, mask, bias, scale, temperature: exactly as given to the
-            forward.
-        masked_rows: rows with ``lse = -inf`` (fully masked) get zero gradient under ``"zero"``; ``"raise"``
-            (default) and ``"nan"`` raise :class:`~attnlab.errors.MaskedRowError` (a NaN output has no gradient).
-        block_q, block_k, num_threads: as in :func:`flash_attention`.
         d_lse: ``∂L/∂lse`` ``[..., h, n_q]`` when the loss uses the forward's ``lse`` too (None: it does not).
+
+    Fully masked rows (``lse = -inf``) get zero gradient under the forward's ``masked_rows="zero"``; under
+    ``"raise"`` and ``"nan"`` they raise :class:`~attnlab.errors.MaskedRowError` (a NaN output has no gradient).
 
     Returns:
         :class:`FlashGrads` ``(dq, dk, dv, dbias)``, each shaped like its input (summed over broadcast and
         GQA-shared heads) in the inputs' library and dtype; ``dbias`` is None without a bias, and is accumulated
         in the bias's own shape (its memory, not ``[..., n_q, n_k]``, unless the bias is that large).
 
+    The old spelling ``flash_attention_backward(q, k, v, output, lse, d_out, **forward_options)`` still works for
+    one release, with a :class:`FutureWarning`: a thin wrapper that builds the :class:`FlashResult`.
+
     The gradients carry no autograd history (no double backward): with PyTorch tensors that require grad and
     grad mode on, this raises :class:`~attnlab.errors.DTypeError` rather than return tensors that would silently
     drop second-order terms; :func:`flash_attention` itself is differentiable (its ``torch.autograd.Function``
-    calls this). Gradients that overflow the compute dtype from finite inputs raise
+    runs this backward). Gradients that overflow the compute dtype from finite inputs raise
     :class:`~attnlab.errors.RangeError`. As in FlashAttention, ``P`` is only as exact as ``lse``: a float32
     ``lse`` of magnitude L carries ~L · 6e-8 absolute rounding, a relative error of the recomputed weights (at
     |logits| ~ 1e4, ~1e-3: far beyond real activations, but a float64 lse would not have it).
@@ -313,14 +294,43 @@ def flash_attention_backward(
     >>> rng = np.random.default_rng(1)
     >>> q, k, v, d_o = (rng.standard_normal((3, 50, 8)) for _ in range(4))
     >>> f = flash_attention(q, k, v, causal=True, block_q=16, block_k=16)
-    >>> g = flash_attention_backward(q, k, v, f.output, f.lse, d_o, causal=True, block_q=16, block_k=16)
+    >>> g = flash_attention_backward(f, d_o)
     >>> g.dq.shape, g.dk.shape, g.dv.shape
     ((3, 50, 8), (3, 50, 8), (3, 50, 8))
     """
+    if not isinstance(result, FlashResult):
+        return _legacy_backward(result, d_out, legacy, d_lse, old)
+    if legacy or old:
+        extra = ", ".join([f"{len(legacy)} more positional argument(s)"] * bool(legacy) + sorted(old))
+        raise OptionError(
+            f"flash_attention_backward(result, d_out): got {extra}; the forward's FlashResult already holds its "
+            f"inputs and options"
+        )
+    if result.inputs is None:
+        raise OptionError(
+            "result: a FlashResult without the forward's inputs; pass the result flash_attention returned"
+        )
+    q, k, v, bias = result.inputs
+    output, lse = result.output, result.lse
     autograd.refuse_grad("flash_attention_backward", q=q, k=k, v=v, output=output, lse=lse, d_out=d_out, bias=bias)
-    opts = options(
-        causal=causal, q_offset=q_offset, window=window, key_lengths=key_lengths, segments=segments, mask=mask,
-        scale=scale, temperature=temperature, masked_rows=masked_rows, block_q=block_q, block_k=block_k,
-        num_threads=num_threads,
-    )  # fmt: skip
-    return backward(make_plan(q, k, v, bias, opts), output, lse, d_out, d_lse)
+    return backward(make_plan(q, k, v, bias, result.options), output, lse, d_out, d_lse)
+
+
+def _legacy_backward(q: Any, k: Any, rest: tuple, d_lse: Any, old: dict[str, Any]) -> FlashGrads:
+    """The old ``flash_attention_backward(q, k, v, output, lse, d_out, **forward_options)``, for one release."""
+    if len(rest) != 4:
+        raise OptionError(
+            f"flash_attention_backward: expected (result, d_out) (the forward's FlashResult), or the old "
+            f"(q, k, v, output, lse, d_out), got {2 + len(rest)} positional arguments"
+        )
+    warnings.warn(
+        "flash_attention_backward(q, k, v, output, lse, d_out, **options) is now flash_attention_backward(result, "
+        "d_out), with the forward's FlashResult (which holds its inputs and options); the old spelling will be "
+        "removed in the next release",
+        FutureWarning,
+        stacklevel=3,
+    )
+    v, output, lse, d_out = rest
+    bias = old.pop("bias", None)
+    result = FlashResult(output=output, lse=lse, inputs=(q, k, v, bias), options=options(**old))
+    return flash_attention_backward(result, d_out, d_lse=d_lse)

@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,15 +48,19 @@ THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
 
 @dataclass(frozen=True)
 class FlashResult:
-    """The tiled forward's result.
+    """The tiled forward's result, and what its backward needs: ``flash_attention_backward(result, d_out)``.
 
     Shapes: ``output [..., n_q, d_v]`` (the caller's library and dtype), ``lse [..., n_q]`` (the caller's library,
     compute dtype: float32 or float64): the row log-sum-exp of the logits ``Q Kᵀ · scale / temperature`` with masked
-    entries left out (the core's ``AttentionTrace.lse``), ``-inf`` on fully masked rows.
+    entries left out (the core's ``AttentionTrace.lse``), ``-inf`` on fully masked rows. ``inputs`` is the forward's
+    ``(q, k, v, bias)`` as given (references, not copies), ``options`` its :class:`TiledOptions` (the mask as a
+    :class:`~attnlab.masks.MaskSpec`, scale, temperature, policy, blocks, threads).
     """
 
     output: Any
     lse: Any
+    inputs: tuple[Any, Any, Any, Any] | None = field(default=None, repr=False, compare=False)
+    options: TiledOptions = field(default_factory=TiledOptions, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -429,7 +433,7 @@ def flash_attention(  # 16 parameters: the public keywords, each a field of Tile
         output, lse = autograd.flash_function(q, k, v, bias, opts)
     else:
         output, lse = forward(q, k, v, bias, opts)
-    return FlashResult(output=output, lse=lse)
+    return FlashResult(output=output, lse=lse, inputs=(q, k, v, bias), options=opts)
 
 
 def forward(q: Any, k: Any, v: Any, bias: Any, options: TiledOptions) -> tuple[Any, Any]:
