@@ -73,11 +73,11 @@ def _blocks_at(d: int) -> None:
 
     def bias_copied() -> None:
         np.copyto(bias_buf, bias_view)
-        jit.exp2_rows(s, a, bias_buf, one, None, one, None, lt)
+        jit.exp2_rows_bounded(s, a, bias_buf, one, None, lt)
 
     def bias_numpy() -> None:
         s.__iadd__(bias_view * one)
-        jit.exp2_rows(s, a, None, one, None, one, None, lt)
+        jit.exp2_rows_bounded(s, a, None, one, None, lt)
 
     def qk() -> None:
         np.matmul(q, K[:b].T, out=s)
@@ -86,14 +86,14 @@ def _blocks_at(d: int) -> None:
         "S = Q_i K_j^T": (qk, None),
         "P V_j": (lambda: np.matmul(s, V[:b], out=pv), qk),
         "acc += P V_j": (lambda: acc.__iadd__(pv), None),
-        "fused pass (exp + row sums)": (lambda: jit.exp2_rows(s, a, None, one, None, one, None, lt), qk),
-        "fused pass, causal diagonal": (lambda: jit.exp2_rows(s, a, None, one, None, one, diag.bad, lt), qk),
+        "fused pass (exp + row sums)": (lambda: jit.exp2_rows_bounded(s, a, None, one, None, lt), qk),
+        "fused pass, causal diagonal": (lambda: jit.exp2_rows_bounded(s, a, None, one, diag.bad, lt), qk),
         "np.exp2(S) in place": (lambda: np.exp2(s, out=s), qk),
         "np.exp(S) in place": (lambda: np.exp(s, out=s), qk),
         "P 1 (row sums)": (lambda: np.matmul(s, ones, out=lt), qk),
         "P *= keep (causal diagonal)": (lambda: s.__imul__(diag.keep), qk),
         "bias: copy block + fused pass": (bias_copied, qk),
-        "bias: fused pass on a strided view": (lambda: jit.exp2_rows(s, a, bias_view, one, None, one, None, lt), qk),
+        "bias: fused pass on a strided view": (lambda: jit.exp2_rows_bounded(s, a, bias_view, one, None, lt), qk),
         "bias: NumPy add + fused pass": (bias_numpy, qk),
     }
     for name, (fn, reset) in steps.items():
@@ -104,7 +104,7 @@ def _blocks_at(d: int) -> None:
         for j0 in range(0, n, b):
             np.matmul(q, K[j0 : j0 + b].T, out=s)
             if exp == "fused":
-                jit.exp2_rows(s, a, None, one, None, one, None, lt)
+                jit.exp2_rows_bounded(s, a, None, one, None, lt)
             elif exp != "none":
                 getattr(np, exp)(s, out=s)
                 np.matmul(s, ones, out=lt)

@@ -14,7 +14,6 @@ from attnlab.errors import DTypeError, MaskedRowError, MaskError, OptionError, S
 from attnlab.kernels import config as kernel_settings
 from attnlab.kernels import tiled
 from attnlab.kernels.tiled import flash_attention
-from attnlab.kernels.tiled import forward as tiled_forward
 from attnlab.kernels.tiled.plan import bad_array, forward_tasks, make_plan, options
 from tests.reference import reference_attention
 
@@ -328,23 +327,25 @@ def test_property_tiled_equals_dense_for_every_block_size(n_q, n_k, block_q, blo
     np.testing.assert_allclose(r.lse[fin], ref.lse[fin], atol=1e-12)
 
 
-def test_fast_path_near_its_bound_and_online_path_beyond(monkeypatch):
+def test_fast_path_near_its_bound_and_online_path_beyond(kernel_config):
     """Bounded scores take the exp-without-offset path (here up to ~55 nats apart); larger ones the online path."""
     rng = np.random.default_rng(15)
     n, d = 300, 16
-    calls = []
-    real = tiled_forward._online_softmax
-    monkeypatch.setattr(tiled_forward, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    paths = []
+    kernel_config(observe=paths.append)
     u = rng.standard_normal(d)
     u /= np.linalg.norm(u)
     q = (np.outer(rng.uniform(-1, 1, n), u) * 14 + rng.standard_normal((n, d)) * 0.1).astype(np.float32)
     k = (np.outer(rng.uniform(-1, 1, n), u) * 14 + rng.standard_normal((n, d)) * 0.1).astype(np.float32)
     v = rng.standard_normal((n, 8)).astype(np.float32)
     r = flash_attention(q, k, v, block_q=64, block_k=64)  # scores in [-49, 49] (scale 1/4)
-    assert not calls
+    assert paths == ["bounded"] * 5  # every query block (300 / 64: 5 blocks)
     _check_rule(r.output, q, k, v)
+    paths.clear()
     r2 = flash_attention(q * 3, k, v, block_q=64, block_k=64)
-    assert calls
+    assert "online" in paths and len(paths) == 5
+    with pytest.raises(OptionError, match="observe: expected None or a callable, got int"):
+        kernel_config(observe=3)
     _check_rule(r2.output, q * 3, k, v)
 
 
@@ -437,19 +438,17 @@ def test_bias_forward_and_backward_as_in_the_core(bias_shape):
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
 @pytest.mark.parametrize("size", [0.5, 60.0])
 @pytest.mark.parametrize("shape", [(2, 130, 130), (1, 1, 130)])
-def test_bias_float32_on_every_inner_loop(exp, size, shape, kernel_config, monkeypatch):
+def test_bias_float32_on_every_inner_loop(exp, size, shape, kernel_config):
     """A small bias keeps the scores bounded (the fast path, bias included in the bound); a large one (±60) takes
     the online softmax. A full bias and one broadcast over queries (read through strided views, copied per block
     for the fused pass). float32 forward under FlashAttention's rule, gradients against the float64 core."""
-    kernel_config(exp=exp)
-    calls = []
-    real = tiled_forward._online_softmax
-    monkeypatch.setattr(tiled_forward, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    paths = []
+    kernel_config(exp=exp, observe=paths.append)
     rng = np.random.default_rng(19)
     q, k, v = _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 8)
     bias = _rand(rng, *shape, scale=size)
     r = flash_attention(q, k, v, bias=bias, causal=True, block_q=32, block_k=48)
-    assert bool(calls) == (size > 1)
+    assert paths and set(paths) == ({"online"} if size > 1 else {"bounded"})
     _check_rule(r.output, q, k, v, masks.causal(130), bias=bias)
     d_o = np.ones_like(r.output)
     g = tiled.flash_attention_backward(r, d_o)

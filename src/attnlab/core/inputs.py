@@ -243,7 +243,7 @@ def in_float64(p: Prepared) -> Prepared:
     )
 
 
-def prepare(
+def prepare(  # 9 parameters: q, k, v, mask and the core's public keywords, validated here once
     q: Any,
     k: Any,
     v: Any,

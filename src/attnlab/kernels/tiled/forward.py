@@ -179,6 +179,8 @@ def _forward_task(
         q_norm = float(np.sqrt(np.einsum("ij,ij->i", qs, qs).max()))
     bound = q_norm * float(ex.k_norm[idx]) * float(u.R)  # |logits - bias / T| (inf or NaN: unknown)
     bounded = bound + ex.bias_max <= ex.safe and not plan.config.force_online
+    if plan.config.observe is not None:
+        plan.config.observe("bounded" if bounded else "online")
     if bounded:
         matmul = np.matmul
         a = u.R * u.pre  # what turns qs Kᵀ into the exponential's argument
@@ -241,7 +243,7 @@ def _exp_bounded(
     c = u.c_bias * u.pre
     if u.E.fused:
         bias = bias_block(plan, idx, i0, i0 + s.shape[0], j0, j0 + s.shape[1])
-        fused.kernels().exp2_rows(s, a, bias, c, None, u.pre, bad_array(bad), lt)
+        fused.kernels().exp2_rows_bounded(s, a, bias, c, bad_array(bad), lt)
         return
     if a != 1:
         s *= a
