@@ -102,6 +102,15 @@ def test_peak_memory_sees_a_big_allocation_even_when_reused():
         assert 30 < mb < 150
 
 
+def test_gemm_floor_moved_to_the_benchmark():
+    """The floor is the benchmark's yardstick: attnlab.bench.gemm_floor; the kernels' old path still reaches it, with a
+    FutureWarning, for one release."""
+    from attnlab.kernels import tiled
+
+    with pytest.warns(FutureWarning, match=r"moved to attnlab.bench.gemm_floor"):
+        assert tiled.gemm_floor is gemm_floor
+
+
 def test_gemm_floor_is_the_blocked_products():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, 50, 8)) for _ in range(3))

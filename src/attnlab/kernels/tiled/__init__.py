@@ -56,6 +56,8 @@ runs, and how scores become its argument). The GEMM floor that ``attnlab bench``
 :mod:`attnlab.bench`.
 """
 
+from typing import Any
+
 from .backward import FlashGrads, flash_attention_backward
 from .exponentials import Exponential, exponential
 from .forward import FlashResult, flash_attention
@@ -72,3 +74,21 @@ __all__ = [
     "flash_attention",
     "flash_attention_backward",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``gemm_floor`` moved to :func:`attnlab.bench.gemm_floor` (it is the benchmark's yardstick, not a kernel); the
+    old path works for one release, with a :class:`FutureWarning`."""
+    if name == "gemm_floor":
+        import warnings
+
+        from ...bench import gemm_floor
+
+        warnings.warn(
+            "attnlab.kernels.tiled.gemm_floor moved to attnlab.bench.gemm_floor; the old path will be removed in the "
+            "next release",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return gemm_floor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
