@@ -28,9 +28,11 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from attnlab.bench import _kernel_line
+from attnlab.bench import _kernel_line, gemm_floor
 from attnlab.kernels import fused, tiled
 from attnlab.kernels.threads import blas_report
+from attnlab.kernels.tiled.plan import position_mask
+from attnlab.masks import MaskSpec
 
 SECTIONS = ("blocks", "accuracy", "shapes", "bias", "after-torch")
 
@@ -57,7 +59,7 @@ def _blocks_at(d: int) -> None:
     rng = np.random.default_rng(0)
     b, n = 512, 4096
     jit, one = fused.kernels(), np.float32(1)
-    diag = tiled._position_mask(b, b, 0, True, None, None, "<f4")
+    diag = position_mask(MaskSpec(causal=True).sized(b, b).blocked(0, b, 0, b), "<f4")
     ones = np.ones(b, np.float32)
     # as the kernel: a power of two of the scale folded into Q (exact), the rest times log2(e) applied in the pass
     mant, exp = math.frexp(1 / np.sqrt(d))
@@ -71,11 +73,11 @@ def _blocks_at(d: int) -> None:
 
     def bias_copied() -> None:
         np.copyto(bias_buf, bias_view)
-        jit.exp2_rows(s, a, bias_buf, one, None, one, None, lt)
+        jit.exp2_rows_bounded(s, a, bias_buf, one, None, lt)
 
     def bias_numpy() -> None:
         s.__iadd__(bias_view * one)
-        jit.exp2_rows(s, a, None, one, None, one, None, lt)
+        jit.exp2_rows_bounded(s, a, None, one, None, lt)
 
     def qk() -> None:
         np.matmul(q, K[:b].T, out=s)
@@ -84,14 +86,14 @@ def _blocks_at(d: int) -> None:
         "S = Q_i K_j^T": (qk, None),
         "P V_j": (lambda: np.matmul(s, V[:b], out=pv), qk),
         "acc += P V_j": (lambda: acc.__iadd__(pv), None),
-        "fused pass (exp + row sums)": (lambda: jit.exp2_rows(s, a, None, one, None, one, None, lt), qk),
-        "fused pass, causal diagonal": (lambda: jit.exp2_rows(s, a, None, one, None, one, diag.bad, lt), qk),
+        "fused pass (exp + row sums)": (lambda: jit.exp2_rows_bounded(s, a, None, one, None, lt), qk),
+        "fused pass, causal diagonal": (lambda: jit.exp2_rows_bounded(s, a, None, one, diag.bad, lt), qk),
         "np.exp2(S) in place": (lambda: np.exp2(s, out=s), qk),
         "np.exp(S) in place": (lambda: np.exp(s, out=s), qk),
         "P 1 (row sums)": (lambda: np.matmul(s, ones, out=lt), qk),
         "P *= keep (causal diagonal)": (lambda: s.__imul__(diag.keep), qk),
         "bias: copy block + fused pass": (bias_copied, qk),
-        "bias: fused pass on a strided view": (lambda: jit.exp2_rows(s, a, bias_view, one, None, one, None, lt), qk),
+        "bias: fused pass on a strided view": (lambda: jit.exp2_rows_bounded(s, a, bias_view, one, None, lt), qk),
         "bias: NumPy add + fused pass": (bias_numpy, qk),
     }
     for name, (fn, reset) in steps.items():
@@ -102,7 +104,7 @@ def _blocks_at(d: int) -> None:
         for j0 in range(0, n, b):
             np.matmul(q, K[j0 : j0 + b].T, out=s)
             if exp == "fused":
-                jit.exp2_rows(s, a, None, one, None, one, None, lt)
+                jit.exp2_rows_bounded(s, a, None, one, None, lt)
             elif exp != "none":
                 getattr(np, exp)(s, out=s)
                 np.matmul(s, ones, out=lt)
@@ -155,7 +157,7 @@ def shapes() -> None:
         for bq, bk in ((512, 512), (512, 256), (256, 512), (1024, 256), (768, 256), (1024, 512), (384, 384)):
             kw = {"causal": causal, "block_q": bq, "block_k": bk}
             t, f = _alternate(
-                lambda kw=kw: tiled.flash_attention(q, k, v, **kw), lambda kw=kw: tiled.gemm_floor(q, k, v, **kw), 5
+                lambda kw=kw: tiled.flash_attention(q, k, v, **kw), lambda kw=kw: gemm_floor(q, k, v, **kw), 5
             )
             print(f"  causal={causal!s:<5} {bq:>4}x{bk:<4} tiled {t:7.1f}  floor {f:7.1f}  ratio {t / f:.3f}")
 
@@ -185,13 +187,13 @@ def after_torch() -> None:
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((1, 8, 8192, 128), dtype=np.float32) for _ in range(3))
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-    tiled.gemm_floor(q, k, v)
+    gemm_floor(q, k, v)
     print("GEMM floor, n=8192, d=128 (ms): first call after SDPA (1 s pause), then the next call:")
     for _ in range(4):
         torch.nn.functional.scaled_dot_product_attention(tq, tk, tv)
         time.sleep(1.0)
-        first = _median_us(lambda: tiled.gemm_floor(q, k, v), repeats=1) / 1e3
-        nxt = _median_us(lambda: tiled.gemm_floor(q, k, v), repeats=1) / 1e3
+        first = _median_us(lambda: gemm_floor(q, k, v), repeats=1) / 1e3
+        nxt = _median_us(lambda: gemm_floor(q, k, v), repeats=1) / 1e3
         print(f"  after SDPA {first:7.1f}   next {nxt:7.1f}")
 
 

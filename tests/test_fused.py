@@ -119,15 +119,20 @@ SUM_RTOL = 16 * 2.0**-24
 
 @cpu_sensitive
 def test_bounded_equals_unbounded_where_the_bound_holds():
-    """The two compiled loops (with and without the range checks) compute the same powers, each within the ulp
-    bound of float64, zeros where masked, and row sums within a few roundings of the exact sum of their terms."""
+    """The two compiled loops the tiled kernel calls (``exp2_rows`` with the range checks, ``exp2_rows_bounded``
+    without) compute the same powers, each within the ulp bound of float64, zeros where masked, and row sums within a
+    few roundings of the exact sum of their terms; ``exp2_block`` is the checked entry to the same two."""
     rng = np.random.default_rng(1)
     s0 = rng.uniform(-100, 100, (64, 513)).astype(np.float32)
     bad = rng.random(s0.shape) < 0.5
-    a, b = s0.copy(), s0.copy()
-    ra, rb = np.empty(64, np.float32), np.empty(64, np.float32)
-    fused.exp2_block(a, None, bad, ra)
-    fused.exp2_block(b, None, bad, rb, bounded=True)
+    a, b, c = s0.copy(), s0.copy(), s0.copy()
+    ra, rb, rc = (np.empty(64, np.float32) for _ in range(3))
+    one, jit = np.float32(1), fused.kernels()
+    jit.exp2_rows(a, one, None, one, np.zeros(64, np.float32), one, bad, ra)
+    jit.exp2_rows_bounded(b, one, None, one, bad, rb)
+    fused.exp2_block(c, None, bad, rc, bounded=True)
+    np.testing.assert_array_equal(b, c)
+    np.testing.assert_array_equal(rb, rc)
     for got, sums in ((a, ra), (b, rb)):
         assert np.all(got[bad] == 0)
         assert _ulps(got[~bad], s0[~bad]).max() < _exp2_max_ulp()
@@ -241,8 +246,7 @@ def test_a_numba_that_does_not_load_is_said_once_and_numpy_takes_over(monkeypatc
     def broken():
         raise ImportError("Numba needs NumPy 2.3 or less. Got NumPy 9.9.")
 
-    monkeypatch.setattr(fused, "kernels", broken)
-    monkeypatch.setattr(fused, "_loaded", None)
+    monkeypatch.setattr(fused, "kernels", broken)  # a loader of its own: usable() tries it afresh
     with pytest.warns(AttnlabWarning, match=r"numba is installed but does not load \(ImportError: Numba needs NumPy"):
         e = exponential("float32")
     assert not e.fused and e.reason.endswith("numba is installed but does not load")

@@ -207,3 +207,137 @@ def test_converters_refuse_non_arrays_and_masked_arrays_by_name():
         masks.from_keep(np.array([["a", "b"]]))
     with pytest.raises(ShapeError, match=r"^mask: nested lists of unequal lengths"):
         masks.from_keep([[1, 0], [1]])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# MaskSpec: the structured mask every variant reads
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import attnlab  # noqa: E402
+from attnlab.masks import MaskSpec  # noqa: E402
+
+
+def _reference(n_q, n_k, causal, window, key_lengths, segments, B):
+    """The same mask from the dense constructors, ``[B, n_q, n_k]``."""
+    ok = np.ones((B, n_q, n_k), bool)
+    if causal:
+        ok &= masks.causal(n_q, n_k, align=causal)
+    if window is not None:
+        ok &= masks.window(n_q, n_k, left=window[0], right=window[1], align=causal or "top_left")
+    if key_lengths is not None:
+        ok &= masks.key_padding(key_lengths, n_k, ndim=3)
+    if segments is not None:
+        ok &= masks.segments(segments[0], segments[1])
+    return ok
+
+
+@given(
+    n_q=st.integers(1, 12),
+    n_k=st.integers(1, 12),
+    causal=st.sampled_from([False, "top_left", "bottom_right"]),
+    window=st.sampled_from([None, (0, 0), (2, 0), (None, 1), (1, None)]),
+    lengths=st.booleans(),
+    seg=st.booleans(),
+    data=st.data(),
+)
+def test_maskspec_equals_the_dense_constructors(n_q, n_k, causal, window, lengths, seg, data):
+    """Every operation of a MaskSpec (the array, a block, the key and query ranges, empty rows) agrees with the mask
+    built from masks.causal / window / key_padding / segments."""
+    B = 2
+    kl = data.draw(st.lists(st.integers(0, n_k), min_size=B, max_size=B)) if lengths else None
+    segs = None
+    if seg:
+        segs = (np.sort(data.draw(st.lists(st.integers(0, 2), min_size=n_q, max_size=n_q))), None)
+        segs = (
+            np.array(segs[0]),
+            np.sort(np.array(data.draw(st.lists(st.integers(0, 2), min_size=n_k, max_size=n_k)))),
+        )
+    if window is not None and not causal and n_q != n_k:
+        with pytest.raises(MaskError, match=r"(?s)window: n_q=.*pass q_offset="):
+            MaskSpec(window=window).sized(n_q, n_k)
+        return
+    spec = MaskSpec(causal=causal, window=window, key_lengths=kl, segments=segs).sized(n_q, n_k, B)
+    want = _reference(n_q, n_k, causal, window, kl, segs, B)
+    np.testing.assert_array_equal(spec.to_array((B, n_q, n_k)), want)
+    np.testing.assert_array_equal(spec.empty_rows() if spec.empty_rows().shape[0] == B else
+                                  np.broadcast_to(spec.empty_rows(), (B, n_q)), ~want.any(-1))  # fmt: skip
+    i0, i1 = data.draw(st.integers(0, n_q - 1)), n_q
+    j0 = data.draw(st.integers(0, n_k - 1))
+    j1 = data.draw(st.integers(j0 + 1, n_k))
+    blk = spec.block(i0, i1, j0, j1)
+    part = want[:, i0:i1, j0:j1]
+    if blk is None:
+        assert part.all()
+    elif blk is False:
+        assert not part.any()
+    else:
+        np.testing.assert_array_equal(np.broadcast_to(blk, part.shape), part)
+    for b in range(B):
+        lo, hi = spec.key_range(i0, i1, b)
+        seen = np.flatnonzero(want[b, i0:i1].any(0))
+        assert seen.size == 0 or (lo <= seen.min() and seen.max() < hi)
+        qlo, qhi = spec.query_range(j0, j1, b)
+        rows = np.flatnonzero(want[b, :, j0:j1].any(1))
+        assert rows.size == 0 or (qlo <= rows.min() and rows.max() < qhi)
+        one = spec.sequence(b).sized(n_q, n_k)
+        np.testing.assert_array_equal(one.to_array((n_q, n_k)), want[b])
+
+
+def test_maskspec_offsets_per_sequence_and_drawing():
+    """q_offset per sequence (a KV cache's sequences at different positions): query i of sequence b sits at key
+    position q_offset[b] + i."""
+    spec = MaskSpec(causal=True, q_offset=[2, 0], key_lengths=[4, 2]).sized(2, 4, 2)
+    assert spec.to_string(0) == "■ ■ ■ ⬚\n■ ■ ■ ■"
+    assert spec.to_string(1) == "■ ⬚ ⬚ ⬚\n■ ■ ⬚ ⬚"
+    assert spec.shift(0) == 2 and spec.n_keys(1) == 2 and spec.align is None
+    assert MaskSpec(causal="bottom_right").sized(2, 4).align == "bottom_right"
+
+
+def test_maskspec_errors_name_the_part():
+    with pytest.raises(MaskError, match=r"causal: expected False, True, 'top_left' or 'bottom_right', got 'left'"):
+        MaskSpec(causal="left")
+    with pytest.raises(MaskError, match=r"(?s)causal=True: n_q=2 != n_k=3.*pass causal='top_left'"):
+        MaskSpec(causal=True).sized(2, 3)
+    with pytest.raises(MaskError, match="window right: expected None or an int >= 0, got -1"):
+        MaskSpec(window=(1, -1))
+    with pytest.raises(MaskError, match=r"q_offset=1 already places the queries.*not causal='bottom_right'"):
+        MaskSpec(causal="bottom_right", q_offset=1)
+    with pytest.raises(ShapeError, match=r"key_lengths: 3 entries, expected one per sequence \(B=2"):
+        MaskSpec(key_lengths=[1, 2, 3]).sized(4, 4, 2)
+    with pytest.raises(ShapeError, match="key_lengths: entry 0 is -1; expected 0 <= length <= n_k=4"):
+        MaskSpec(key_lengths=[-1]).sized(4, 4)
+    with pytest.raises(ShapeError, match="segments: k_segments has 3 ids, expected 4"):
+        MaskSpec(segments=(np.zeros(4, int), np.zeros(3, int))).sized(4, 4)
+    with pytest.raises(MaskError, match=r"sizes unknown; call spec.sized\(n_q, n_k\) first"):
+        MaskSpec(causal=True).key_range(0, 1)
+    with pytest.raises(MaskError, match=r"mask: a MaskSpec already says.*pass causal in it"):
+        attnlab.scaled_dot_product_attention(np.ones((2, 2)), np.ones((2, 2)), np.ones((2, 2)),
+                                             mask=MaskSpec(window=1), causal=True)  # fmt: skip
+
+
+def test_every_variant_takes_a_maskspec():
+    """The core and the tiled kernel read the same MaskSpec as their keywords build (and as the dense mask)."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 2, 9, 4)) for _ in range(3))
+    spec = MaskSpec(causal="top_left", window=(3, 0), key_lengths=[9, 6], segments=np.array([0] * 5 + [1] * 4))
+    dense = spec.sized(9, 9, 2).to_array((2, 2, 9, 9))
+    want = attnlab.scaled_dot_product_attention(q, k, v, mask=dense)
+    np.testing.assert_allclose(attnlab.scaled_dot_product_attention(q, k, v, mask=spec), want, atol=1e-12)
+    r = attnlab.flash_attention(q, k, v, mask=spec, block_q=4, block_k=3)
+    np.testing.assert_allclose(r.output, want, atol=1e-12)
+    kw = attnlab.flash_attention(
+        q, k, v, causal="top_left", window=3, key_lengths=[9, 6], segments=np.array([0] * 5 + [1] * 4)
+    )
+    np.testing.assert_allclose(kw.output, want, atol=1e-12)
+
+
+def test_docs_kernels_examples_run():
+    """docs/kernels.md shows real output: its examples are doctests."""
+    import doctest
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parents[1] / "docs" / "kernels.md"
+    result = doctest.testfile(str(doc), module_relative=False, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0 and result.attempted >= 5

@@ -77,7 +77,7 @@ def _opts(case: dict) -> dict:
     return dict(
         causal=case["causal"],
         layout=case["layout"],
-        lengths=case.get("lengths"),
+        key_lengths=case.get("lengths"),
         query_lengths=case.get("query_lengths"),
         masked_rows=case.get("masked_rows", "raise"),
         block_q=case["block"],
@@ -98,7 +98,7 @@ def _run_case(rank: int, world: int, case: dict) -> dict:
     try:
         if case.get("api") == "functional":
             fwd = ring_attention_forward(q, k, v, **_opts(case))
-            grads = ring_attention_backward(dO, q, k, v, fwd.output, fwd.lse, **_opts(case))
+            grads = ring_attention_backward(fwd, dO)
             out, dq, dk, dv = fwd.output, grads.dq, grads.dk, grads.dv
             stats = (fwd.stats, grads.stats)
         else:
@@ -138,7 +138,7 @@ def _bad_inputs(rank: int, world: int) -> dict:
         ("nan-on-rank-1", (q_nan, q, q), dict(layout="zigzag")),
         ("d_k-on-last-rank", (d_bad, d_bad, d_bad), dict(layout="zigzag")),
         ("layout-disagree", (q, q, q), dict(layout="zigzag" if rank == 0 else "contiguous")),
-        ("lengths-disagree", (q, q, q), dict(layout="zigzag", lengths=[16 if rank == 0 else 15])),
+        ("lengths-disagree", (q, q, q), dict(layout="zigzag", key_lengths=[16 if rank == 0 else 15])),
         ("uneven-sizes", (uneven, uneven, uneven), dict(layout="contiguous")),
     ):
         try:

@@ -171,7 +171,7 @@ def test_float32_meets_the_flash_attention_rule_with_padding():
         return [o.detach().double()] + [x.grad.double() for x in leaves]
 
     leaves = [x.float().requires_grad_(True) for x in (q64, k64, v64)]
-    o = ring_attention(*leaves, causal=True, lengths=lengths, query_lengths=qlens, masked_rows="zero", block_q=8,
+    o = ring_attention(*leaves, causal=True, key_lengths=lengths, query_lengths=qlens, masked_rows="zero", block_q=8,
                        block_k=16)  # fmt: skip
     o.backward(dO64.float())
     got = [o.detach().double()] + [x.grad.double() for x in leaves]
@@ -186,7 +186,12 @@ def test_functional_backward_matches_autograd_and_keeps_inputs():
     q, k, v, dO = (torch.randn(1, 2, 9, 3, generator=g) for _ in range(4))
     saved = [x.clone() for x in (q, k, v, dO)]
     fwd = ring_attention_forward(q, k, v, causal=True, block_q=4, block_k=2)
-    grads = ring_attention_backward(dO, q, k, v, fwd.output, fwd.lse, causal=True, block_q=4, block_k=2)
+    grads = ring_attention_backward(fwd, dO)
+    with pytest.warns(FutureWarning, match=r"is now ring_attention_backward\(result, d_out\)"):
+        old = ring_attention_backward(dO, q, k, v, fwd.output, fwd.lse, causal=True, block_q=4, block_k=2)
+    assert all(torch.equal(a, b) for a, b in zip((grads.dq, grads.dk, grads.dv), (old.dq, old.dk, old.dv), strict=True))
+    with pytest.raises(attnlab.OptionError, match=r"got causal; the forward's RingResult already holds"):
+        ring_attention_backward(fwd, dO, causal=True)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     ring_attention(*leaves, causal=True).backward(dO)
     for a, b in zip((grads.dq, grads.dk, grads.dv), leaves, strict=True):
@@ -195,14 +200,27 @@ def test_functional_backward_matches_autograd_and_keeps_inputs():
     assert grads.dq.dtype == torch.float32 and fwd.lse.dtype == torch.float32
 
 
+def test_lengths_is_a_deprecated_spelling_of_key_lengths():
+    """``lengths=`` (the ring's old name) still works for a release, with a FutureWarning; both at once is an error."""
+    q = torch.randn(2, 1, 6, 4, dtype=torch.float64)
+    with pytest.warns(FutureWarning, match=r"lengths= is now key_lengths="):
+        old = ring_attention_forward(q, q, q, lengths=[6, 3])
+    new = ring_attention_forward(q, q, q, key_lengths=[6, 3])
+    assert torch.equal(old.output, new.output)
+    ref = attnlab.scaled_dot_product_attention(q, q, q, mask=masks.key_padding([6, 3], 6))
+    assert torch.allclose(new.output, ref, atol=1e-12)
+    with pytest.raises(attnlab.OptionError, match="lengths: the deprecated name of key_lengths"):
+        ring_attention(q, q, q, lengths=[6, 3], key_lengths=[6, 3])
+
+
 def test_masked_rows_policy_at_one_rank():
     q = torch.randn(2, 1, 6, 4)
     with pytest.raises(attnlab.MaskedRowError, match=r"6 query row\(s\) may attend to no key at all") as err:
-        ring_attention(q, q, q, lengths=[6, 0])
+        ring_attention(q, q, q, key_lengths=[6, 0])
     assert err.value.rows[0] == (1, 0, 0)
-    zero = ring_attention_forward(q, q, q, lengths=[6, 0], masked_rows="zero")
+    zero = ring_attention_forward(q, q, q, key_lengths=[6, 0], masked_rows="zero")
     assert torch.all(zero.output[1] == 0) and torch.isneginf(zero.lse[1]).all()
-    nan = ring_attention_forward(q, q, q, lengths=[6, 0], masked_rows="nan")
+    nan = ring_attention_forward(q, q, q, key_lengths=[6, 0], masked_rows="nan")
     assert torch.isnan(nan.output[1]).all() and not torch.isnan(nan.output[0]).any()
 
 
@@ -220,10 +238,10 @@ def test_errors_name_the_argument_and_shapes():
         ring_attention(torch.randn(5, 3), torch.randn(5, 3), torch.randn(5, 3))
     with pytest.raises(attnlab.DTypeError, match=r"q: ring attention runs on torch tensors, got ndarray"):
         ring_attention(np.zeros((1, 2, 3)), q, q)
-    with pytest.raises(attnlab.ShapeError, match=r"lengths: 2 entries, but q has batch size B=1"):
-        ring_attention(q, q, q, lengths=[5, 5])
-    with pytest.raises(attnlab.ShapeError, match=r"lengths: entry 0 is 9; expected 0 <= length <= n_k=5"):
-        ring_attention(q, q, q, lengths=[9])
+    with pytest.raises(attnlab.ShapeError, match=r"key_lengths: 2 entries, expected one per sequence \(B=1"):
+        ring_attention(q, q, q, key_lengths=[5, 5])
+    with pytest.raises(attnlab.ShapeError, match=r"key_lengths: entry 0 is 9; expected 0 <= length <= n_k=5"):
+        ring_attention(q, q, q, key_lengths=[9])
     with pytest.raises(attnlab.OptionError, match=r"block_q: expected an int >= 1, got 0"):
         ring_attention(q, q, q, block_q=0)
     with pytest.raises(attnlab.MaskError, match=r"masked_rows: expected one of 'raise', 'zero', 'nan'"):

@@ -113,7 +113,7 @@ def test_flash_forward_and_backward_on_anything(data):
     assert np.abs(r.output.astype(np.float64) - ref).max() <= tol
     d_o = np.ones_like(r.output)
     try:
-        g = flash_attention_backward(q, k, v, r.output, r.lse, d_o, **kw, **blocks)
+        g = flash_attention_backward(r, d_o)
     except AttnlabError:
         return
     for name, x in zip(("dq", "dk", "dv", "dbias"), (g.dq, g.dk, g.dv, g.dbias), strict=True):

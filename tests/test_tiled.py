@@ -13,7 +13,8 @@ from attnlab import masks
 from attnlab.errors import DTypeError, MaskedRowError, MaskError, OptionError, ShapeError
 from attnlab.kernels import config as kernel_settings
 from attnlab.kernels import tiled
-from attnlab.kernels.tiled import _forward_tasks, _plan, flash_attention
+from attnlab.kernels.tiled import flash_attention
+from attnlab.kernels.tiled.plan import bad_array, forward_tasks, make_plan, options
 from tests.reference import reference_attention
 
 
@@ -210,18 +211,12 @@ def test_broadcast_leading_dims_and_inputs_untouched():
 def test_skips_masked_blocks_and_plain_lists():
     rng = np.random.default_rng(12)
     q = k = v = rng.standard_normal((1, 1024, 8))
-    plan = _plan(
-        q, k, v, causal=True, q_offset=None, window=None, key_lengths=None, segments=None, mask=None, bias=None,
-        scale=None, temperature=1.0, masked_rows="raise", block_q=128, block_k=128, num_threads=1,
-    )  # fmt: skip
-    visited = [(j0, bad is None) for _, i0, i1 in _forward_tasks(plan) for j0, _, bad in plan.key_blocks((0,), i0, i1)]
+    plan = make_plan(q, k, v, None, options(causal=True, block_q=128, block_k=128, num_threads=1))
+    visited = [(j0, bad is None) for _, i0, i1 in forward_tasks(plan) for j0, _, bad in plan.key_blocks((0,), i0, i1)]
     assert len(visited) == 8 * 9 // 2  # causal: 36 of the 64 blocks computed
     assert sum(full for _, full in visited) == 8 * 7 // 2  # only the 8 diagonal blocks are masked
-    plan_w = _plan(
-        q, k, v, causal=True, q_offset=None, window=100, key_lengths=None, segments=None, mask=None, bias=None,
-        scale=None, temperature=1.0, masked_rows="raise", block_q=128, block_k=128, num_threads=1,
-    )  # fmt: skip
-    n_w = sum(1 for _, i0, i1 in _forward_tasks(plan_w) for _ in plan_w.key_blocks((0,), i0, i1))
+    plan_w = make_plan(q, k, v, None, options(causal=True, window=100, block_q=128, block_k=128, num_threads=1))
+    n_w = sum(1 for _, i0, i1 in forward_tasks(plan_w) for _ in plan_w.key_blocks((0,), i0, i1))
     assert n_w == 8 + 7  # a band of two blocks per query block
     out = flash_attention([[1, 0], [0, 1]], [[1, 0], [0, 1]], [[10, 0], [0, 20]]).output
     np.testing.assert_allclose(out, [[6.6976, 6.6048], [3.3024, 13.3952]], atol=1e-4)
@@ -332,23 +327,25 @@ def test_property_tiled_equals_dense_for_every_block_size(n_q, n_k, block_q, blo
     np.testing.assert_allclose(r.lse[fin], ref.lse[fin], atol=1e-12)
 
 
-def test_fast_path_near_its_bound_and_online_path_beyond(monkeypatch):
+def test_fast_path_near_its_bound_and_online_path_beyond(kernel_config):
     """Bounded scores take the exp-without-offset path (here up to ~55 nats apart); larger ones the online path."""
     rng = np.random.default_rng(15)
     n, d = 300, 16
-    calls = []
-    real = tiled._online_softmax
-    monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    paths = []
+    kernel_config(observe=paths.append)
     u = rng.standard_normal(d)
     u /= np.linalg.norm(u)
     q = (np.outer(rng.uniform(-1, 1, n), u) * 14 + rng.standard_normal((n, d)) * 0.1).astype(np.float32)
     k = (np.outer(rng.uniform(-1, 1, n), u) * 14 + rng.standard_normal((n, d)) * 0.1).astype(np.float32)
     v = rng.standard_normal((n, 8)).astype(np.float32)
     r = flash_attention(q, k, v, block_q=64, block_k=64)  # scores in [-49, 49] (scale 1/4)
-    assert not calls
+    assert paths == ["bounded"] * 5  # every query block (300 / 64: 5 blocks)
     _check_rule(r.output, q, k, v)
+    paths.clear()
     r2 = flash_attention(q * 3, k, v, block_q=64, block_k=64)
-    assert calls
+    assert "online" in paths and len(paths) == 5
+    with pytest.raises(OptionError, match="observe: expected None or a callable, got int"):
+        kernel_config(observe=3)
     _check_rule(r2.output, q * 3, k, v)
 
 
@@ -377,10 +374,7 @@ def test_every_mask_kind_float32_on_every_inner_loop(exp, path, kernel_config):
             block_q=bq, block_k=bk,
         )  # fmt: skip
         _check_rule(r.output, q, k, v, allowed)
-        g = tiled.flash_attention_backward(
-            q, k, v, r.output, r.lse, np.ones_like(r.output), causal=True, window=70, segments=ids,
-            key_lengths=lengths, mask=m, masked_rows="zero", block_q=bq, block_k=bk,
-        )  # fmt: skip
+        g = tiled.flash_attention_backward(r, np.ones_like(r.output))
         trace = attnlab.attention_trace(*(x.astype(np.float64) for x in (q, k, v)), allowed, masked_rows="zero")
         ref = attnlab.attention_backward(trace, np.ones(r.output.shape))
         for got, want in zip((g.dq, g.dk, g.dv), (ref.dq, ref.dk, ref.dv), strict=True):
@@ -398,9 +392,7 @@ def test_temperature_as_in_the_core(temperature, causal):
     trace = attnlab.attention_trace(q, k, v, causal=causal, temperature=temperature)
     np.testing.assert_allclose(r.output, trace.output, atol=1e-12, rtol=0)
     np.testing.assert_allclose(r.lse, trace.lse, atol=1e-12, rtol=0)
-    g = tiled.flash_attention_backward(
-        q, k, v, r.output, r.lse, d_o, causal=causal, temperature=temperature, block_q=16, block_k=32
-    )
+    g = tiled.flash_attention_backward(r, d_o)
     ref = attnlab.attention_backward(trace, d_o)
     for got, want in zip((g.dq, g.dk, g.dv), (ref.dq, ref.dk, ref.dv), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-11, rtol=0)
@@ -433,34 +425,33 @@ def test_bias_forward_and_backward_as_in_the_core(bias_shape):
     np.testing.assert_allclose(r.output, trace.output, atol=1e-12, rtol=0)
     fin = np.isfinite(trace.lse)
     np.testing.assert_allclose(r.lse[fin], trace.lse[fin], atol=1e-12, rtol=0)
-    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, block_q=16, block_k=32, **kw)
+    g = tiled.flash_attention_backward(r, d_o)
     ref = attnlab.attention_backward(trace, d_o)
     assert g.dbias.shape == bias_shape
     for got, want in zip((g.dq, g.dk, g.dv, g.dbias), (ref.dq, ref.dk, ref.dv, ref.dbias), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-11, rtol=0)
     np.testing.assert_array_equal(bias, bias_copy)
-    assert tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, **{**kw, "bias": None}).dbias is None
+    no_bias = flash_attention(q, k, v, block_q=16, block_k=32, **{**kw, "bias": None})
+    assert tiled.flash_attention_backward(no_bias, d_o).dbias is None
 
 
 @pytest.mark.parametrize("exp", ["fused", "exp2", "exp"])
 @pytest.mark.parametrize("size", [0.5, 60.0])
 @pytest.mark.parametrize("shape", [(2, 130, 130), (1, 1, 130)])
-def test_bias_float32_on_every_inner_loop(exp, size, shape, kernel_config, monkeypatch):
+def test_bias_float32_on_every_inner_loop(exp, size, shape, kernel_config):
     """A small bias keeps the scores bounded (the fast path, bias included in the bound); a large one (±60) takes
     the online softmax. A full bias and one broadcast over queries (read through strided views, copied per block
     for the fused pass). float32 forward under FlashAttention's rule, gradients against the float64 core."""
-    kernel_config(exp=exp)
-    calls = []
-    real = tiled._online_softmax
-    monkeypatch.setattr(tiled, "_online_softmax", lambda *a: calls.append(1) or real(*a))
+    paths = []
+    kernel_config(exp=exp, observe=paths.append)
     rng = np.random.default_rng(19)
     q, k, v = _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 16), _rand(rng, 2, 130, 8)
     bias = _rand(rng, *shape, scale=size)
     r = flash_attention(q, k, v, bias=bias, causal=True, block_q=32, block_k=48)
-    assert bool(calls) == (size > 1)
+    assert paths and set(paths) == ({"online"} if size > 1 else {"bounded"})
     _check_rule(r.output, q, k, v, masks.causal(130), bias=bias)
     d_o = np.ones_like(r.output)
-    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, d_o, bias=bias, causal=True, block_q=32, block_k=48)
+    g = tiled.flash_attention_backward(r, d_o)
     trace = attnlab.attention_trace(
         *(x.astype(np.float64) for x in (q, k, v)), bias=bias.astype(np.float64), causal=True
     )
@@ -479,7 +470,7 @@ def test_bias_with_gqa_and_torch():
     kr, vr = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
     trace = attnlab.attention_trace(q, kr, vr, bias=bias, causal=True)
     np.testing.assert_allclose(r.output, trace.output, atol=1e-12)
-    g = tiled.flash_attention_backward(q, k, v, r.output, r.lse, np.ones_like(r.output), bias=bias, causal=True)
+    g = tiled.flash_attention_backward(r, np.ones_like(r.output))
     ref = attnlab.attention_backward(trace, np.ones(r.output.shape))
     np.testing.assert_allclose(g.dbias, ref.dbias, atol=1e-11)
     np.testing.assert_allclose(g.dk, ref.dk.reshape(2, 2, 2, 40, 8).sum(axis=2), atol=1e-11)
@@ -487,7 +478,7 @@ def test_bias_with_gqa_and_torch():
     rt = flash_attention(tq, tk, tv, bias=tb, causal=True)
     assert isinstance(rt.output, torch.Tensor) and isinstance(rt.lse, torch.Tensor)
     np.testing.assert_allclose(rt.output.numpy(), r.output, atol=1e-12)
-    gt = tiled.flash_attention_backward(tq, tk, tv, rt.output, rt.lse, torch.ones_like(rt.output), bias=tb, causal=True)
+    gt = tiled.flash_attention_backward(rt, torch.ones_like(rt.output))
     assert isinstance(gt.dbias, torch.Tensor)
     np.testing.assert_allclose(gt.dbias.numpy(), ref.dbias, atol=1e-11)
 
@@ -534,8 +525,7 @@ def _naive_on_the_kernels_tiles(q, k, v, **kw):
     """Naive float32 attention whose ``Q Kᵀ`` is computed tile by tile as the kernel computes it (the same BLAS
     calls, so the same rounding of the products: small tiles round differently from one large product, and at
     |logits| ~ 1e3 that alone decides which of two equally exact float32 results is closer to float64)."""
-    plan = _plan(q, k, v, q_offset=None, window=None, segments=None, mask=None, bias=None, scale=None,
-                 temperature=1.0, masked_rows="zero", num_threads=1, **kw)  # fmt: skip
+    plan = make_plan(q, k, v, None, options(masked_rows="zero", num_threads=1, **kw))
     n_q, n_k = plan.n_q, plan.n_k
     out = np.zeros((*plan.batch, n_q, plan.d_v), np.float32)
     for idx in np.ndindex(*plan.batch):
@@ -545,7 +535,7 @@ def _naive_on_the_kernels_tiles(q, k, v, **kw):
             for j0, j1, bad in plan.key_blocks(idx, i0, i1):
                 tile = (plan.q[idx][i0:i1] @ plan.k[idx][j0:j1].T) * np.float32(plan.scale)
                 if bad is not None:
-                    tile[tiled._bad_array(bad)] = -np.inf
+                    tile[bad_array(bad)] = -np.inf
                 s[i0:i1, j0:j1] = tile
         rows = np.isfinite(s.max(axis=1))
         s = s[rows] - s[rows].max(axis=1, keepdims=True)
@@ -618,7 +608,7 @@ def test_block_sizes_are_clamped_to_the_sequence():
     flash_attention(x, x, x)  # anything loaded on first use is not this call's memory
     tracemalloc.start()
     r = flash_attention(x, x, x, block_q=10**9, block_k=10**9, num_threads=1)
-    g = tiled.flash_attention_backward(x, x, x, r.output, r.lse, x, block_q=10**9, block_k=10**9, num_threads=1)
+    g = tiled.flash_attention_backward(r, x)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 2**22  # a few 64x64 blocks, not 10**9 columns

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab import masks
 from attnlab.core.backward import attention_backward
-from attnlab.errors import MaskedRowError, ShapeError
+from attnlab.errors import MaskedRowError, OptionError, ShapeError
 from attnlab.kernels.tiled import flash_attention, flash_attention_backward
 
 
@@ -34,7 +36,7 @@ def _check_rule(grads, q, k, v, d_o, allowed=None, factor=3.0, floor=1e-6, **kw)
 
 def _run(q, k, v, d_o, **kw):
     f = flash_attention(q, k, v, **kw)
-    g = flash_attention_backward(q, k, v, f.output, f.lse, d_o, **kw)
+    g = flash_attention_backward(f, d_o)
     return g.dq, g.dk, g.dv
 
 
@@ -105,10 +107,11 @@ def test_backward_masks_gqa_and_empty_rows():
         np.testing.assert_allclose(a, b, atol=1e-12)
     # fully masked rows: zero gradient under "zero", an error otherwise
     f = flash_attention(qs, ks, vs, key_lengths=[0], masked_rows="zero")
-    g = flash_attention_backward(qs, ks, vs, f.output, f.lse, ds, key_lengths=[0], masked_rows="zero")
+    g = flash_attention_backward(f, ds)
     assert not g.dq.any() and not g.dk.any() and not g.dv.any()
+    raising = dataclasses.replace(f, options=dataclasses.replace(f.options, masked_rows="raise"))
     with pytest.raises(MaskedRowError, match="only under masked_rows='zero'"):
-        flash_attention_backward(qs, ks, vs, f.output, f.lse, ds, key_lengths=[0])
+        flash_attention_backward(raising, ds)
 
 
 def test_backward_broadcast_inputs_sum_back():
@@ -126,11 +129,30 @@ def test_backward_errors():
     q = np.zeros((2, 10, 8))
     f = flash_attention(q, q, q)
     with pytest.raises(ShapeError, match=r"d_out: shape \(2, 10, 7\), expected \(2, 10, 8\)"):
-        flash_attention_backward(q, q, q, f.output, f.lse, np.zeros((2, 10, 7)))
+        flash_attention_backward(f, np.zeros((2, 10, 7)))
     with pytest.raises(ShapeError, match=r"lse: shape \(2, 9\), expected \(2, 10\)"):
-        flash_attention_backward(q, q, q, f.output, f.lse[:, :9], q)
+        flash_attention_backward(dataclasses.replace(f, lse=f.lse[:, :9]), q)
     with pytest.raises(ShapeError, match="lse: holds NaN"):
-        flash_attention_backward(q, q, q, f.output, np.full((2, 10), np.nan), q)
+        flash_attention_backward(dataclasses.replace(f, lse=np.full((2, 10), np.nan)), q)
+    with pytest.raises(OptionError, match=r"got causal; the forward's FlashResult already holds its inputs"):
+        flash_attention_backward(f, q, causal=True)
+    with pytest.raises(OptionError, match=r"expected \(result, d_out\).*got 3 positional"):
+        flash_attention_backward(q, q, q)
+
+
+def test_the_old_spelling_is_a_thin_wrapper_for_a_release():
+    """``flash_attention_backward(q, k, v, output, lse, d_out, **options)`` still works, with a FutureWarning, and
+    gives the gradients of the new ``(result, d_out)``."""
+    rng = np.random.default_rng(8)
+    q, k, v, d_o = (rng.standard_normal((2, 30, 4)) for _ in range(4))
+    bias = rng.standard_normal((30, 30))
+    kw = dict(causal=True, window=9, bias=bias, temperature=1.3, block_q=8, block_k=16)
+    f = flash_attention(q, k, v, **kw)
+    new = flash_attention_backward(f, d_o)
+    with pytest.warns(FutureWarning, match=r"is now flash_attention_backward\(result, d_out\)"):
+        old = flash_attention_backward(q, k, v, f.output, f.lse, d_o, **kw)
+    for a, b in zip((new.dq, new.dk, new.dv, new.dbias), (old.dq, old.dk, old.dv, old.dbias), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @given(

@@ -12,7 +12,7 @@ library picked (:func:`cpu_report`, :func:`~attnlab.kernels.threads.blas_report`
 * ``naive``: :func:`attnlab.scaled_dot_product_attention` (the whole ``[B, h, n, n]`` score matrix; skipped when
   its estimated memory exceeds ``naive_max_gb``); backward: :func:`attnlab.core.backward.attention_backward`;
 * ``tiled``: :func:`attnlab.kernels.tiled.flash_attention` / ``flash_attention_backward``;
-* ``floor``: :func:`attnlab.kernels.tiled.gemm_floor`, the tiled kernel's matrix products with no softmax — the
+* ``floor``: :func:`gemm_floor`, the tiled kernel's matrix products with no softmax — the
   physical limit of the design;
 * ``torch``: ``torch.nn.functional.scaled_dot_product_attention`` on the CPU (its flash backend), backward by
   autograd (when PyTorch is installed).
@@ -55,6 +55,7 @@ __all__ = [
     "decode_fit",
     "decode_minimum",
     "decode_scaling",
+    "gemm_floor",
     "gemm_rate",
     "long_context",
     "peak_memory",
@@ -386,6 +387,55 @@ def _naive_bytes(batch: int, heads: int, n: int) -> int:
     return 6 * batch * heads * n * n * 4  # scores, scaled, allowed, masked logits, exp, weights (roughly)
 
 
+# --------------------------------------------------------------------------------------------------------------
+# the GEMM floor: the tiled forward's matrix products alone
+
+
+def _floor_task(plan: Any, out: np.ndarray, task: tuple[tuple[int, ...], int, int]) -> None:
+    """One query block's products against its key blocks, ``sum_j (Q_i K_jᵀ) V_j``, with no softmax."""
+    from .kernels.tiled.plan import scratch
+
+    idx, i0, i1 = task
+    dt = plan.q.dtype
+    qs = plan.q[idx][i0:i1] * dt.type(plan.scale)
+    K, V = plan.k[idx], plan.v[idx]
+    acc = np.zeros((i1 - i0, plan.d_v), dtype=dt)
+    pv = np.empty_like(acc)
+    buf = scratch((i1 - i0) * plan.block_k, dt)
+    for j0, j1, _ in plan.key_blocks(idx, i0, i1):
+        s = buf[: (i1 - i0) * (j1 - j0)].reshape(i1 - i0, j1 - j0)
+        np.matmul(qs, K[j0:j1].T, out=s)
+        np.matmul(s, V[j0:j1], out=pv)
+        acc += pv
+    out[idx][i0:i1] = acc
+
+
+def gemm_floor(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    num_threads: int | None = None,
+) -> np.ndarray:
+    """The tiled forward's matrix products alone, ``sum_j (Q_i K_jᵀ) V_j`` with no softmax: NOT attention.
+
+    The same plan, tasks, blocks, block skipping and threads as :func:`attnlab.kernels.flash_attention`; its time is
+    the physical limit of this design, which ``attnlab bench`` reports as the "GEMM floor". Shapes as in
+    :func:`~attnlab.kernels.flash_attention`.
+    """
+    from .kernels.threads import run_tasks
+    from .kernels.tiled.plan import forward_tasks, make_plan, options
+
+    opts = options(causal=causal, masked_rows="zero", block_q=block_q, block_k=block_k, num_threads=num_threads)
+    plan = make_plan(q, k, v, None, opts)
+    out = np.empty((*plan.batch, plan.n_q, plan.d_v), dtype=plan.q.dtype)
+    run_tasks(lambda t: _floor_task(plan, out, t), forward_tasks(plan), plan.threads)
+    return out.reshape((*plan.out_batch, plan.n_q, plan.d_v))
+
+
 def _kernel_line(kw: dict[str, Any]) -> str:
     """The tiled kernel's block sizes and the exponential it uses in this process
     (:func:`attnlab.kernels.exponential`)."""
@@ -411,7 +461,7 @@ def _make_methods(
 ) -> dict[str, Callable[[], Any] | str]:
     """name -> a zero-argument callable that runs one repetition, or a string saying why it is skipped."""
     from .core import attention_trace, scaled_dot_product_attention
-    from .kernels.tiled import flash_attention, flash_attention_backward, gemm_floor
+    from .kernels.tiled import flash_attention, flash_attention_backward
 
     out: dict[str, Callable[[], Any] | str] = {}
     rng = np.random.default_rng(1)
@@ -440,9 +490,7 @@ def _make_methods(
                 out[name] = lambda: flash_attention(q, k, v, causal=causal, **kw)
             else:
                 fwd = flash_attention(q, k, v, causal=causal, **kw)
-                out[name] = lambda fwd=fwd: flash_attention_backward(
-                    q, k, v, fwd.output, fwd.lse, d_o, causal=causal, **kw
-                )
+                out[name] = lambda fwd=fwd: flash_attention_backward(fwd, d_o)
         elif name == "floor":
             if backward:
                 out[name] = "skipped: the floor is measured for the forward"
@@ -484,7 +532,7 @@ def _warm_up_tiled(kw: dict[str, Any]) -> None:
     x = np.zeros((2, 64, 8), dtype=np.float32)
     for causal in (False, True):
         f = tiled.flash_attention(x, x, x, causal=causal, **kw)
-        tiled.flash_attention_backward(x, x, x, f.output, f.lse, x, causal=causal, **kw)
+        tiled.flash_attention_backward(f, x)
 
 
 def _groups(names: list[str]) -> list[list[str]]:

@@ -30,6 +30,8 @@ return NumPy boolean arrays; combine them with ``&`` and ``|``. :func:`to_string
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -42,6 +44,8 @@ __all__ = [
     "ALLOWED",
     "BLOCKED",
     "Align",
+    "BlockMask",
+    "MaskSpec",
     "causal",
     "from_additive",
     "from_blocked",
@@ -133,8 +137,11 @@ def _diagonal_shift(n_q: int, n_k: int, align: str | None, what: str) -> int:
     return 0 if align == "top_left" else n_k - n_q
 
 
-def causal_alignment_message(n_q: int, n_k: int, what: str = "causal") -> str:
-    """The explanation given when a causal mask over ``n_q != n_k`` does not say how it is aligned."""
+def causal_alignment_message(
+    n_q: int, n_k: int, what: str = "causal", *, fix: str = "pass causal='top_left' or causal='bottom_right'"
+) -> str:
+    """The explanation given when a causal mask over ``n_q != n_k`` does not say how it is aligned; ``fix`` is its
+    last line's advice."""
     a, b = min(n_q, 4), min(n_k, 5)
     top = to_string(causal(a, b, align="top_left"))
     bottom = to_string(causal(a, b, align="bottom_right"))
@@ -145,7 +152,7 @@ def causal_alignment_message(n_q: int, n_k: int, what: str = "causal") -> str:
         f"{indent}{top.replace(chr(10), indent)}\n"
         f"  'bottom_right' (FlashAttention, KV-cache decoding): the last query sees every key:"
         f"{indent}{bottom.replace(chr(10), indent)}\n"
-        f"  pass causal='top_left' or causal='bottom_right' (masks: align=...)"
+        f"  {fix} (masks: align=...)"
     )
 
 
@@ -529,3 +536,462 @@ def to_additive(mask: Any, dtype: Any = None, *, fill: Literal["min", "-inf"] = 
         raise MaskError(f"fill: expected 'min' or '-inf', got {fill!r}")
     zero = xp.zeros(shape_of(m), dtype=dtype) if xp is np else xp.zeros(shape_of(m), dtype=dtype, device=_device(m))
     return xp.where(m, zero, xp.full_like(zero, value))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the structured mask: one value that every attention variant reads
+
+
+def _position_pattern(
+    bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None
+) -> tuple[np.ndarray, bool]:
+    """``(blocked [bq, bk], all blocked)`` for the causal/window constraints, True = *blocked*, where ``offset`` is the
+    block's first key position minus its first query position (key j, query i blocked when ``j + offset - i`` is
+    beyond the window or, causal, above 0). Compared by broadcasting: no ``[bq, bk]`` integer array."""
+    qi = np.arange(bq)[:, None] - offset  # [bq, 1]
+    kj = np.arange(bk)[None, :]  # [1, bk]
+    bad = np.zeros((bq, bk), dtype=bool)
+    if causal:
+        bad |= kj > qi
+    if right is not None:
+        bad |= kj > qi + right
+    if left is not None:
+        bad |= kj < qi - left
+    bad.flags.writeable = False
+    return bad, bool(bad.all())
+
+
+_cached_pattern = functools.lru_cache(maxsize=256)(_position_pattern)
+
+
+def _position_blocked(
+    bq: int, bk: int, offset: int, causal: bool, left: int | None, right: int | None
+) -> tuple[np.ndarray, bool]:
+    """:func:`_position_pattern`, cached for kernel-sized blocks (every diagonal block of a call is alike); a whole
+    mask is computed afresh (256 cached ``[n, n]`` masks would hold gigabytes)."""
+    if bq * bk <= 1 << 20:
+        return _cached_pattern(bq, bk, offset, causal, left, right)
+    return _position_pattern(bq, bk, offset, causal, left, right)
+
+
+def _ids(name: str, ids: Any, what: str) -> np.ndarray:
+    """Integer ids or lengths as a 2-D (segments) or 1-D (lengths) int64 array, by name."""
+    a = to_numpy(ids)
+    if what == "lengths":
+        if a.ndim == 0:
+            a = a.reshape(1)
+        if a.ndim != 1 or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
+            raise ShapeError(f"{name}: expected a 1-D integer array [B], got shape {a.shape} dtype {a.dtype}")
+        return a.astype(np.int64)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer):
+        raise ShapeError(
+            f"segments: {name} must be integer ids [n] or [B, n], got shape {a.shape} dtype {a.dtype} "
+            f"(pass one array for self-attention or a (q_segments, k_segments) pair)"
+        )
+    return a
+
+
+def _window_pair(window: Any) -> tuple[int | None, int | None] | None:
+    """``None``; an int ``w`` (keys up to ``w`` positions back, none ahead); or ``(left, right)``, None = unbounded."""
+    if window is None:
+        return None
+    if isinstance(window, (int, np.integer)) and not isinstance(window, bool):
+        pair = (int(window), 0)
+    elif isinstance(window, (tuple, list)) and len(window) == 2:
+        pair = tuple(window)
+    else:
+        raise MaskError(f"window: expected None, an int >= 0 or a (left, right) pair, got {window!r}")
+    for name, w in zip(("window left", "window right"), pair, strict=True):
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0):
+            raise MaskError(f"{name}: expected None or an int >= 0, got {w!r} (window={window!r})")
+    return (None if pair[0] is None else int(pair[0]), None if pair[1] is None else int(pair[1]))
+
+
+def _offsets(q_offset: Any, causal: Any) -> np.ndarray | None:
+    if q_offset is None:
+        return None
+    if isinstance(q_offset, (int, np.integer)) and not isinstance(q_offset, bool) and q_offset >= 0:
+        off = np.array([int(q_offset)], dtype=np.int64)
+    else:
+        off = to_numpy(q_offset) if hasattr(q_offset, "shape") or isinstance(q_offset, list) else None
+        if off is None or off.ndim != 1 or not np.issubdtype(off.dtype, np.integer) or (off < 0).any():
+            raise MaskError(
+                f"q_offset: expected None or an int >= 0 (query 0's key position), or one per sequence [B], got "
+                f"{q_offset!r}"
+            )
+        off = off.astype(np.int64)
+    if causal not in (True, False):
+        shown = q_offset if off.size == 1 and not hasattr(q_offset, "shape") else "[...]"
+        raise MaskError(
+            f"q_offset={shown} already places the queries (query i sits at key position q_offset + i); "
+            f"pass causal=True with it, not causal={causal!r}"
+        )
+    return off
+
+
+@dataclass(frozen=True)
+class BlockMask:
+    """One block of a :class:`MaskSpec` as the kernels apply it: ``blocked [bq, bk]`` (True = *blocked*,
+    read-only), and ``position``: when only the causal/window constraints cut the block, the key
+    ``(bq, bk, offset, causal, left, right)`` of its cached pattern (every diagonal block of a call shares one)."""
+
+    blocked: np.ndarray
+    position: tuple | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class MaskSpec:
+    """Which keys each query may see, as structure rather than an ``[n_q, n_k]`` array: one value that the core, the
+    tiled kernel, the KV cache and the ring attention all read (their ``causal=``, ``window=``, ``key_lengths=``...
+    keywords build it). All parts combine (AND).
+
+    Attributes:
+        causal: ``False``, ``True`` (needs n_q == n_k, or ``q_offset``), ``"top_left"`` or ``"bottom_right"``.
+        q_offset: the key position of query 0 (query i sits at ``q_offset + i``): an int, or one per sequence
+            ``[B]`` (a KV cache's sequences at different lengths). Places the causal diagonal and the window.
+        window: ``(left, right)``: a query at position p sees keys ``p - left .. p + right`` (None: unbounded on
+            that side); an int ``w`` means ``(w, 0)``.
+        key_lengths: ``[B]`` (or one shared) ints: keys ``j >= key_lengths[b]`` of sequence b are padding.
+        query_lengths: ``[B]`` ints: queries ``i >= query_lengths[b]`` are padding (their rows see nothing).
+        segments: packed sequences ``(q_ids [B or 1, n_q], k_ids [B or 1, n_k])``: a query sees only keys with its
+            id (one array: the same ids for both).
+        dense: a boolean mask (True = may attend) broadcastable to the scores ``[..., n_q, n_k]``, or None.
+        n_q, n_k: the sizes, once :meth:`sized` has checked the parts against them (None before).
+
+    "Sequence" b is the index along the first axis of the scores (B); a part with one row is shared by all.
+
+    >>> spec = MaskSpec(causal="bottom_right", window=1).sized(3, 5)
+    >>> print(spec.to_string())
+    ⬚ ■ ■ ⬚ ⬚
+    ⬚ ⬚ ■ ■ ⬚
+    ⬚ ⬚ ⬚ ■ ■
+    >>> spec.key_range(0, 3)
+    (1, 5)
+    """
+
+    causal: bool | Align = False
+    q_offset: Any = None
+    window: Any = None
+    key_lengths: Any = None
+    query_lengths: Any = None
+    segments: Any = None
+    dense: Any = None
+    n_q: int | None = None
+    n_k: int | None = None
+
+    def __post_init__(self) -> None:
+        causal = False if self.causal is None else self.causal
+        if isinstance(causal, np.ndarray) or causal not in (False, True, "top_left", "bottom_right"):
+            raise MaskError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+        seg = self.segments
+        if seg is not None:
+            pair = seg if isinstance(seg, tuple) and len(seg) == 2 else (seg, seg)
+            seg = (_ids("q_segments", pair[0], "ids"), _ids("k_segments", pair[1], "ids"))
+        norm = {
+            "causal": causal,
+            "q_offset": _offsets(self.q_offset, causal),
+            "window": _window_pair(self.window),
+            "key_lengths": None if self.key_lengths is None else _ids("key_lengths", self.key_lengths, "lengths"),
+            "query_lengths": None
+            if self.query_lengths is None
+            else _ids("query_lengths", self.query_lengths, "lengths"),
+            "segments": seg,
+        }
+        for name, value in norm.items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def build(cls, mask: Any = None, **parts: Any) -> MaskSpec:
+        """The spec that a variant's keywords spell: ``mask`` a boolean array (True = may attend, the ``dense``
+        part), a :class:`MaskSpec`, or None; ``parts`` fields of :class:`MaskSpec` (``causal=``, ``window=``...),
+        those left at None or False ignored. A :class:`MaskSpec` given with other parts is a
+        :class:`~attnlab.errors.MaskError`: say it once.
+
+        >>> MaskSpec.build(None, causal=True, window=None).causal
+        True
+        """
+        given = {name: value for name, value in parts.items() if value is not None and value is not False}
+        if isinstance(mask, MaskSpec):
+            if given:
+                raise MaskError(
+                    f"mask: a MaskSpec already says which keys each query sees; pass {', '.join(sorted(given))} in "
+                    f"it (MaskSpec({', '.join(f'{n}=...' for n in sorted(given))})), not beside it"
+                )
+            return mask
+        return cls(dense=mask, **given)
+
+    # ---------------------------------------------------------------------------------------------------------
+    @property
+    def structured(self) -> bool:
+        """Whether any part other than ``dense`` constrains the keys."""
+        return bool(self.causal) or any(
+            x is not None for x in (self.window, self.key_lengths, self.query_lengths, self.segments)
+        )
+
+    @property
+    def align(self) -> str | None:
+        """The causal alignment (``"top_left"``, ``"bottom_right"``; None without causal, or with ``q_offset``)."""
+        if not self.causal or self.q_offset is not None:
+            return None
+        return "top_left" if self.causal is True else self.causal
+
+    def sized(self, n_q: int, n_k: int, sequences: int = 1) -> MaskSpec:
+        """This spec checked against ``n_q`` queries, ``n_k`` keys and ``sequences`` (B, the scores' first axis):
+        errors name the part (``causal=True`` over n_q != n_k draws both alignments)."""
+        n_q, n_k = int(n_q), int(n_k)
+        if self.q_offset is None and n_q != n_k:
+            if self.causal is True:
+                raise MaskError(causal_alignment_message(n_q, n_k, "causal=True"))
+            if self.window is not None and not self.causal:
+                fix = "pass q_offset= or causal='top_left'/'bottom_right'"
+                raise MaskError(causal_alignment_message(n_q, n_k, "window", fix=fix))
+        parts = [("q_offset", self.q_offset, None), ("key_lengths", self.key_lengths, ("n_k", n_k))]
+        parts.append(("query_lengths", self.query_lengths, ("n_q", n_q)))
+        for name, a, limit in parts:
+            if a is None:
+                continue
+            if a.shape[0] not in (1, sequences):
+                raise ShapeError(
+                    f"{name}: {a.shape[0]} entries, expected one per sequence (B={sequences}, the first leading "
+                    f"axis of q) or a single one"
+                )
+            if limit is not None and ((a < 0) | (a > limit[1])).any():
+                bad = int(np.flatnonzero((a < 0) | (a > limit[1]))[0])
+                raise ShapeError(f"{name}: entry {bad} is {a[bad]}; expected 0 <= length <= {limit[0]}={limit[1]}")
+        seg = self.segments
+        if seg is not None:
+            for name, s, n in (("q_segments", seg[0], n_q), ("k_segments", seg[1], n_k)):
+                if s.shape[1] != n:
+                    raise ShapeError(f"segments: {name} has {s.shape[1]} ids, expected {n} (shape {s.shape})")
+                if s.shape[0] not in (1, sequences):
+                    raise ShapeError(
+                        f"segments: {name} has {s.shape[0]} rows, expected 1 or one per sequence (B={sequences})"
+                    )
+            if seg[0].shape[0] != seg[1].shape[0]:
+                b = max(seg[0].shape[0], seg[1].shape[0])
+                seg = (np.broadcast_to(seg[0], (b, n_q)), np.broadcast_to(seg[1], (b, n_k)))
+        return replace(self, segments=seg, n_q=n_q, n_k=n_k)
+
+    def sequence(self, b: int) -> MaskSpec:
+        """The spec of sequence ``b`` alone (its row of every per-sequence part; ``dense`` left out), unsized: what a
+        variant that runs sequence by sequence passes on.
+
+        >>> MaskSpec(causal=True, q_offset=[3, 5], key_lengths=[4, 6]).sequence(1).q_offset.tolist()
+        [5]
+        """
+
+        def row(a: Any) -> Any:
+            return None if a is None else a[b : b + 1] if a.shape[0] > 1 else a
+
+        seg = None if self.segments is None else (row(self.segments[0]), row(self.segments[1]))
+        return replace(
+            self, q_offset=row(self.q_offset), key_lengths=row(self.key_lengths), query_lengths=row(self.query_lengths),
+            segments=seg, dense=None, n_q=None, n_k=None,
+        )  # fmt: skip
+
+    def _need_sizes(self) -> tuple[int, int]:
+        if self.n_q is None or self.n_k is None:
+            raise MaskError("MaskSpec: sizes unknown; call spec.sized(n_q, n_k) first")
+        return self.n_q, self.n_k
+
+    @staticmethod
+    def _row(a: np.ndarray, seq: int) -> Any:
+        return a[seq] if a.shape[0] > 1 else a[0]
+
+    def shift(self, seq: int = 0) -> int:
+        """The key position of query 0 of sequence ``seq`` (query i sits at ``shift + i``)."""
+        n_q, n_k = self._need_sizes()
+        if self.q_offset is not None:
+            return int(self._row(self.q_offset, seq))
+        return n_k - n_q if self.causal == "bottom_right" else 0
+
+    def n_keys(self, seq: int = 0) -> int:
+        """Keys of sequence ``seq`` that are not padding."""
+        _, n_k = self._need_sizes()
+        return n_k if self.key_lengths is None else int(self._row(self.key_lengths, seq))
+
+    def key_range(self, i0: int, i1: int, seq: int = 0) -> tuple[int, int]:
+        """Keys ``[lo, hi)`` that query rows ``[i0, i1)`` of sequence ``seq`` may see at most (causal, window, key
+        lengths; empty when ``hi <= lo``)."""
+        lo, hi = 0, self.n_keys(seq)
+        shift = self.shift(seq)
+        if self.causal:
+            hi = min(hi, i1 + shift)
+        if self.window is not None:
+            left, right = self.window
+            if right is not None:
+                hi = min(hi, i1 + shift + right)
+            if left is not None:
+                lo = max(lo, i0 + shift - left)
+        return lo, hi
+
+    def query_range(self, j0: int, j1: int, seq: int = 0) -> tuple[int, int]:
+        """Query rows ``[lo, hi)`` that may see some key of ``[j0, j1)`` (causal, window, query lengths)."""
+        n_q, _ = self._need_sizes()
+        lo, hi = 0, n_q if self.query_lengths is None else int(self._row(self.query_lengths, seq))
+        shift = self.shift(seq)
+        if self.causal:
+            lo = max(lo, j0 - shift)
+        if self.window is not None:
+            left, right = self.window
+            if right is not None:
+                lo = max(lo, j0 - shift - right)
+            if left is not None:
+                hi = min(hi, j1 + left - shift)
+        return lo, hi
+
+    def blocked(self, i0: int, i1: int, j0: int, j1: int, seq: int = 0, dense: Any = None) -> BlockMask | bool | None:
+        """Block ``[i0:i1, j0:j1]`` of sequence ``seq`` for the kernels: ``None`` if nothing in it is blocked,
+        ``False`` if everything is (skip it), else a :class:`BlockMask` (True = *blocked*). ``dense`` is this batch
+        index's ``[n_q, n_k]`` dense mask (True = may attend) or None: the kernels index their own layout.
+        Query and key lengths are not looked at: :meth:`key_range` and :meth:`query_range` cut them."""
+        parts: list[np.ndarray] = []
+        shift = self.shift(seq)
+        left, right = self.window if self.window is not None else (None, None)
+        need_rel = (
+            (bool(self.causal) and j1 - 1 > i0 + shift)
+            or (right is not None and j1 - 1 > i0 + shift + right)
+            or (left is not None and j0 < i1 - 1 + shift - left)
+        )
+        key = None
+        if need_rel:
+            key = (i1 - i0, j1 - j0, j0 - i0 - shift, bool(self.causal), left, right)
+            pattern, everything = _position_blocked(*key)
+            if everything:
+                return False
+            parts.append(pattern)
+        if self.segments is not None:
+            q_ids, k_ids = self.segments
+            b = seq if q_ids.shape[0] > 1 else 0
+            qs, ks = q_ids[b, i0:i1], k_ids[b, j0:j1]
+            qmin, qmax, kmin, kmax = qs.min(), qs.max(), ks.min(), ks.max()
+            if qmax < kmin or kmax < qmin:
+                return False
+            if not (qmin == qmax == kmin == kmax):
+                parts.append(qs[:, None] != ks[None, :])
+        if dense is not None:
+            m = dense[i0:i1, j0:j1]
+            if not m.all():
+                if not m.any():
+                    return False
+                parts.append(~m)
+        if not parts:
+            return None
+        if len(parts) == 1 and key is not None:
+            return BlockMask(parts[0], key)
+        bad = parts[0]
+        for p in parts[1:]:
+            bad = bad | p
+        if bad.all():
+            return False
+        return BlockMask(bad)
+
+    def block(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
+        """Block ``[i0:i1, j0:j1]`` of every sequence at once, True = may attend: ``None`` if every pair is
+        allowed, ``False`` if none is, else ``[S, i1-i0, j1-j0]`` (S = 1 or B). Not the dense part."""
+        self._need_sizes()
+        seqs = self._sequences()
+        allowed = np.zeros((seqs, i1 - i0, j1 - j0), dtype=bool)
+        for s in range(seqs):
+            lo, hi = self.key_range(i0, i1, s)
+            qlo, qhi = self.query_range(j0, j1, s)
+            if hi <= max(lo, j0) or lo >= j1 or qhi <= max(qlo, i0) or qlo >= i1:
+                continue
+            b = self.blocked(i0, i1, j0, j1, s)
+            if b is False:
+                continue
+            ok = np.ones((i1 - i0, j1 - j0), dtype=bool) if b is None else ~b.blocked
+            ok[:, : max(0, lo - j0)] = False
+            ok[:, max(0, hi - j0) :] = False
+            if self.query_lengths is not None:
+                ok[max(0, qhi - i0) :, :] = False
+            allowed[s] = ok
+        if not allowed.any():
+            return False
+        if allowed.all():
+            return None
+        return allowed
+
+    def _sequences(self) -> int:
+        rows = [a.shape[0] for a in (self.q_offset, self.key_lengths, self.query_lengths) if a is not None]
+        if self.segments is not None:
+            rows.append(self.segments[0].shape[0])
+        return max(rows, default=1)
+
+    def structure(self) -> np.ndarray | None:
+        """The structured parts as one array ``[S, n_q, n_k]`` (True = may attend; S = 1 or B), None if there are
+        none. Refused above :data:`MAX_MASK_ELEMENTS` entries (:class:`~attnlab.errors.MemoryLimitError`)."""
+        n_q, n_k = self._need_sizes()
+        if not self.structured:
+            return None
+        _check_dense("MaskSpec", (self._sequences(), n_q, n_k))
+        out = self.block(0, n_q, 0, n_k)
+        if out is None:
+            return np.ones((1, n_q, n_k), dtype=bool)
+        if out is False:
+            return np.zeros((self._sequences(), n_q, n_k), dtype=bool)
+        return out
+
+    def to_array(self, shape: tuple[int, ...] | None = None) -> Any:
+        """The whole mask, True = may attend: the structure AND ``dense``, broadcast to the scores' ``shape``
+        (``[..., n_q, n_k]``; default ``[S, n_q, n_k]``). Sequences run along the first axis of ``shape``. In
+        ``dense``'s library when it has one (the structure joins it there), else NumPy."""
+        n_q, n_k = self._need_sizes()
+        s = self.structure()
+        shape = tuple(shape) if shape is not None else (self._sequences(), n_q, n_k)
+        if s is not None and len(shape) > 3:
+            s = s.reshape((s.shape[0],) + (1,) * (len(shape) - 3) + (n_q, n_k))
+        elif s is not None and len(shape) == 2:
+            s = s[0]
+        if self.dense is None:
+            return np.broadcast_to(np.ones((n_q, n_k), dtype=bool) if s is None else s, shape)
+        xp = namespace(dense=self.dense)
+        if s is None:
+            return xp.broadcast_to(self.dense, shape)
+        s_x = s if xp is np else xp.asarray(s, device=_device(self.dense))
+        return xp.broadcast_to(xp.logical_and(s_x, self.dense), shape)
+
+    def empty_rows(self) -> np.ndarray:
+        """``[S, n_q]``: True for the query rows of each sequence that may see no key at all (the structure; the
+        dense part is not looked at)."""
+        n_q, _ = self._need_sizes()
+        seqs = self._sequences()
+        out = np.zeros((seqs, n_q), dtype=bool)
+        rows = np.arange(n_q)
+        for s in range(seqs):
+            lo, hi = np.zeros(n_q, np.int64), np.full(n_q, self.n_keys(s), np.int64)
+            shift = self.shift(s)
+            if self.causal:
+                hi = np.minimum(hi, rows + 1 + shift)
+            if self.window is not None:
+                left, right = self.window
+                if right is not None:
+                    hi = np.minimum(hi, rows + 1 + shift + right)
+                if left is not None:
+                    lo = np.maximum(lo, rows + shift - left)
+            empty = hi <= lo
+            if self.query_lengths is not None:
+                empty |= rows >= int(self._row(self.query_lengths, s))
+            if self.segments is not None:
+                q_ids, k_ids = self.segments
+                b = s if q_ids.shape[0] > 1 else 0
+                for i in np.flatnonzero(~empty):
+                    empty[i] = not (k_ids[b, lo[i] : hi[i]] == q_ids[b, i]).any()
+            out[s] = empty
+        return out
+
+    def to_string(self, seq: int = 0, **kw: Any) -> str:
+        """Draw sequence ``seq``'s mask (the structure, AND ``dense`` when it is ``[n_q, n_k]``) with
+        :func:`to_string`."""
+        n_q, n_k = self._need_sizes()
+        s = self.structure()
+        m = np.ones((n_q, n_k), dtype=bool) if s is None else s[seq if s.shape[0] > 1 else 0]
+        if self.dense is not None:
+            d = to_numpy(self.dense)
+            while d.ndim > 2 and d.shape[0] == 1:
+                d = d[0]
+            if d.ndim == 2:
+                m = m & d
+        return to_string(m, **kw)

@@ -231,7 +231,7 @@ def _check_max_bytes(max_bytes: Any) -> int | None:
     return None if max_bytes is None else check_int("max_bytes", max_bytes, minimum=1)
 
 
-def attention_trace(
+def attention_trace(  # 10 parameters: the core's public keywords (see prepare)
     q: Any,
     k: Any,
     v: Any,
@@ -257,7 +257,7 @@ def attention_trace(
     return _forward(p, _check_max_bytes(max_bytes))
 
 
-def scaled_dot_product_attention(
+def scaled_dot_product_attention(  # 10 parameters: the public keywords (see prepare)
     q: Any,
     k: Any,
     v: Any,

@@ -44,7 +44,9 @@ class Prepared:
     """Validated inputs in the compute dtype.
 
     Shapes: q ``[..., n_q, d_k]``, k ``[..., n_k, d_k]``, v ``[..., n_k, d_v]``; ``mask`` and ``bias``
-    broadcastable to ``[*batch, n_q, n_k]`` (``None`` when absent); ``causal`` is None or an alignment.
+    broadcastable to ``[*batch, n_q, n_k]`` (``None`` when absent); ``causal`` is None or an alignment; ``spec`` the
+    mask's structure (:class:`~attnlab.masks.MaskSpec`, sized: causal, window, lengths, segments; ``mask`` is its
+    dense part).
     ``bias_source`` is the caller's bias before the conversion (for :func:`in_float64`).
     """
 
@@ -65,21 +67,24 @@ class Prepared:
     d_k: int
     d_v: int
     bias_source: Any | None = field(default=None, repr=False)
+    spec: _masks.MaskSpec = field(default_factory=_masks.MaskSpec)  # sized; its dense part is ``mask``
 
     @property
     def scores_shape(self) -> tuple[int, ...]:
         return (*self.batch, self.n_q, self.n_k)
 
     def allowed(self) -> Any:
-        """The boolean mask actually applied (``mask`` AND causal), broadcast to ``[*batch, n_q, n_k]``."""
+        """The boolean mask actually applied (``mask`` AND the structure: causal, window, lengths, segments),
+        broadcast to ``[*batch, n_q, n_k]``."""
         xp = self.xp
         full = self.scores_shape
         parts = []
         if self.mask is not None:
             parts.append(self.mask)
-        if self.causal is not None:
-            c = _masks.causal(self.n_q, self.n_k, align=self.causal)
-            parts.append(c if xp is np else xp.asarray(c, device=device_of(self.q)))
+        s = self.spec.structure()  # [S, n_q, n_k] or None; S (1 or B) runs along the first batch axis
+        if s is not None:
+            s = s[0] if len(full) == 2 else s.reshape((s.shape[0],) + (1,) * (len(full) - 3) + s.shape[1:])
+            parts.append(s if xp is np else xp.asarray(s, device=device_of(self.q)))
         if not parts:
             return xp.ones(full, dtype=xp.bool) if xp is np else xp.ones(full, dtype=xp.bool, device=device_of(self.q))
         allowed = parts[0]
@@ -158,16 +163,9 @@ def check_policy(masked_rows: Any) -> str:
 
 
 def resolve_causal(causal: Any, n_q: int, n_k: int) -> str | None:
-    """``False`` -> None; ``True`` -> "top_left" when n_q == n_k, else an error with both alignments drawn."""
-    if causal is False or causal is None:
-        return None
-    if causal is True:
-        if n_q != n_k:
-            raise MaskError(_masks.causal_alignment_message(n_q, n_k, "causal=True"))
-        return "top_left"
-    if causal in ("top_left", "bottom_right"):
-        return causal
-    raise MaskError(f"causal: expected False, True, 'top_left' or 'bottom_right', got {causal!r}")
+    """``False`` -> None; ``True`` -> "top_left" when n_q == n_k, else an error with both alignments drawn (the
+    :class:`~attnlab.masks.MaskSpec` rule)."""
+    return _masks.MaskSpec(causal=causal).sized(n_q, n_k).align
 
 
 def _number(value: Any) -> Any:
@@ -245,7 +243,7 @@ def in_float64(p: Prepared) -> Prepared:
     )
 
 
-def prepare(
+def prepare(  # 9 parameters: q, k, v, mask and the core's public keywords, validated here once
     q: Any,
     k: Any,
     v: Any,
@@ -261,10 +259,12 @@ def prepare(
 
     The compute dtype is float64 for float64, integer and long-double inputs, float32 for float32, float16 and
     bfloat16 inputs, except that float32 inputs are computed in float64 when float32 cannot hold the scale,
-    the temperature or the bias (:func:`fits_float32`).
+    the temperature or the bias (:func:`fits_float32`). ``mask`` may be a boolean array or a
+    :class:`~attnlab.masks.MaskSpec` (with ``causal`` left False; its ``dense`` part is the boolean array).
     """
+    spec = _masks.MaskSpec.build(mask, causal=causal)
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
-    mask, bias = as_array(mask, "mask", optional=True), as_array(bias, "bias", optional=True)
+    mask, bias = as_array(spec.dense, "mask", optional=True), as_array(bias, "bias", optional=True)
     xp = namespace(q=q, k=k, v=v)
     qs, ks, vs = shape_of(q), shape_of(k), shape_of(v)
     shapes = f"(q {qs}, k {ks}, v {vs})"
@@ -289,7 +289,7 @@ def prepare(
         check_finite(xp, x, name)
     scale_f = resolve_scale(scale, d_k)
     temperature_f = check_temperature(temperature)
-    causal_s = resolve_causal(causal, n_q, n_k)
+    spec = replace(spec, dense=None).sized(n_q, n_k, batch[0] if batch else 1)
     policy = check_policy(masked_rows)
 
     if mask is not None:
@@ -323,7 +323,7 @@ def prepare(
         v=xp.astype(v, cdt),
         mask=mask,
         bias=None if bias is None else xp.astype(bias, cdt),
-        causal=causal_s,
+        causal=spec.align,
         scale=scale_f,
         temperature=temperature_f,
         masked_rows=policy,
@@ -334,4 +334,5 @@ def prepare(
         d_k=d_k,
         d_v=d_v,
         bias_source=bias,
+        spec=spec,
     )

@@ -9,6 +9,7 @@ backward. :class:`RingLayout` says which positions each rank holds (``"contiguou
 from .layout import LAYOUTS, Layout, RingLayout
 from .ring import (
     RingGrads,
+    RingOptions,
     RingResult,
     RingStats,
     merge_partials,
@@ -22,6 +23,7 @@ __all__ = [
     "Layout",
     "RingGrads",
     "RingLayout",
+    "RingOptions",
     "RingResult",
     "RingStats",
     "merge_partials",

@@ -695,9 +695,7 @@ def run_ring(
         grads = None
         if cfg.backward:
             step(4 + i * per_pass)
-            grads = ring_attention_backward(
-                local["dO"], local["q"], local["k"], local["v"], fwd.output, fwd.lse, **opts
-            )
+            grads = ring_attention_backward(fwd, local["dO"])
         if device.type == "cuda":
             torch.cuda.synchronize()
         return fwd, grads

@@ -16,9 +16,10 @@ the end, back to the rank that owns the block.
 
 Causal attention skips every tile that no query of the rank may see (and drops the mask on tiles that are fully
 visible); with the zig-zag layout every rank then does the same work. GQA: ``h`` query heads share ``h_kv`` key/value
-heads (``h % h_kv == 0``); only the ``h_kv`` heads travel. Padding by lengths: ``lengths [B]`` hides keys at global
-position >= ``lengths[b]``; ``query_lengths [B]`` also empties the rows of padded queries, which then follow the core's
-``masked_rows`` policy ("raise", "zero", "nan").
+heads (``h % h_kv == 0``); only the ``h_kv`` heads travel. Padding by lengths: ``key_lengths [B]`` hides keys at
+global position >= ``key_lengths[b]``; ``query_lengths [B]`` also empties the rows of padded queries, which then
+follow the core's ``masked_rows`` policy ("raise", "zero", "nan"). Which keys each query sees is one
+:class:`~attnlab.masks.MaskSpec` on the global positions, read tile by tile.
 
 Every rank validates its inputs and the ranks agree (one small all-gather) before any ring traffic, so a bad shard
 on one rank raises the same error type on every rank instead of leaving the others waiting. Without an initialized
@@ -29,16 +30,17 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .. import errors as _errors
-from .. import masks as _masks
 from .._arrays import index_tuples, namespace
-from ..core.inputs import MaskedRows, check_finite, prepare, resolve_causal
-from ..errors import AttnlabError, MaskedRowError, ShapeError, masked_rows_error, missing_extra
+from ..core.inputs import MaskedRows, check_finite, prepare
+from ..errors import AttnlabError, MaskedRowError, OptionError, ShapeError, masked_rows_error, missing_extra
+from ..masks import MaskSpec
 from ..validate import check_int
 from .layout import RingLayout
 
@@ -50,6 +52,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 __all__ = [
     "RingGrads",
+    "RingOptions",
     "RingResult",
     "RingStats",
     "merge_partials",
@@ -95,7 +98,8 @@ class RingResult:
     Shapes: ``output [..., h, n_r, d_v]`` (input dtype), ``lse [..., h, n_r]`` (compute dtype, natural log of the
     row sum of ``exp(scale · q kᵀ)`` over the allowed keys, ``-inf`` on fully masked rows). ``masked_rows`` lists
     every fully masked row of the *global* problem as ``(*batch_index, head, global_query_index)``, the same on
-    every rank; ``policy`` says what was done with them.
+    every rank; ``policy`` says what was done with them. ``inputs`` (this rank's ``(q, k, v)``, references) and
+    ``options`` (:class:`RingOptions`) are what :func:`ring_attention_backward` needs besides ``d_out``.
     """
 
     output: Any
@@ -104,6 +108,8 @@ class RingResult:
     policy: str
     layout: RingLayout
     stats: RingStats
+    inputs: tuple[Any, Any, Any] | None = field(default=None, repr=False, compare=False)
+    options: RingOptions | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -159,10 +165,8 @@ class _Plan:
     peers: tuple[int, ...]  # global rank of each group rank
     layout_q: RingLayout
     layout_k: RingLayout
-    shift: int | None  # causal: key j visible to query i when j <= i + shift; None = not causal
+    spec: MaskSpec  # causal, key lengths, query lengths, on the global positions (sized)
     scale: float
-    lengths: np.ndarray | None  # [B] key lengths
-    query_lengths: np.ndarray | None  # [B]
     policy: str
     block_q: int
     block_k: int
@@ -213,23 +217,6 @@ def _agree(group: Any, world: int, error: BaseException | None, signature: tuple
     return [s for _, s in gathered]
 
 
-def _check_lengths(name: str, lengths: Any, n: int, batch: int | None, padding: Any) -> np.ndarray | None:
-    if lengths is None:
-        return None
-    if batch is None:
-        raise ShapeError(f"{name}: lengths need a batch axis: q must be [B, ..., h, n_r, d_k] (at least 4 dims)")
-    if isinstance(lengths, torch.Tensor):
-        lengths = lengths.detach().cpu().numpy()
-    lens = np.asarray(lengths)
-    try:
-        padding(lens, n, ndim=4)  # the masks module's validation of lengths
-    except ShapeError as err:
-        raise ShapeError(f"{name}: {str(err).removeprefix('lengths: ')}") from None
-    if lens.shape[0] != batch:
-        raise ShapeError(f"{name}: {lens.shape[0]} entries, but q has batch size B={batch} (dim 0)")
-    return lens.astype(np.int64)
-
-
 def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple[Any, tuple]:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -273,19 +260,6 @@ def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple
     return p, sig
 
 
-def _masked_rows(plan_lead: tuple[int, ...], h: int, n_q: int, shift: int | None, lens, qlens) -> np.ndarray:
-    """``[B or 1, n_q]`` True where a global query row may attend to no key at all."""
-    b = plan_lead[0] if (lens is not None or qlens is not None) else 1
-    ok = np.ones((b, n_q), dtype=bool)
-    if qlens is not None:
-        ok &= np.arange(n_q)[None, :] < qlens[:, None]
-    if lens is not None:
-        ok &= (lens > 0)[:, None]
-    if shift is not None:  # key 0 is visible to query i when 0 <= i + shift
-        ok &= (np.arange(n_q) + shift >= 0)[None, :]
-    return ~ok
-
-
 def _as_key(lengths: Any) -> Any:
     """``lengths`` as a comparable value (the ranks must agree on it)."""
     if lengths is None:
@@ -296,42 +270,99 @@ def _as_key(lengths: Any) -> Any:
     return (arr.shape, arr.ravel().tolist())
 
 
-def _make_plan(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: Any,
-    scale: Any,
-    lengths: Any,
-    query_lengths: Any,
-    layout: Any,
-    masked_rows: Any,
-    block_q: Any,
-    block_k: Any,
-    group: Any,
-) -> _Plan:
-    rank, world, peers = _group_info(group)
+@dataclass(frozen=True)
+class RingOptions:
+    """Every option of :func:`ring_attention_forward` but the arrays, as one value: the forward's
+    :class:`RingResult` keeps it, and :func:`ring_attention_backward` plans from it (nothing repeated). Fields and
+    defaults as the keywords of :func:`ring_attention_forward`."""
+
+    causal: Any = False
+    scale: float | None = None
+    key_lengths: Any = None
+    query_lengths: Any = None
+    layout: str = "contiguous"
+    masked_rows: MaskedRows = "raise"
+    block_q: int = _DEFAULT_BLOCK
+    block_k: int = _DEFAULT_BLOCK
+    group: Any = None
+
+
+def _key_lengths(key_lengths: Any, lengths: Any) -> Any:
+    """``key_lengths``, or the deprecated ``lengths=`` (a :class:`FutureWarning`; removed in the next release)."""
+    if lengths is None:
+        return key_lengths
+    if key_lengths is not None:
+        raise OptionError("lengths: the deprecated name of key_lengths; pass key_lengths= alone")
+    warnings.warn(
+        "ring attention's lengths= is now key_lengths= (the name attnlab.flash_attention uses); lengths= will be "
+        "removed in the next release",
+        FutureWarning,
+        stacklevel=3,
+    )
+    return lengths
+
+
+def _structure(o: RingOptions, lead: tuple[int, ...]) -> MaskSpec:
+    """The options' :class:`~attnlab.masks.MaskSpec` (unsized); lengths need a batch axis."""
+    for name in ("key_lengths", "query_lengths"):
+        if getattr(o, name) is not None and not lead:
+            raise ShapeError(f"{name}: lengths need a batch axis: q must be [B, ..., h, n_r, d_k] (at least 4 dims)")
+    return MaskSpec(causal=o.causal, key_lengths=o.key_lengths, query_lengths=o.query_lengths)
+
+
+def _make_plan(q: Any, k: Any, v: Any, o: RingOptions) -> _Plan:
+    rank, world, peers = _group_info(o.group)
     error: BaseException | None = None
     sig: tuple = ()
-    p = None
+    p = spec = None
     try:
-        p, sig = _local_checks(q, k, v, scale, masked_rows)
-        for name, b in (("block_q", block_q), ("block_k", block_k)):
+        p, sig = _local_checks(q, k, v, o.scale, o.masked_rows)
+        for name, b in (("block_q", o.block_q), ("block_k", o.block_k)):
             check_int(name, b, minimum=1)  # tile sizes
-        sig = (*sig, layout, str(causal), str(masked_rows), p.scale, _as_key(lengths), _as_key(query_lengths))
+        spec = _structure(o, tuple(q.shape[:-3]))
+        sig = (*sig, o.layout, str(o.causal), str(o.masked_rows), p.scale, _as_key(o.key_lengths))
+        sig = (*sig, _as_key(o.query_lengths))
     except Exception as err:  # every rank must hear about it, whatever it is
         error = err
     n_r = (q.shape[-2], k.shape[-2]) if error is None else (0, 0)
-    sigs = _agree(group, world, error, (sig, n_r))
-    assert p is not None
+    sigs = _agree(o.group, world, error, (sig, n_r))
+    assert p is not None and spec is not None
     for r, (s, _) in enumerate(sigs):
         if s != sigs[0][0]:
             raise ShapeError(
                 f"q, k, v: ranks disagree on (batch, h, h_kv, d_k, d_v, dtypes, layout, causal, masked_rows, scale, "
-                f"lengths, query_lengths): "
+                f"key_lengths, query_lengths): "
                 f"rank 0 has {sigs[0][0]}, rank {r} has {s}"
             )
+    layout_q, layout_k = _layouts(sigs, world, o.layout)
+    lead = tuple(q.shape[:-3])
+    spec = spec.sized(layout_q.n, layout_k.n, lead[0] if lead else 1)
+    h, h_kv = q.shape[-3], k.shape[-3]
+    rows = _empty_rows(spec, lead, h, p.masked_rows)
+    return _Plan(
+        group=o.group,
+        rank=rank,
+        world=world,
+        peers=peers,
+        layout_q=layout_q,
+        layout_k=layout_k,
+        spec=spec,
+        scale=p.scale,
+        policy=p.masked_rows,
+        block_q=o.block_q,
+        block_k=o.block_k,
+        lead=lead,
+        h=h,
+        h_kv=h_kv,
+        d_k=q.shape[-1],
+        d_v=v.shape[-1],
+        cdt=p.q.dtype,
+        masked_rows=rows,
+    )
+
+
+def _layouts(sigs: list[tuple], world: int, layout: str) -> tuple[RingLayout, RingLayout]:
+    """The global query and key layouts from the ranks' shard lengths (a :class:`ShapeError` if they do not fit)."""
     q_sizes = tuple(s[1][0] for s in sigs)
     k_sizes = tuple(s[1][1] for s in sigs)
     layout_q = RingLayout(sum(q_sizes), world, layout)
@@ -342,51 +373,27 @@ def _make_plan(
                 f"{name}: the ranks hold {got} positions, but a {layout!r} layout of n={lay.n} over P={world} "
                 f"ranks holds {lay.sizes()}; shard with RingLayout({lay.n}, {world}, {layout!r}).shard(x, rank)"
             )
-    n_q, n_k = layout_q.n, layout_k.n
-    align = resolve_causal(causal, n_q, n_k)
-    shift = None if align is None else (0 if align == "top_left" else n_k - n_q)
-    lead = tuple(q.shape[:-3])
-    batch = lead[0] if lead else None
-    lens = _check_lengths("lengths", lengths, n_k, batch, _masks.key_padding)
-    qlens = _check_lengths("query_lengths", query_lengths, n_q, batch, _masks.query_padding)
-    h, h_kv = q.shape[-3], k.shape[-3]
-    empty = _masked_rows(lead, h, n_q, shift, lens, qlens)  # [B or 1, n_q]
-    rows: tuple[tuple[int, ...], ...] = ()
-    if empty.any():
-        # [B or 1, n_q] -> [*lead, h, n_q]: the batch axis is lead's first; without lead it is a single row
-        per_row = empty.reshape((empty.shape[0],) + (1,) * len(lead) + (n_q,)) if lead else empty[0]
-        full = np.broadcast_to(per_row, (*lead, h, n_q))
-        rows = index_tuples(full)
-        if p.masked_rows == "raise":
-            raise masked_rows_error(
-                rows,
-                (*lead, h, n_q, n_k),
-                index="(*batch, head, global query)",
-                scores="global scores",
-                fix="lengths / query_lengths / causal",
-            )
-    return _Plan(
-        group=group,
-        rank=rank,
-        world=world,
-        peers=peers,
-        layout_q=layout_q,
-        layout_k=layout_k,
-        shift=shift,
-        scale=p.scale,
-        lengths=lens,
-        query_lengths=qlens,
-        policy=p.masked_rows,
-        block_q=block_q,
-        block_k=block_k,
-        lead=lead,
-        h=h,
-        h_kv=h_kv,
-        d_k=q.shape[-1],
-        d_v=v.shape[-1],
-        cdt=p.q.dtype,
-        masked_rows=rows,
-    )
+    return layout_q, layout_k
+
+
+def _empty_rows(spec: MaskSpec, lead: tuple[int, ...], h: int, policy: str) -> tuple[tuple[int, ...], ...]:
+    """Every fully masked row of the global problem as ``(*batch, head, global query)`` (raised under "raise")."""
+    empty = spec.empty_rows()  # [S, n_q], S = 1 or B
+    if not empty.any():
+        return ()
+    n_q, n_k = spec.n_q, spec.n_k
+    # [S, n_q] -> [*lead, h, n_q]: the batch axis is lead's first; without lead it is a single row
+    per_row = empty.reshape((empty.shape[0],) + (1,) * len(lead) + (n_q,)) if lead else empty[0]
+    rows = index_tuples(np.broadcast_to(per_row, (*lead, h, n_q)))
+    if policy == "raise":
+        raise masked_rows_error(
+            rows,
+            (*lead, h, n_q, n_k),
+            index="(*batch, head, global query)",
+            scores="global scores",
+            fix="key_lengths / query_lengths / causal",
+        )
+    return rows
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -406,38 +413,15 @@ def _tiles(layout: RingLayout, rank: int, block: int) -> list[tuple[int, int, in
 
 def _tile_mask(plan: _Plan, qt: tuple[int, int, int], kt: tuple[int, int, int], device: Any) -> Any:
     """``None`` (every pair allowed), ``False`` (no pair allowed) or a bool mask broadcastable to the scores tile
-    ``[*lead, h_kv, g, bq, bk]`` (True = may attend)."""
+    ``[*lead, h_kv, g, bq, bk]`` (True = may attend): :meth:`MaskSpec.block <attnlab.masks.MaskSpec.block>` on the
+    tile's global positions."""
     qa, _, bq = qt
     ka, _, bk = kt
-    qb, kb = qa + bq, ka + bk  # exclusive ends (global positions)
-    full = True
-    if plan.shift is not None:
-        if ka > qb - 1 + plan.shift:
-            return False
-        full = full and kb - 1 <= qa + plan.shift
-    for lens, lo, hi in ((plan.lengths, ka, kb), (plan.query_lengths, qa, qb)):
-        if lens is not None:
-            if lo >= int(lens.max()):
-                return False
-            full = full and hi <= int(lens.min())
-    if full:
-        return None
+    m = plan.spec.block(qa, qa + bq, ka, ka + bk)  # [S, bq, bk], S = 1 or B
+    if m is None or m is False:
+        return m
     nd = len(plan.lead) + 4
-    qpos = torch.arange(qa, qb, device=device)
-    kpos = torch.arange(ka, kb, device=device)
-    mask = torch.ones((bq, bk), dtype=torch.bool, device=device)
-    if plan.shift is not None:
-        mask = kpos[None, :] <= qpos[:, None] + plan.shift  # [bq, bk]
-    mask = mask.reshape((1,) * (nd - 2) + (bq, bk))
-    if plan.lengths is not None:
-        lens = torch.as_tensor(plan.lengths, device=device)
-        kok = kpos[None, :] < lens[:, None]  # [B, bk]
-        mask = mask & kok.reshape((lens.shape[0],) + (1,) * (nd - 2) + (bk,))
-    if plan.query_lengths is not None:
-        lens = torch.as_tensor(plan.query_lengths, device=device)
-        qok = qpos[None, :] < lens[:, None]  # [B, bq]
-        mask = mask & qok.reshape((lens.shape[0],) + (1,) * (nd - 3) + (bq, 1))
-    return mask
+    return torch.from_numpy(m).to(device).reshape((m.shape[0],) + (1,) * (nd - 3) + (bq, bk))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -488,16 +472,16 @@ def _group_q(plan: _Plan, x: Any) -> Any:
     return x.reshape(*plan.lead, plan.h_kv, plan.h // plan.h_kv, *x.shape[-2:])
 
 
-def _accumulate(
-    plan: _Plan, qg: Any, k: Any, v: Any, src: int, m_i: Any, l_i: Any, acc: Any, counts: list[int]
-) -> None:
+def _accumulate(plan: _Plan, qg: Any, kv: tuple[Any, Any], src: int, state: tuple, counts: list[int]) -> None:
     """Online softmax of the local queries ``qg [..., h_kv, g, n_r, d_k]`` against rank ``src``'s block
-    ``k [..., h_kv, n_s, d_k]``, ``v [..., h_kv, n_s, d_v]``, tile by tile, into the running ``m_i, l_i
-    [..., h_kv, g, n_r]`` and ``acc [..., h_kv, g, n_r, d_v]`` (in place: they are this function's own buffers).
+    ``kv = (k [..., h_kv, n_s, d_k], v [..., h_kv, n_s, d_v])``, tile by tile, into the running ``state = (m_i, l_i
+    [..., h_kv, g, n_r], acc [..., h_kv, g, n_r, d_v])`` (in place: they are the forward's own buffers).
 
     The running pair ``(acc / l_i, m_i + log l_i)`` is the partial ``(out, lse)`` over every key seen so far, so
     each tile update is the :func:`merge_partials` of the old result with the tile's, done without extra buffers.
     """
+    k, v = kv
+    m_i, l_i, acc = state
     kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., h_kv, 1, n_s, d]: shared by the g query heads of a group
     rows = math.prod(plan.lead) * plan.h
     for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
@@ -539,7 +523,7 @@ def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
         if step < plan.world - 1:  # post the next block's transfer before computing on this one
             nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
             reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
-        _accumulate(plan, qg, cur[0].to(plan.cdt), cur[1].to(plan.cdt), src, m_i, l_i, acc, counts)
+        _accumulate(plan, qg, (cur[0].to(plan.cdt), cur[1].to(plan.cdt)), src, (m_i, l_i, acc), counts)
         if nxt is not None:
             traffic.wait(reqs)
             cur = nxt
@@ -563,10 +547,13 @@ def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
 
 
 def _block_backward(
-    plan: _Plan, qg: Any, dOg: Any, lse: Any, delta: Any, k: Any, v: Any, src: int, dq: Any, counts: list[int]
+    plan: _Plan, saved: tuple, kv: tuple[Any, Any], src: int, dq: Any, counts: list[int]
 ) -> tuple[Any, Any]:
-    """FlashAttention-2 backward of the local queries against rank ``src``'s block; adds into ``dq`` and returns
-    this rank's contribution ``(dk [..., h_kv, n_s, d_k], dv [..., h_kv, n_s, d_v])``."""
+    """FlashAttention-2 backward of the local queries against rank ``src``'s block ``kv = (k, v)``, with ``saved =
+    (qg, dOg, lse, delta)`` (grouped for GQA); adds into ``dq`` and returns this rank's contribution
+    ``(dk [..., h_kv, n_s, d_k], dv [..., h_kv, n_s, d_v])``."""
+    qg, dOg, lse, delta = saved
+    k, v = kv
     kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., h_kv, 1, n_s, d]
     dk = torch.zeros(k.shape, dtype=plan.cdt, device=k.device)
     dv = torch.zeros(v.shape, dtype=plan.cdt, device=v.device)
@@ -615,9 +602,8 @@ def _backward(plan: _Plan, dO: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) 
         if step < plan.world - 1:
             nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
             kv_reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
-        dk_blk, dv_blk = _block_backward(
-            plan, qg, dOg, lse_g, delta, cur[0].to(plan.cdt), cur[1].to(plan.cdt), src, dq, counts
-        )
+        kv = (cur[0].to(plan.cdt), cur[1].to(plan.cdt))
+        dk_blk, dv_blk = _block_backward(plan, (qg, dOg, lse_g, delta), kv, src, dq, counts)
         if dkv_in is not None:  # the accumulators the previous ranks built for this block
             traffic.wait(dkv_reqs)
             dk_blk.add_(dkv_in[0])
@@ -645,20 +631,21 @@ def _backward(plan: _Plan, dO: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) 
 # public API
 
 
-def ring_attention_forward(
+def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptions below
     q: Any,
     k: Any,
     v: Any,
     *,
     causal: Any = False,
     scale: float | None = None,
-    lengths: Any = None,
+    key_lengths: Any = None,
     query_lengths: Any = None,
     layout: str = "contiguous",
     masked_rows: MaskedRows = "raise",
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
     group: Any = None,
+    lengths: Any = None,
 ) -> RingResult:
     """Exact attention for this rank's queries over the whole (sharded) sequence; call it on every rank of ``group``.
 
@@ -672,8 +659,9 @@ def ring_attention_forward(
         causal: False, True (needs global n_q == n_k), ``"top_left"`` or ``"bottom_right"``, as in the core, on the
             *global* positions.
         scale: multiplies ``q kᵀ``; default ``1/sqrt(d_k)``.
-        lengths: ``[B]`` key lengths: key j of sequence b is padding when j >= lengths[b] (needs q ``[B, ..., h,
-            n_r, d_k]``).
+        key_lengths: ``[B]`` (or one shared) key lengths: key j of sequence b is padding when j >= key_lengths[b]
+            (needs q ``[B, ..., h, n_r, d_k]``). ``lengths=``, its old name, still works for one release (a
+            FutureWarning).
         query_lengths: ``[B]``: queries at i >= query_lengths[b] are padding; their rows are fully masked.
         layout: how the sequence was sharded: ``"contiguous"`` or ``"zigzag"`` (balanced causal work), see
             :class:`~attnlab.distributed.RingLayout`. Global n is the sum of the ranks' shard lengths.
@@ -693,10 +681,10 @@ def ring_attention_forward(
     >>> bool(torch.allclose(r.output, ref)), r.stats.tiles_skipped
     (True, 3)
     """
-    plan = _make_plan(
-        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
-        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
-    )  # fmt: skip
+    options = RingOptions(
+        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
+    )
+    plan = _make_plan(q, k, v, options)
     out, lse, stats = _forward(plan, q, k, v)
     return RingResult(
         output=out.to(q.dtype),
@@ -705,46 +693,74 @@ def ring_attention_forward(
         policy=plan.policy,
         layout=plan.layout_q,
         stats=stats,
+        inputs=(q, k, v),
+        options=options,
     )
 
 
-def ring_attention_backward(
-    dO: Any,
-    q: Any,
-    k: Any,
-    v: Any,
-    output: Any,
-    lse: Any,
-    *,
-    causal: Any = False,
-    scale: float | None = None,
-    lengths: Any = None,
-    query_lengths: Any = None,
-    layout: str = "contiguous",
-    masked_rows: MaskedRows = "raise",
-    block_q: int = _DEFAULT_BLOCK,
-    block_k: int = _DEFAULT_BLOCK,
-    group: Any = None,
-) -> RingGrads:
-    """Gradients for this rank's ``q, k, v`` shards, given ``dO = ∂loss/∂output`` of this rank's queries.
+def ring_attention_backward(result: RingResult, d_out: Any, *legacy: Any, **old: Any) -> RingGrads:
+    """Gradients for this rank's ``q, k, v`` shards from its forward's result and ``d_out = ∂loss/∂output``.
 
-    Uses the forward's ``output [..., h, n_r, d_v]`` and ``lse [..., h, n_r]`` (no attention matrix is kept);
-    options must be those of the forward. Fully masked rows get zero gradient. Call it on every rank.
+    ``result`` is this rank's :class:`RingResult` (its output, ``lse``, inputs and options: nothing is repeated, no
+    attention matrix is kept). Fully masked rows get zero gradient. Call it on every rank.
 
-    Shapes: ``dO [..., h, n_r, d_v]``; returns :class:`RingGrads` ``dq [..., h, n_r, d_k]``,
+    Shapes: ``d_out [..., h, n_r, d_v]``; returns :class:`RingGrads` ``dq [..., h, n_r, d_k]``,
     ``dk [..., h_kv, n_r', d_k]``, ``dv [..., h_kv, n_r', d_v]``.
+
+    The old spelling ``ring_attention_backward(dO, q, k, v, output, lse, **forward_options)`` still works for one
+    release, with a :class:`FutureWarning`.
+
+    >>> import torch
+    >>> q = torch.randn(1, 2, 6, 4, dtype=torch.float64)
+    >>> fwd = ring_attention_forward(q, q, q, causal=True, block_q=4, block_k=2)
+    >>> ring_attention_backward(fwd, torch.ones_like(fwd.output)).dq.shape
+    torch.Size([1, 2, 6, 4])
     """
-    plan = _make_plan(
-        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
-        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
-    )  # fmt: skip
+    if not isinstance(result, RingResult):
+        return _legacy_backward(result, d_out, legacy, old)
+    if legacy or old:
+        extra = ", ".join([f"{len(legacy)} more positional argument(s)"] * bool(legacy) + sorted(old))
+        raise OptionError(
+            f"ring_attention_backward(result, d_out): got {extra}; the forward's RingResult already holds its "
+            f"inputs and options"
+        )
+    if result.inputs is None or result.options is None:
+        raise OptionError(
+            "result: a RingResult without the forward's inputs; pass what ring_attention_forward returned"
+        )
+    return _gradients(*result.inputs, result.output, result.lse, d_out, result.options)
+
+
+def _gradients(q: Any, k: Any, v: Any, output: Any, lse: Any, d_out: Any, options: RingOptions) -> RingGrads:
+    """The ring backward of one rank (shapes as in :func:`ring_attention_backward`)."""
+    plan = _make_plan(q, k, v, options)
     want = (*q.shape[:-1], v.shape[-1])
-    for name, x, shape in (("dO", dO, want), ("output", output, want), ("lse", lse, tuple(q.shape[:-1]))):
+    for name, x, shape in (("d_out", d_out, want), ("output", output, want), ("lse", lse, tuple(q.shape[:-1]))):
         if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(shape):
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ShapeError(f"{name}: expected a tensor of shape {tuple(shape)}, got {got}")
-    dq, dk, dv, stats = _backward(plan, dO, q, k, v, output, lse)
+    dq, dk, dv, stats = _backward(plan, d_out, q, k, v, output, lse)
     return RingGrads(dq=dq, dk=dk, dv=dv, stats=stats)
+
+
+def _legacy_backward(dO: Any, q: Any, rest: tuple, old: dict[str, Any]) -> RingGrads:
+    """The old ``ring_attention_backward(dO, q, k, v, output, lse, **forward_options)``, for one release."""
+    if len(rest) != 4:
+        raise OptionError(
+            f"ring_attention_backward: expected (result, d_out) (the forward's RingResult), or the old "
+            f"(dO, q, k, v, output, lse), got {2 + len(rest)} positional arguments"
+        )
+    warnings.warn(
+        "ring_attention_backward(dO, q, k, v, output, lse, **options) is now ring_attention_backward(result, d_out), "
+        "with the forward's RingResult (which holds its inputs and options); the old spelling will be removed in "
+        "the next release",
+        FutureWarning,
+        stacklevel=3,
+    )
+    k, v, output, lse = rest
+    old = dict(old)
+    old["key_lengths"] = _key_lengths(old.get("key_lengths"), old.pop("lengths", None))
+    return _gradients(q, k, v, output, lse, dO, RingOptions(**old))
 
 
 class _RingAttentionFunction(torch.autograd.Function):
@@ -763,20 +779,21 @@ class _RingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def ring_attention(
+def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
     q: Any,
     k: Any,
     v: Any,
     *,
     causal: Any = False,
     scale: float | None = None,
-    lengths: Any = None,
+    key_lengths: Any = None,
     query_lengths: Any = None,
     layout: str = "contiguous",
     masked_rows: MaskedRows = "raise",
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
     group: Any = None,
+    lengths: Any = None,
 ) -> Any:
     """Differentiable ring attention: :func:`ring_attention_forward`'s ``output``, with a backward that runs the
     ring again (``loss.backward()`` on every rank gives each rank the gradients of its own shards).
@@ -790,8 +807,8 @@ def ring_attention(
     >>> q.grad.shape
     torch.Size([2, 5, 3])
     """
-    plan = _make_plan(
-        q, k, v, causal=causal, scale=scale, lengths=lengths, query_lengths=query_lengths, layout=layout,
-        masked_rows=masked_rows, block_q=block_q, block_k=block_k, group=group,
-    )  # fmt: skip
+    options = RingOptions(
+        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
+    )
+    plan = _make_plan(q, k, v, options)
     return _RingAttentionFunction.apply(q, k, v, plan)

@@ -51,29 +51,30 @@ def _flash_class() -> Any:
     import torch
 
     class FlashAttentionFunction(torch.autograd.Function):
-        """``(output, lse) = flash_attention(q, k, v, bias=bias, **options)``; backward:
+        """``(output, lse) = flash_attention(q, k, v, bias=bias, **options.keywords())``; backward:
         ``flash_attention_backward``."""
 
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, options: dict) -> Any:
-            from .tiled import flash_attention
+        def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, options: Any) -> Any:
+            from .tiled.forward import forward
 
             q_, k_, v_ = q.detach(), k.detach(), v.detach()
             b_ = None if bias is None else bias.detach()
-            r = flash_attention(q_, k_, v_, bias=b_, **options)
+            output, lse = forward(q_, k_, v_, b_, options)
             ctx.options = options
-            ctx.save_for_backward(q_, k_, v_, b_, r.output, r.lse)
-            return r.output, r.lse
+            ctx.save_for_backward(q_, k_, v_, b_, output, lse)
+            return output, lse
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx: Any, d_out: Any, d_lse: Any) -> Any:
-            from .tiled import flash_attention_backward
+            from .tiled.backward import backward
+            from .tiled.plan import make_plan
 
             q, k, v, bias, out, lse = ctx.saved_tensors
             if d_out is None:
                 d_out = torch.zeros_like(out)
-            g = flash_attention_backward(q, k, v, out, lse, d_out, bias=bias, d_lse=d_lse, **ctx.options)
+            g = backward(make_plan(q, k, v, bias, ctx.options), out, lse, d_out, d_lse)
             need = ctx.needs_input_grad
             grads = []
             for i, (x, dx) in enumerate(((q, g.dq), (k, g.dk), (v, g.dv), (bias, g.dbias))):
@@ -83,8 +84,9 @@ def _flash_class() -> Any:
     return FlashAttentionFunction
 
 
-def flash_function(q: Any, k: Any, v: Any, bias: Any, options: dict) -> tuple[Any, Any]:
-    """``(output, lse)`` of :func:`~attnlab.kernels.tiled.flash_attention` with autograd history (q, k, v and bias
+def flash_function(q: Any, k: Any, v: Any, bias: Any, options: Any) -> tuple[Any, Any]:
+    """``(output, lse)`` of :func:`~attnlab.kernels.tiled.flash_attention` (``options`` its
+    :class:`~attnlab.kernels.tiled.TiledOptions`) with autograd history (q, k, v and bias
     must be PyTorch tensors; a NumPy bias is converted, and gets no gradient)."""
     import torch
 

@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..errors import OptionError
 from ..validate import check_choice, check_int
 
 __all__ = ["EXPS", "KernelConfig", "current", "override"]
@@ -50,6 +51,9 @@ class KernelConfig:
             installed and loads).
         use_threadpoolctl: False makes :mod:`attnlab.kernels.threads` act as though threadpoolctl were not
             installed: one thread by default, BLAS left as it is, an "unknown" BLAS report.
+        observe: None, or a callable that the tiled forward calls with ``"bounded"`` or ``"online"`` for each
+            query block, saying which path it took (from the worker threads: it must be thread-safe, as
+            ``list.append`` is). For tests and benchmarks that check which path runs; it changes nothing else.
     """
 
     exp: Literal["auto", "fused", "exp2", "exp"] = "auto"
@@ -57,6 +61,7 @@ class KernelConfig:
     dense_limit: int = 1 << 22
     use_numba: bool = True
     use_threadpoolctl: bool = True
+    observe: Callable[[str], Any] | None = None
 
     def __post_init__(self) -> None:
         check_choice("exp", self.exp, EXPS)
@@ -64,6 +69,8 @@ class KernelConfig:
         for name in ("force_online", "use_numba", "use_threadpoolctl"):
             if not isinstance(getattr(self, name), bool):
                 check_choice(name, getattr(self, name), (True, False))
+        if self.observe is not None and not callable(self.observe):
+            raise OptionError(f"observe: expected None or a callable, got {type(self.observe).__name__}")
 
 
 _DEFAULT = KernelConfig()

@@ -18,6 +18,11 @@ normal float32 (``x < -126``) are flushed to 0 (``exp2`` would give a subnormal 
 divide by row sums >= 1, or by sums of terms >= 2**-87, where such a term cannot change a float32 result);
 ``x >= 128`` gives ``inf`` and NaN stays NaN.
 
+:func:`exp2_block` and :func:`ds_block` are the argument-checked entry points (for users, benchmarks and tests) to
+the compiled passes the tiled kernel calls unchecked, block by block, through :func:`kernels` (``exp2_rows``, which
+checks every input's range, ``exp2_rows_bounded`` for scores the kernel has bounded, ``ds_rows``): the checks would
+cost a few microseconds per block. They run exactly those passes.
+
 float32 only (float64 keeps NumPy's ``exp2``/``exp``). The passes release the GIL, so the kernel's worker
 threads run them in parallel. numba is imported on first use (:func:`kernels`), not by ``import attnlab``;
 without it, :data:`AVAILABLE` is False and the tiled kernels use NumPy passes.
@@ -64,29 +69,30 @@ def kernels() -> Any:
     return _jit
 
 
-_loaded: bool | None = None  # None: not tried yet; False: numba is installed but did not load
+_loaded: dict[Any, bool] = {}  # per loader (kernels): did it load? (absent: not tried yet)
 
 
 def usable() -> bool:
     """True when the fused passes can run here: numba is installed and loads (the first call imports it and loads
     or compiles the passes). A numba that is installed but does not load (say, built for another NumPy) is reported
-    once with an :class:`~attnlab.errors.AttnlabWarning`, and the kernels use NumPy passes instead."""
-    global _loaded
+    once with an :class:`~attnlab.errors.AttnlabWarning`, and the kernels use NumPy passes instead. The answer is
+    remembered for the loader that gave it (:func:`kernels`; a test that replaces it is answered afresh)."""
     if not AVAILABLE:
         return False
-    if _loaded is None:
+    loader = kernels
+    if loader not in _loaded:
         try:
-            kernels()
-            _loaded = True
+            loader()
+            _loaded[loader] = True
         except Exception as err:  # ImportError, or numba's own error on a NumPy it does not support
-            _loaded = False
+            _loaded[loader] = False
             warnings.warn(
                 f"numba is installed but does not load ({type(err).__name__}: {err}); the tiled kernels use NumPy's "
                 f"exponential instead, ~1.2x slower. Reinstall it to match NumPy: pip install -U 'attnlab[fast]'",
                 AttnlabWarning,
                 stacklevel=3,
             )
-    return _loaded
+    return _loaded[loader]
 
 
 def _check(name: str, x: Any, shape: tuple[int, ...] | None, dtype: Any = np.float32) -> None:
@@ -155,11 +161,12 @@ def exp2_block(
         raise OptionError(f"bias_scale: expected a finite number, got {bias_scale!r}")
     if not np.isfinite(a):
         raise OptionError(f"scale: expected a finite number, got {scale!r}")
-    if bounded and off is not None:
-        raise OptionError("off: must be None with bounded=True (the bound is on s itself)")
-    if not bounded and off is None:
-        off = np.zeros(bq, dtype=np.float32)  # the compiled pass reads off=None as "bounded"
-    jit.exp2_rows(s, a, bias, c, off, np.float32(1), bad, rowsum)
+    if bounded:
+        if off is not None:
+            raise OptionError("off: must be None with bounded=True (the bound is on s itself)")
+        jit.exp2_rows_bounded(s, a, bias, c, bad, rowsum)
+    else:
+        jit.exp2_rows(s, a, bias, c, np.zeros(bq, dtype=np.float32) if off is None else off, np.float32(1), bad, rowsum)
 
 
 def ds_block(dp: np.ndarray, delta: np.ndarray, p: np.ndarray) -> None:

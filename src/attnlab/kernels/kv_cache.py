@@ -28,6 +28,7 @@ from .._arrays import device_of, index_tuples, namespace, shape_of, to_numpy
 from ..core.inputs import MaskedRows, check_finite, check_policy, resolve_scale
 from ..core.softmax import masked_softmax
 from ..errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
+from ..masks import MaskSpec
 from ..validate import check_int
 from . import autograd
 from .config import current as current_config
@@ -295,8 +296,7 @@ class _Saved:
     v: np.ndarray  # [B, h_kv, L, d_v]
     out: np.ndarray  # [B, h_kv, g, t, d_v], before padding rows were zeroed
     lse: np.ndarray  # [B, h_kv, g, t] nats, -inf on empty rows
-    lengths: np.ndarray  # [B]
-    start: np.ndarray  # [B] position of query 0
+    spec: MaskSpec  # the step's mask: bottom-right causal from each sequence's position, its cached length
     real: np.ndarray  # [B, t]
     empty: np.ndarray  # [B, h_kv, g, t] real rows with no key
     scale: float
@@ -305,7 +305,7 @@ class _Saved:
 
     def backward(self, d_out: Any) -> Any:
         """``dq`` from ``d_out [B, h, t, d_v]``: FlashAttention-2's backward per sequence (padding rows: 0)."""
-        from .tiled import flash_attention_backward
+        from .tiled import FlashResult, TiledOptions, flash_attention_backward
 
         if self.masked_rows == "nan" and self.empty.any():
             raise MaskedRowError(
@@ -320,21 +320,12 @@ class _Saved:
         do = to_numpy(d_out).astype(cdt).reshape(B, h_kv, g, t, -1) * self.real[:, None, None, :, None]
         dq = np.zeros((B, h_kv, g, t, d_k), dtype=cdt)
         for b in range(B):
-            n_b = int(self.lengths[b])
-            if n_b == 0:
+            if self.spec.n_keys(b) == 0:
                 continue
-            gr = flash_attention_backward(
-                self.q[b].reshape(h_kv, g, t, d_k),
-                self.k[b, :, None, :n_b],
-                self.v[b, :, None, :n_b],
-                self.out[b],
-                self.lse[b],
-                do[b],
-                causal=True,
-                q_offset=int(self.start[b]),
-                scale=self.scale,
-                masked_rows="zero",
-            )
+            inputs = (self.q[b].reshape(h_kv, g, t, d_k), self.k[b, :, None], self.v[b, :, None], None)
+            opts = TiledOptions(mask=self.spec.sequence(b), scale=self.scale, masked_rows="zero")
+            forward = FlashResult(output=self.out[b], lse=self.lse[b], inputs=inputs, options=opts)
+            gr = flash_attention_backward(forward, do[b])
             dq[b] = gr.dq
         dq = dq.reshape(B, h, t, d_k)
         import torch
@@ -353,8 +344,8 @@ def _cached(
     cdt = np.float64 if qn.dtype == np.float64 and cache.dtype == np.float64 else np.float32
     lengths = cache.lengths
     L = max(1, int(lengths.max()))
-    start = lengths - n_new  # [B] position of query 0
-    qpos = start[:, None] + np.arange(t)[None, :]  # [B, t]
+    start = np.maximum(lengths - n_new, 0)  # [B] position of query 0 (< 0 only before any append: no key then)
+    spec = MaskSpec(causal=True, q_offset=start, key_lengths=lengths).sized(t, L, B)  # bottom-right, per sequence
     real = np.arange(t)[None, :] < n_new[:, None]  # [B, t] padding queries of short appends are not real
     if abs(sc) > float(np.finfo(cdt).max):  # both paths compute in cdt: its logit factor must be finite there
         raise factor_overflow_error("scale / temperature", sc, np.dtype(cdt).name, scale=sc, temperature=1.0)
@@ -368,8 +359,7 @@ def _cached(
         qg = qc.reshape(B, h_kv, g * t, d_k)  # GQA: a kv head's g query heads as rows
         with np.errstate(over="ignore", invalid="ignore"):
             s = (qg @ np.swapaxes(K, -1, -2)) * cdt(sc)  # [B, h_kv, g·t, L]
-        allowed = np.arange(L)[None, None, :] <= qpos[:, :, None]  # [B, t, L] bottom-right causal
-        allowed &= np.arange(L)[None, None, :] < lengths[:, None, None]
+        allowed = spec.to_array((B, t, L))  # bottom-right causal, cached lengths
         allowed = np.broadcast_to(allowed[:, None, None], (B, 1, g, t, L)).reshape(B, 1, g * t, L)
         _check_logits(s, allowed, qc, K, sc, (B, h_kv, g, t, L))
         w, lse_d, empty = masked_softmax(s, allowed)
@@ -381,16 +371,14 @@ def _cached(
 
         empty = np.zeros((B, h_kv, g, t), dtype=bool)
         for b in range(B):
-            n_b = int(lengths[b])
-            if n_b == 0:
+            if spec.n_keys(b) == 0:
                 empty[b] = True
                 continue
             r = flash_attention(
                 qc[b].reshape(h_kv, g, t, d_k),
-                K[b, :, None, :n_b],
-                V[b, :, None, :n_b],
-                causal=True,
-                q_offset=int(start[b]),
+                K[b, :, None],
+                V[b, :, None],
+                mask=spec.sequence(b),
                 scale=sc,
                 masked_rows="zero",
             )
@@ -400,7 +388,7 @@ def _cached(
     empty &= real[:, None, None, :]
     saved = None
     if keep:
-        saved = _Saved(qc.copy(), K, V, out, lse, lengths, start, real, empty, sc, masked_rows, None)
+        saved = _Saved(qc.copy(), K, V, out, lse, spec, real, empty, sc, masked_rows, None)
     out = np.where(real[:, None, None, :, None], out, 0).astype(cdt, copy=False)  # padding queries -> 0
     if empty.any():
         rows = index_tuples(empty.reshape(B, h, t))
