@@ -45,19 +45,12 @@ import numpy as np
 from .. import masks as _masks
 from ..invariants import check_arrays
 from .adapters import CAPABILITIES, round_to
+from .cases import COMBOS, DTYPE_NAMES, GRID, LENGTH_FORMS, PRECISION, Geom, drawn, indent, random_mask, softmax
 from .report import CORE_PROBES, Finding, ProbeResult, Unsupported
 from .runner import CallError, Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
 __all__ = ["FIXES", "PROBES", "Battery"]
-
-DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
-
-#: Mask forms that describe sequences (a fully masked row is a sequence with no valid key).
-_LENGTH_FORMS = ("key_padding", "valid_lens", "kv_cache", "varlen")
-
-#: Bits of precision of each dtype (to tell a lower-precision computation from a higher one).
-_PRECISION = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
 
 #: How many mismatching cases no hypothesis explains get perturbation experiments of their own.
 EXPERIMENT_CASES = 40
@@ -145,20 +138,6 @@ _REFUSAL_WORDS = {
 }
 
 
-@dataclass(frozen=True)
-class _Geom:
-    b: int | None
-    h: int
-    n_q: int
-    n_k: int
-    d_k: int
-    d_v: int
-    h_kv: int | None = None
-
-    def lead(self, heads: int) -> tuple[int, ...]:
-        return (heads,) if self.b is None else (self.b, heads)
-
-
 class _Abort(Exception):
     """A call timed out, or the worker ended too often; nothing more is called."""
 
@@ -169,53 +148,6 @@ class _Obs:
 
     finding: Finding
     case: str
-
-
-# the grid: (label, geometry, required capabilities, extra)
-_GRID = [
-    ("base", _Geom(2, 2, 5, 5, 8, 8), (), {}),
-    ("base-2", _Geom(1, 3, 4, 4, 6, 6), (), {}),
-    ("mask", _Geom(2, 3, 9, 9, 4, 4), ("mask",), {"mask": True}),
-    ("mask-2", _Geom(1, 2, 6, 6, 8, 8), ("mask",), {"mask": True}),
-    ("causal", _Geom(2, 2, 6, 6, 8, 8), ("causal",), {"causal": True}),
-    ("causal-2", _Geom(1, 1, 7, 7, 4, 4), ("causal",), {"causal": True}),
-    ("scale", _Geom(1, 2, 5, 5, 8, 8), ("scale",), {"scale": 0.37}),
-    ("scale-2", _Geom(2, 1, 3, 3, 4, 4), ("scale",), {"scale": 1.7}),
-    ("cross", _Geom(1, 2, 7, 11, 16, 16), ("cross",), {}),
-    ("cross-2", _Geom(2, 1, 5, 3, 4, 4), ("cross",), {}),
-    ("d_v", _Geom(1, 2, 5, 5, 8, 6), ("dv",), {}),
-    ("d_v-2", _Geom(2, 1, 3, 3, 4, 7), ("dv",), {}),
-    ("rank-3", _Geom(None, 3, 6, 6, 4, 4), ("rank",), {}),
-    ("rank-3b", _Geom(None, 1, 5, 5, 3, 3), ("rank",), {}),
-    ("gqa", _Geom(2, 4, 6, 6, 8, 8, h_kv=2), ("gqa",), {}),
-    ("gqa-2", _Geom(1, 6, 5, 5, 4, 4, h_kv=3), ("gqa",), {}),
-    ("causal+cross", _Geom(1, 2, 4, 9, 8, 8), ("causal-cross", "causal", "cross"), {"causal": True}),
-    ("causal+cross-2", _Geom(2, 1, 3, 7, 4, 4), ("causal-cross", "causal", "cross"), {"causal": True}),
-]
-_COMBOS = [
-    ("causal+mask", _Geom(1, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
-    ("mask+cross", _Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
-    ("mask+cross-2", _Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
-    (
-        "causal+mask+cross",
-        _Geom(2, 2, 3, 9, 4, 4),
-        ("causal", "mask", "cross", "causal-cross"),
-        {"causal": True, "mask": True},
-    ),
-    ("long", _Geom(1, 2, 113, 203, 64, 64), ("cross",), {"mask": False}),
-    ("long-causal", _Geom(1, 1, 97, 97, 32, 32), ("causal",), {"causal": True}),
-    ("single", _Geom(2, 1, 1, 1, 3, 3), (), {}),
-    ("odd", _Geom(1, 3, 11, 11, 5, 5), (), {}),
-]
-
-
-def _softmax(logits: np.ndarray, axis: int) -> np.ndarray:
-    """Softmax along ``axis`` where ``-inf`` entries get 0 and empty slices give 0 (never NaN)."""
-    m = np.max(logits, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(logits - m)
-    s = np.sum(e, axis=axis, keepdims=True)
-    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
 
 
 class Battery:
@@ -277,7 +209,7 @@ class Battery:
     # ------------------------------------------------------------------------------------------------ cases
     def make(
         self,
-        g: _Geom,
+        g: Geom,
         dtype: str,
         *,
         label: str,
@@ -316,40 +248,9 @@ class Battery:
             align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
         return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
 
-    def random_mask(self, g: _Geom) -> np.ndarray:
-        """A random mask ``[..., h, n_q, n_k]`` the function's mask form can express: different per batch element
-        and per head (full form), per batch element (``batch``), per batch element's keys (``key_padding``), or a
-        valid length per batch element (``valid_lens``). Key 0 is always allowed; the last key blocked somewhere."""
-        rng, full = self.rng, (*g.lead(g.h), g.n_q, g.n_k)
-        form = self.mask_form if g.b is not None else "full"
-        if form == "full":
-            m = rng.random(full) < 0.6
-        elif form == "batch":
-            m = rng.random((g.b, 1, g.n_q, g.n_k)) < 0.6
-        elif form == "key_padding":
-            m = rng.random((g.b, 1, 1, g.n_k)) < 0.6
-        elif form == "varlen":  # per sequence: L_q queries and L_k >= L_q keys (prefixes)
-            lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, g.b)
-            lq = np.minimum(rng.integers(1, g.n_q + 1, g.b), lk)
-            lq[0] = min(g.n_q, lk[0])
-            i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
-            m = ((i < lq[:, None, None]) & (j < lk[:, None, None]))[:, None]
-            if g.b > 1:
-                m[-1, ..., : lq[-1], : lk[-1]] = True
-            return np.broadcast_to(m, full).copy()
-        elif form == "kv_cache":  # cache lengths: at least n_q (the new queries are in the cache), below n_k
-            lengths = rng.integers(min(g.n_q, g.n_k), g.n_k + 1, g.b)
-            lengths[-1] = max(min(g.n_q, g.n_k), g.n_k - 1)
-            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
-        else:
-            lengths = rng.integers(1, g.n_k + 1, g.b)
-            lengths[-1] = max(1, g.n_k - 1) if g.n_k > 1 else 1
-            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
-        m = np.broadcast_to(m, full).copy()
-        m[..., 0] = True
-        if g.n_k > 1 and form not in ("valid_lens", "kv_cache"):
-            m[..., g.n_k - 1] = False
-        return m
+    def random_mask(self, g: Geom) -> np.ndarray:
+        """A random mask the function's mask form can express (see :func:`~attnlab.check.cases.random_mask`)."""
+        return random_mask(self.rng, g, self.mask_form if g.b is not None else "full")
 
     @staticmethod
     def key(case: Case) -> str:
@@ -519,7 +420,7 @@ class Battery:
         c = self.compute
         if c == "auto":
             c = self.lower_seen or "input"
-        if c == "input" or _PRECISION[c] >= _PRECISION[dtype]:
+        if c == "input" or PRECISION[c] >= PRECISION[dtype]:
             return dtype
         return c
 
@@ -536,7 +437,7 @@ class Battery:
             lg = scores * scale
             if a is not None:
                 lg = np.where(a, lg, -np.inf)
-            return _softmax(lg, -1) @ v
+            return softmax(lg, -1) @ v
 
         out: list[tuple[str, str, np.ndarray]] = []
         if case.scale is None:
@@ -593,7 +494,7 @@ class Battery:
             (
                 "softmax-axis",
                 "your function takes the softmax over the queries (axis -2) instead of the keys (axis -1)",
-                _softmax(lg, -2) @ v,
+                softmax(lg, -2) @ v,
             )
         )
         if case.mask is not None or self.causal_in_mask(case):
@@ -617,7 +518,7 @@ class Battery:
                 "mask-after-softmax",
                 "your function applies the mask after the softmax, so the weights of the allowed keys no "
                 "longer sum to 1",
-                (_softmax(scores * s0, -1) * allowed) @ v,
+                (softmax(scores * s0, -1) * allowed) @ v,
             )
         )
         if case.causal is not None:
@@ -630,7 +531,7 @@ class Battery:
                     "your function applies the mask after the (causal) softmax, so the allowed weights no longer "
                     "sum to 1",
                     (
-                        _softmax(np.where(self.allowed(Case(q, k, v, causal=case.causal)), scores * s0, -np.inf), -1)
+                        softmax(np.where(self.allowed(Case(q, k, v, causal=case.causal)), scores * s0, -np.inf), -1)
                         * allowed
                     )
                     @ v,
@@ -674,7 +575,7 @@ class Battery:
                     "reference-mismatch",
                     f"query head i uses K/V head {said[other]} instead of {said[self.gqa_map]}, as declared "
                     f"(gqa='{self.gqa_map}')",
-                    _softmax(np.where(allowed, st, -np.inf), -1) @ vt,
+                    softmax(np.where(allowed, st, -np.inf), -1) @ vt,
                 )
             )
         return out
@@ -888,7 +789,7 @@ class Battery:
                         f"not {names[case.causal]} as declared",
                         f"case {case.label}: n_q={n_q}, n_k={n_k}; query i sees keys "
                         + ("j <= i" if other == "top_left" else f"j <= i + {n_k - n_q}")
-                        + f"; the function's mask (first rows and keys):\n{_indent(_drawn(n_q, n_k, other))}",
+                        + f"; the function's mask (first rows and keys):\n{indent(drawn(n_q, n_k, other))}",
                         "for the declared alignment pass an explicit mask instead of the causal flag "
                         f"(attnlab.masks.causal(n_q, n_k, align='{case.causal}'))",
                     )
@@ -900,7 +801,7 @@ class Battery:
     def preflight(self) -> None:
         """Find the dtypes and capabilities the function supports, with two attempts each."""
         self.unsupported = dict(self.backend.structural)
-        base = [(lbl, g, req, ex) for lbl, g, req, ex in _GRID if not req]
+        base = [(lbl, g, req, ex) for lbl, g, req, ex in GRID if not req]
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             if dtype in self.unsupported:
                 continue
@@ -919,8 +820,8 @@ class Battery:
             if cap == "causal" and self.causal_mode == "mask" and "mask" in self.unsupported:
                 self.unsupported[cap] = "no causal flag, and the mask is not supported"
                 continue
-            cases = [(lbl, g, ex) for lbl, g, req, ex in _GRID if req and req[0] == cap]
-            if any(r not in self.caps for lbl, g, req, ex in _GRID if req and req[0] == cap for r in req[1:]):
+            cases = [(lbl, g, ex) for lbl, g, req, ex in GRID if req and req[0] == cap]
+            if any(r not in self.caps for lbl, g, req, ex in GRID if req and req[0] == cap for r in req[1:]):
                 continue
             self.case_key = f"preflight {cap}"
             outs = [self.call(self.make(g, self.primary, label=lbl, **ex)) for lbl, g, ex in cases]
@@ -944,7 +845,7 @@ class Battery:
         first = errs[0] if errs else bad[0]
         if is_dtype and errs and "mask" not in self.unsupported:
             # no call without a mask worked: does the function need one?
-            probe = self.make(_GRID[0][1], cap, label=f"base {cap}, with a mask", mask=np.ones((1, 1, 1, 1), bool))
+            probe = self.make(GRID[0][1], cap, label=f"base {cap}, with a mask", mask=np.ones((1, 1, 1, 1), bool))
             with_mask = self.call(probe)
             if with_mask.ok:
                 self.crash(
@@ -976,15 +877,15 @@ class Battery:
 
     # ------------------------------------------------------------------------------------------------ probes
     def p_reference(self) -> None:
-        for lbl, g, req, ex in _COMBOS:
+        for lbl, g, req, ex in COMBOS:
             if all(r in self.caps for r in req):
                 self.grid.append(self.call(self.make(g, self.primary, label=lbl, **ex)))
         for dtype in self.dtypes[1:]:
             if "causal" in self.caps:
-                g = _GRID[4][1]
+                g = GRID[4][1]
                 self.grid.append(self.call(self.make(g, dtype, label=f"causal {dtype}", causal=True)))
             if "mask" in self.caps:
-                g = _GRID[2][1]
+                g = GRID[2][1]
                 self.grid.append(self.call(self.make(g, dtype, label=f"mask {dtype}", mask=True)))
         for out in self.grid:
             self.case_key = self.key(out.case)
@@ -1034,7 +935,7 @@ class Battery:
                     self.bug("padding-leak", "your function gives weight to keys the mask blocks", ev)
             elif viol.name == "row-sum":
                 s0 = case.scale if case.scale is not None else 1 / math.sqrt(q.shape[-1])
-                after = _softmax(q @ np.swapaxes(k, -1, -2) * s0, -1) * allowed
+                after = softmax(q @ np.swapaxes(k, -1, -2) * s0, -1) * allowed
                 if np.allclose(w, after, atol=1e-4):
                     self.bug(
                         "mask-after-softmax",
@@ -1047,10 +948,10 @@ class Battery:
                 self.bug("reference-mismatch", f"invariant {viol.name} does not hold", ev)
 
     def p_normalization(self) -> None:
-        g = _Geom(2, 2, 6, 6, 8, 5)
+        g = Geom(2, 2, 6, 6, 8, 5)
         dv = "dv" in self.caps
         if not dv:
-            g = _Geom(2, 2, 6, 6, 8, 8)
+            g = Geom(2, 2, 6, 6, 8, 8)
         case = self.make(g, self.primary, label="V = ones")
         case = Case(case.q, case.k, np.ones_like(case.v), case.dtype, None, case.causal, None, case.label)
         self.case_key = "normalization: V = ones"
@@ -1086,7 +987,7 @@ class Battery:
         if "causal" not in self.caps:
             raise _Skip("needs causal")
         n = 8
-        case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="future", causal=True)
+        case = self.make(Geom(2, 2, n, n, 4, 4), self.primary, label="future", causal=True)
         base = self.base_call(case, "causal: future tokens")
         if base is None:
             return
@@ -1119,7 +1020,7 @@ class Battery:
         n_q = 5 if "cross" in self.caps else n  # rectangular where the function takes n_q != n_k
         lengths = np.array([n, 3])
         kp = _masks.key_padding(lengths, n)  # [B, 1, 1, n_k]
-        case = self.make(_Geom(2, 2, n_q, n, 4, 4), self.primary, label="key padding", mask=kp)
+        case = self.make(Geom(2, 2, n_q, n, 4, 4), self.primary, label="key padding", mask=kp)
         base = self.base_call(case, "padding: key padding")
         if base is None:
             return
@@ -1159,11 +1060,11 @@ class Battery:
     def p_masked_rows(self) -> None:
         if "mask" not in self.caps:
             raise _Skip("needs mask")
-        g = _Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else _Geom(2, 2, 6, 6, 4, 4)
+        g = Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else Geom(2, 2, 6, 6, 4, 4)
         case = self.make(g, self.primary, label="fully masked row", mask=True)
         m = case.mask.copy()
         form = self.mask_form
-        if form in _LENGTH_FORMS:  # a sequence with no valid key: every row of batch element 1
+        if form in LENGTH_FORMS:  # a sequence with no valid key: every row of batch element 1
             m[1] = False
             sel: Any = (1, slice(None), 2)
             where = "batch element 1 has no valid key (length 0); its query 2"
@@ -1245,7 +1146,7 @@ class Battery:
         if not dts:
             raise _Skip("the ordinary base cases already differ from the reference")
         for dtype in dts:
-            g = _Geom(2, 2, 6, 6, 8, 8)
+            g = Geom(2, 2, 6, 6, 8, 8)
             pos = self.make(g, dtype, label="logits ~ +1000", std=20.0)
             neg = self.make(g, dtype, label="logits ~ -1000")
             qn = round_to(np.abs(self.rng.normal(0, 1, neg.q.shape)) * 20 + 5, dtype).astype(np.float64)
@@ -1276,7 +1177,7 @@ class Battery:
                     return
 
     def p_batch(self) -> None:
-        g = _Geom(3, 2, 5, 5, 4, 4)
+        g = Geom(3, 2, 5, 5, 4, 4)
         case = self.make(g, self.primary, label="batch")
         base = self.base_call(case, "batch: batch and head perturbation")
         if base is None:
@@ -1492,14 +1393,6 @@ def _raised(e: CallError) -> str:
 
 class _Skip(Exception):
     """The probe needs a capability the function does not have."""
-
-
-def _drawn(n_q: int, n_k: int, align: str) -> str:
-    return _masks.to_string(_masks.causal(min(n_q, 4), min(n_k, 5), align=align))
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
 
 
 def golden_logit_range(case: Case, mapping: str = "interleave") -> tuple[float, float]:
