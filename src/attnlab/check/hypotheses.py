@@ -257,6 +257,8 @@ def _softmax_over(axes: tuple[int, ...], ctx: Context) -> np.ndarray | None:
 
 _AXES = [
     ((-2,), "the queries (axis -2) instead of the keys (axis -1)"),
+    ((-3, -2), "the heads and queries flattened together (h·n_q) instead of each row's keys"),
+    ((-3, -2, -1), "all the scores of a batch element flattened together (h·n_q·n_k) instead of each row's keys"),
     ((-2, -1), "the queries and keys flattened together (n_q·n_k) instead of each row's keys"),
     ((-3, -1), "the heads and keys flattened together (h·n_k) instead of each head's keys"),
     ((-3,), "the heads (axis -3) instead of the keys (axis -1)"),
@@ -497,40 +499,60 @@ def _not_normalized(ctx: Context) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------------- two at once
-# A wrong scale and a mask read wrongly: both bugs are named. Each mask variant is (code, message, output).
-_MASK_BUGS: list[tuple[str, str, Callable[[Context, float], np.ndarray | None]]] = [
-    ("mask-inverted", "{inverted}", lambda c, s: None if c.inverted() is None else c.attend(s, c.inverted())),
-    (
-        "causal-leak",
-        "ignores the causal mask",
-        lambda c, s: None if c.case.causal is None else c.attend(s, c.user_mask()),
-    ),
+# Two independent bugs: a scale or softmax bug, and a mask bug; both are named. A mask bug is the mask the scores
+# are filled with before the softmax and the mask the weights are multiplied by after it (None: the case's own,
+# nothing); a scale/softmax bug computes the output from those.
+_Masks = tuple[np.ndarray, np.ndarray | None]
+
+_MASK_BUGS: list[tuple[str, str, Callable[[Context], _Masks | None]]] = [
+    ("mask-inverted", "{inverted}", lambda c: None if c.inverted() is None else (c.inverted(), None)),
+    ("causal-leak", "ignores the causal mask", lambda c: None if c.case.causal is None else (c.user_mask(), None)),
     (
         "padding-leak",
         "ignores the mask",
-        lambda c, s: None if c.case.mask is None else c.attend(s, np.broadcast_to(c.causal_part(), c.allowed.shape)),
+        lambda c: None if c.case.mask is None else (np.broadcast_to(c.causal_part(), c.allowed.shape), None),
     ),
     (
         "mask-after-softmax",
         "applies the mask after the softmax",
-        lambda c, s: None if not c.mask_received else (softmax(c.scores * s, -1) * c.allowed) @ c.v,
-    ),
-    (
-        "softmax-axis",
-        "takes the softmax over the queries (axis -2)",
-        lambda c, s: softmax(np.where(c.allowed, c.scores * s, -np.inf), -2) @ c.v,
+        lambda c: None if not c.mask_received else (np.ones(c.allowed.shape, bool), c.allowed),
     ),
 ]
 
-for _scode, _stext, _factor in _SCALES:
-    for _mcode, _mtext, _masked in _MASK_BUGS:
+
+def _with_masks(ctx: Context, masks: _Masks, scale: float, axes: tuple[int, ...] = (-1,), after: float = 1.0) -> Any:
+    before, multiply = masks
+    w = softmax(np.where(before, ctx.scores * scale, -np.inf), axes)
+    if multiply is not None:
+        w = w * multiply
+    return (w * after) @ ctx.v
+
+
+_FIRST_BUGS: list[tuple[str, str, Callable[[Context, _Masks], np.ndarray | None]]] = [
+    (code, text, lambda c, m, factor=factor: None if factor(c) is None else _with_masks(c, m, factor(c)))
+    for code, text, factor in _SCALES
+] + [
+    (
+        "softmax-axis",
+        "your function takes the softmax over the queries (axis -2)",
+        lambda c, m: _with_masks(c, m, c.scale, (-2,)),
+    ),
+    (
+        "scale-after-softmax",
+        "your function applies the scale after the softmax",
+        lambda c, m: _with_masks(c, m, 1.0, after=c.scale),
+    ),
+]
+
+for _fcode, _ftext, _first in _FIRST_BUGS:
+    for _mcode, _mtext, _mask_bug in _MASK_BUGS:
 
         def _two(
             ctx: Context,
-            factor: Callable[[Context], float | None] = _factor,
-            masked: Callable[[Context, float], np.ndarray | None] = _masked,
+            first: Callable[[Context, _Masks], np.ndarray | None] = _first,
+            masks: Callable[[Context], _Masks | None] = _mask_bug,
         ) -> np.ndarray | None:
-            s = factor(ctx)
-            return None if s is None else masked(ctx, s)
+            m = masks(ctx)
+            return None if m is None else first(ctx, m)
 
-        hypothesis(f"{_scode}+{_mcode}", f"{_stext}; and {_mtext}")(_two)
+        hypothesis(f"{_fcode}+{_mcode}", f"{_ftext}; and {_mtext}")(_two)

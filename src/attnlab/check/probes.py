@@ -471,8 +471,8 @@ class Battery:
             if c is not None:
                 matched = evidence + f"; the output matches that explanation to {c:.2g}"
                 if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
-                    for part in code.split("+"):
-                        self.bug(part, _single(part, message), matched + f" ({message})")
+                    for i, part in enumerate(code.split("+")):
+                        self.bug(part, _single(i, message), matched + f" ({message})")
                     return
                 self.bug(code, message, matched)
                 return
@@ -1371,10 +1371,10 @@ def _explains(out: np.ndarray, alt: np.ndarray, cmp: Comparison, rows: np.ndarra
     return None
 
 
-def _single(code: str, combined: str) -> str:
-    """The message of one bug out of a combined explanation ``"... 1/sqrt(d_k); and ..."``."""
+def _single(index: int, combined: str) -> str:
+    """The message of bug ``index`` (0 or 1) of a combined explanation ``"your function ...; and ..."``."""
     first, _, second = combined.partition("; and ")
-    return first if code == "scale-missing" else "your function " + second
+    return first if index == 0 else "your function " + second
 
 
 def _raised(e: CallError) -> str:
