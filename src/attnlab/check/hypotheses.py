@@ -8,8 +8,10 @@ parameter such as a fill value may be fitted) that returns the output under that
 apply to the case; it is registered with its finding code and a message (a template over :meth:`Context.words`
 and the words the function returns).
 
-Two bugs at once (a wrong scale and a mask read wrongly) are hypotheses of their own, coded ``"a+b"``: each of
-the two is then reported as a finding.
+Two bugs at once (a wrong scale, a softmax over the queries or a scale after the softmax, together with a mask
+read wrongly, ignored or applied after the softmax) are hypotheses of their own, coded ``"a+b"``: each of the two
+is then reported as a finding. ``precision`` is not a hypothesis here: it is the tolerance rule of a lower
+precision, tried by :meth:`~attnlab.check.probes.Battery.lower_precision` when no hypothesis explains the output.
 
 >>> [h.code for h in HYPOTHESES][:3]
 ['scale-missing', 'scale-wrong', 'scale-wrong']

@@ -969,12 +969,12 @@ class Battery:
             )
 
     def large_scores(self, kp: np.ndarray) -> bool:
-        """Key padding ``kp`` with scores of large magnitude: allowed keys score about -1e11 (about -2e4 to -3e4
+        """Key padding ``kp`` with scores of large magnitude: allowed keys score about -1e11 (-1.4e4 to -2.4e4
         in float16), so a finite fill (-1e4, -1e9) outscores them, while -inf and finfo(dtype).min still block.
         Changing the V of the padded keys must not move the valid outputs. Returns True when it found a leak."""
         dtype = self.primary
         b, h, n_q, n_k, d = 2, 2, 5 if "cross" in self.caps else kp.shape[-1], kp.shape[-1], 4
-        a = 8000.0 if dtype == "float16" else 3e10  # q = a; k = -c per key: scores = -a·c·d / sqrt(d)
+        a = 6000.0 if dtype == "float16" else 3e10  # q = a; k = -c per key: scores = -a·c·d / sqrt(d)
         c = 1.2 + 0.8 * np.argsort(self.rng.random((b, h, n_k)), axis=-1) / max(1, n_k - 1)  # distinct per key
         q = np.full((b, h, n_q, d), a)
         k = np.broadcast_to(-c[..., None], (b, h, n_k, d))
@@ -983,8 +983,7 @@ class Battery:
         case = Case(q, k, v, dtype, np.broadcast_to(kp, (b, h, n_q, n_k)).copy(), None, None, "large scores")
         self.case_key = "padding: large scores"
         base = self.call(case)
-        if not base.ok:
-            self.crash(base)
+        if not base.ok:  # a function may refuse scores this large (a range check): no evidence either way
             return False
         padded = (1, slice(None), slice(3, None), slice(None))
         out = self.call(self._perturbed(case, {"v": padded}, what="v"))
