@@ -353,6 +353,8 @@ class Battery:
                 message = f"your function ended the process it ran in: {e.message.split(';')[0]}"
             else:
                 message = f"your function {_raised(e)} on an input it otherwise supports"
+                if re.search(r"converted to type .*without overflow", e.message):
+                    message += " (a fill value this dtype cannot hold, such as -1e9 in float16: use finfo(dtype).min)"
         first = (e.text.splitlines() or [e.type_name])[0][:300]
         self.bug("crash", message, f"case {out.case.label}: {out.call}: {first}")
 
