@@ -197,3 +197,65 @@ def test_a_crash_seen_again_later_still_fails_that_probe():
     assert r.codes == ("crash",)
     failed = [p for p in statuses.values() if "crash" in p.codes]
     assert len(failed) >= 2 and all(p.status == "failed" for p in failed)  # not only the first probe
+
+
+# ------------------------------------------------------------------------------------------- issue 13 §5 diagnoses
+def test_registries_keep_the_public_names_and_every_code_has_a_fix():
+    from attnlab.check import FIXES, PROBES
+    from attnlab.check.hypotheses import HYPOTHESES
+    from attnlab.check.probes import PROBE_FUNCTIONS
+
+    assert PROBES == tuple(PROBE_FUNCTIONS) and PROBES[0] == "reference" and PROBES[-1] == "determinism"
+    codes = {part for h in HYPOTHESES for part in h.code.split("+")}
+    assert codes <= set(FIXES)
+    assert {"scale-after-softmax", "fill-after-softmax", "finite-fill", "mask-wrong-heads", "gqa-mapping"} <= codes
+
+
+def test_precision_declared_is_a_note_and_undeclared_a_bug():
+    r = check(npz.weights_float16)
+    assert r.codes == ("precision",), r.to_text()
+    assert "float16" in r.findings[0].message
+    r = check(npz.weights_float16, compute_dtype="float16")
+    assert r.ok and any("as declared" in n.message for n in r.notes if n.code == "lower-precision"), r.to_text()
+    # float32 for every dtype is the upcasting oracle's pattern: a note by default, a bug when held to the input
+    assert check(npz.computes_in_float32).ok
+    assert check(npz.computes_in_float32, compute_dtype="input").codes == ("precision",)
+
+
+def test_a_finite_fill_is_caught_only_with_large_scores_and_finfo_min_stays_clean():
+    assert check(npz.fill_1e4, probes=("reference", "causal", "padding", "masked-rows")).codes == ("finite-fill",)
+    r = check(npz.fill_1e4)
+    f = next(f for f in r.findings if f.code == "finite-fill")
+    assert f.probe == "padding" and "scores in [" in f.evidence
+    for fn in (npz.fill_finfo_min, npz.additive_finfo_min):
+        assert check(fn).ok
+
+    def half_fill(q, k, v, mask=None):  # finfo(float16).min in float16 blocks: correct
+        s = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        if mask is not None:
+            s = s.masked_fill(~mask, torch.finfo(torch.float16).min)
+        return torch.softmax(s.float(), -1).to(q.dtype) @ v
+
+    assert check(half_fill, dtypes=("float16",)).ok
+
+
+def test_two_bugs_each_with_its_own_message():
+    r = check(npz.two_bugs, probes=("reference",))
+    msgs = {f.code: f.message for f in r.findings}
+    assert msgs["scale-missing"] == "your function does not scale the scores by 1/sqrt(d_k)"
+    assert msgs["mask-inverted"].startswith("your function treats True as 'blocked'")
+
+
+def test_crash_only_without_a_mask_for_n_q_ne_n_k_and_output_like_q():
+    r = check(npz.default_mask_square)
+    assert r.codes == ("crash",) and "with n_q != n_k without a mask" in r.findings[0].message
+    assert "cross" not in {u.capability for u in r.unsupported}
+    r = check(npz.output_like_q)
+    assert r.codes == ("crash",) and "could not broadcast" in r.findings[0].evidence
+    assert {u.capability: u.reason for u in r.unsupported}["dv"].startswith("crashed on every attempt")
+
+
+def test_mask_wrong_heads_names_the_expansion():
+    r = check(npz.key_padding_tiled, ranks=(4,))
+    assert r.codes == ("mask-wrong-heads",) and "repeat" in r.findings[0].message
+    assert check(npz.key_padding_repeated, ranks=(4,)).ok

@@ -279,6 +279,195 @@ def masked_softmax_valid_lens(q, k, v, valid_lens=None):
     return (e / e.sum(axis=-1, keepdims=True)) @ v
 
 
+# ------------------------------------------------------------------------------------ issue 13 §5: sharper names
+def weights_float16(q, k, v, mask=None):
+    """Subtle ``precision``: the weights are cast to float16 before ``@ V`` (to save memory)."""
+    w = _softmax(_scores(q, k), mask).astype(np.float16)
+    return (w @ v).astype(q.dtype)
+
+
+def computes_in_float32(q, k, v, mask=None):
+    """Correct under ``compute_dtype="auto"`` (a ``lower-precision`` note): every dtype computed in float32."""
+    return correct(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), mask).astype(q.dtype)
+
+
+def scores_float16(q, k, v, mask=None):
+    """``precision``: Q and K are cast to float16 for the scores (a 'mixed precision' shortcut)."""
+    s = (q.astype(np.float16) @ np.swapaxes(k.astype(np.float16), -1, -2)).astype(q.dtype)
+    return _softmax(s / q.dtype.type(math.sqrt(q.shape[-1])), mask) @ v
+
+
+def scale_after_softmax(q, k, v, mask=None):
+    """``scale-after-softmax``: softmax of the raw scores, then the output divided by sqrt(d_k)."""
+    w = _softmax(q @ np.swapaxes(k, -1, -2), mask)
+    return (w @ v) / q.dtype.type(math.sqrt(q.shape[-1]))
+
+
+def softmax_flattened(q, k, v, mask=None):
+    """``softmax-axis``: the scores are flattened to [..., n_q·n_k] and softmaxed over all of them."""
+    s = _scores(q, k)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    flat = s.reshape(*s.shape[:-2], -1)
+    e = np.exp(flat - flat.max(axis=-1, keepdims=True))
+    w = (e / e.sum(axis=-1, keepdims=True)).reshape(s.shape)
+    return w @ v
+
+
+def fill_after_softmax(q, k, v, mask=None):
+    """``fill-after-softmax``: np.where(mask, weights, -1e9) on the weights, after the softmax."""
+    w = _softmax(_scores(q, k))
+    if mask is not None:
+        w = np.where(mask, w, w.dtype.type(-1e9))  # -inf in float16
+    return w @ v
+
+
+def fill_1e4(q, k, v, mask=None):
+    """Subtle ``finite-fill``: masked scores replaced by -1e4 (right unless the scores are large)."""
+    s = _scores(q, k)
+    if mask is not None:
+        s = np.where(mask, s, s.dtype.type(-1e4))
+    return _softmax(s) @ v
+
+
+def fill_finfo_min(q, k, v, mask=None):
+    """Correct: masked scores replaced by np.finfo(dtype).min (-65504 in float16); fully masked rows uniform."""
+    s = _scores(q, k)
+    if mask is not None:
+        s = np.where(mask, s, np.finfo(s.dtype).min)
+    return _softmax(s) @ v
+
+
+def additive_finfo_min(q, k, v, mask=None):
+    """Correct: an additive mask (1 - mask) * finfo(dtype).min added to the scores, as Hugging Face builds it."""
+    s = _scores(q, k)
+    if mask is not None:
+        s = s + (1 - mask.astype(s.dtype)) * np.finfo(s.dtype).min
+    return _softmax(s) @ v
+
+
+def key_padding_tiled(q, k, v, key_padding_mask=None):
+    """``mask-wrong-heads``: inputs flattened to [B·h, n, d] batch-major, the key padding [B, n_k] expanded with
+    np.tile (b·h + head gets row (b·h + head) % B) instead of np.repeat."""
+    b, h, n_q, _ = q.shape
+    qf, kf, vf = (x.reshape(b * h, x.shape[-2], x.shape[-1]) for x in (q, k, v))
+    allowed = None
+    if key_padding_mask is not None:
+        allowed = np.tile(key_padding_mask, (h, 1))[:, None, :]  # [B·h, 1, n_k]
+    return (_softmax(_scores(qf, kf), allowed) @ vf).reshape(b, h, n_q, v.shape[-1])
+
+
+def key_padding_repeated(q, k, v, key_padding_mask=None):
+    """Correct: the same flattening with np.repeat (repeat_interleave) of the key padding."""
+    b, h, n_q, _ = q.shape
+    qf, kf, vf = (x.reshape(b * h, x.shape[-2], x.shape[-1]) for x in (q, k, v))
+    allowed = None
+    if key_padding_mask is not None:
+        allowed = np.repeat(key_padding_mask, h, axis=0)[:, None, :]
+    return (_softmax(_scores(qf, kf), allowed) @ vf).reshape(b, h, n_q, v.shape[-1])
+
+
+def full_mask_head_major(q, k, v, mask=None):
+    """``mask-wrong-heads``: a [B, h, n_q, n_k] mask flattened head-major (swapaxes, then reshape) while q, k, v
+    are flattened batch-major."""
+    if mask is None or q.ndim != 4:
+        return correct(q, k, v, mask)
+    b, h = q.shape[:2]
+    m = np.swapaxes(np.broadcast_to(mask, (*q.shape[:-1], k.shape[-2])), 0, 1).reshape(b * h, *mask.shape[-2:])
+    qf, kf, vf = (x.reshape(b * h, x.shape[-2], x.shape[-1]) for x in (q, k, v))
+    return (_softmax(_scores(qf, kf), m) @ vf).reshape(*q.shape[:-1], v.shape[-1])
+
+
+def causal_rebuilt_bottom_right(q, k, v, mask=None):
+    """``causal-alignment``: a lower-triangular mask is recognised as 'causal' and rebuilt with the KV-cache
+    (bottom-right) convention, so a given top-left mask with n_k > n_q lets queries see their future."""
+    if mask is not None:
+        n_q, n_k = mask.shape[-2:]
+        if np.array_equal(mask, np.tril(mask)) and n_q != n_k:  # no key after the query: 'it is causal'
+            mask = np.tril(np.ones((n_q, n_k), bool), k=n_k - n_q)
+    return correct(q, k, v, mask)
+
+
+def causal_align_ignored(q, k, v, mask=None, causal=None):
+    """``causal-alignment``: takes the alignment string (causal='top_left' / 'bottom_right') and always builds
+    the mask bottom-right."""
+    allowed = mask
+    if causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        c = np.tril(np.ones((n_q, n_k), bool), k=n_k - n_q)
+        allowed = c if allowed is None else allowed & c
+    return correct(q, k, v, allowed)
+
+
+def causal_align_followed(q, k, v, mask=None, causal=None):
+    """Correct: builds the causal mask with the alignment it is given."""
+    allowed = mask
+    if causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        c = np.tril(np.ones((n_q, n_k), bool), k=n_k - n_q if causal == "bottom_right" else 0)
+        allowed = c if allowed is None else allowed & c
+    return correct(q, k, v, allowed)
+
+
+def flag_bottom_right(q, k, v, mask=None, is_causal=False):
+    """``causal-alignment``: declared top-left (as PyTorch's is_causal), its causal flag builds the KV-cache
+    (bottom-right) mask: with n_k > n_q queries see keys after the declared diagonal."""
+    allowed = mask
+    if is_causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        c = ~np.triu(np.ones((n_q, n_k), bool), k=n_k - n_q + 1)  # j <= i + n_k - n_q
+        allowed = c if allowed is None else allowed & c
+    return correct(q, k, v, allowed)
+
+
+def loop_reuses_first_kv(q, k, v, mask=None):
+    """``batch-leak``: a per-sequence loop that reads k[0] and v[0] for every batch element."""
+    if q.ndim != 4:
+        return correct(q, k, v, mask)
+    out = np.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+    for b in range(q.shape[0]):
+        m = None if mask is None else np.broadcast_to(mask, (*q.shape[:-1], k.shape[-2]))[b]
+        out[b] = correct(q[b], k[0], v[0], m)
+    return out
+
+
+def loop_per_sequence(q, k, v, mask=None):
+    """Correct: the same loop with k[b], v[b]."""
+    if q.ndim != 4:
+        return correct(q, k, v, mask)
+    out = np.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype)
+    for b in range(q.shape[0]):
+        m = None if mask is None else np.broadcast_to(mask, (*q.shape[:-1], k.shape[-2]))[b]
+        out[b] = correct(q[b], k[b], v[b], m)
+    return out
+
+
+def gqa_first_head(q, k, v, mask=None):
+    """``gqa-mapping``: multi-query shortcut, every query head reads K/V head 0."""
+    if q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        k, v = k[..., :1, :, :], v[..., :1, :, :]
+    return correct(q, k, v, mask)
+
+
+def two_bugs(q, k, v, mask=None):
+    """Two bugs: no 1/sqrt(d_k), and the mask read inverted; both are named."""
+    return scale_missing(q, k, v, None if mask is None else ~mask)
+
+
+def default_mask_square(q, k, v, mask=None):
+    """``crash``: without a mask it builds a default mask (n_q, n_q), which breaks when n_q != n_k."""
+    if mask is None:
+        mask = np.ones((q.shape[-2], q.shape[-2]), bool)
+    return correct(q, k, v, mask)
+
+
+def output_like_q(q, k, v, mask=None):
+    """``crash``: allocates the output like q, so it breaks when d_v != d_k."""
+    out = np.empty_like(q)
+    out[...] = correct(q, k, v, mask)
+    return out
+
+
 ENTRIES = [
     Entry("np-correct", correct),
     Entry("np-correct-blocked", correct_blocked, options={"mask_convention": "block"}),
@@ -296,7 +485,8 @@ ENTRIES = [
         ),
         options={"mask_convention": "block"},
     ),
-    Entry("np-valid-lens", masked_softmax_valid_lens),
+    # d2l's -1e6 fill is a finite fill: blocked keys win once the scores are below -1e6
+    Entry("np-valid-lens-d2l", masked_softmax_valid_lens, ("finite-fill",)),
     Entry("np-causal-only", causal_only, options={"causal_only": True, "causal_align": "bottom_right"}),
     Entry("np-scale-missing", scale_missing, ("scale-missing",)),
     Entry("np-scale-d-model", scale_d_model, ("scale-wrong",), subtle=True),
@@ -306,7 +496,7 @@ ENTRIES = [
     Entry("np-mask-after-softmax", mask_after_softmax, ("mask-after-softmax",), subtle=True),
     # also reference-mismatch: on the rectangular causal case (n_q=4, n_k=9) tril(k=1) matches neither alignment
     Entry("np-causal-off-by-one", causal_off_by_one, ("causal-leak",), also=("reference-mismatch",), subtle=True),
-    Entry("np-weak-fill", weak_fill, ("padding-leak",), also=("causal-leak",), subtle=True),
+    Entry("np-weak-fill", weak_fill, ("finite-fill",), subtle=True),
     Entry("np-mask-row0", mask_row0, ("reference-mismatch",), subtle=True),
     Entry("np-masked-row-nan", masked_row_nan, ("masked-row-nan",)),
     Entry("np-unstable", unstable, ("unstable-softmax",), subtle=True),
@@ -318,8 +508,8 @@ ENTRIES = [
     Entry("np-upcasts", upcasts, ("dtype",), subtle=True),
     Entry("np-scales-in-place", scales_in_place, ("mutates-input",), subtle=True),
     Entry("np-hangs", hangs_on_cross, ("timeout",), options={"timeout": 0.5}),
-    Entry("np-gqa-tile", gqa_tile, ("reference-mismatch",), options={"gqa": True}, subtle=True),
-    Entry("np-gqa-interleave-declared-tile", gqa_correct, ("reference-mismatch",), options={"gqa": "tile"}),
+    Entry("np-gqa-tile", gqa_tile, ("gqa-mapping",), options={"gqa": True}, subtle=True),
+    Entry("np-gqa-interleave-declared-tile", gqa_correct, ("gqa-mapping",), options={"gqa": "tile"}),
     Entry(
         "np-key-padding-on-queries",
         key_padding_on_queries,
@@ -327,4 +517,35 @@ ENTRIES = [
         also=("reference-mismatch", "not-normalized", "crash"),
     ),
     Entry("np-masked-rows-not-zeros", finfo_min_fill, ("masked-row-policy",), options={"masked_rows": "zeros"}),
+    # issue 13 §5
+    Entry("np-correct-float32-compute", computes_in_float32),
+    Entry("np-weights-float16-declared", weights_float16, options={"compute_dtype": "float16"}),
+    Entry("np-finfo-min-fill", fill_finfo_min),
+    Entry("np-additive-finfo-min", additive_finfo_min),
+    Entry("np-key-padding-repeated", key_padding_repeated, options={"ranks": (4,)}),
+    Entry("np-causal-align-followed", causal_align_followed, options={"causal_value": "align"}),
+    Entry("np-loop-per-sequence", loop_per_sequence),
+    Entry("np-weights-float16", weights_float16, ("precision",)),
+    Entry("np-scores-float16", scores_float16, ("precision",)),
+    Entry("np-float32-held-to-input", computes_in_float32, ("precision",), options={"compute_dtype": "input"}),
+    Entry("np-scale-after-softmax", scale_after_softmax, ("scale-after-softmax",)),
+    Entry("np-softmax-flattened", softmax_flattened, ("softmax-axis",)),
+    Entry("np-fill-after-softmax", fill_after_softmax, ("fill-after-softmax",)),
+    Entry("np-fill-1e4", fill_1e4, ("finite-fill",), subtle=True),
+    Entry("np-key-padding-tiled", key_padding_tiled, ("mask-wrong-heads",), options={"ranks": (4,)}, subtle=True),
+    Entry("np-full-mask-head-major", full_mask_head_major, ("mask-wrong-heads",), subtle=True),
+    Entry("np-causal-rebuilt-bottom-right", causal_rebuilt_bottom_right, ("causal-alignment",), subtle=True),
+    Entry("np-causal-align-ignored", causal_align_ignored, ("causal-alignment",), options={"causal_value": "align"}),
+    Entry(
+        "np-flag-bottom-right-declared-top-left",
+        flag_bottom_right,
+        ("causal-alignment",),
+        options={"causal_align": "top_left"},
+        subtle=True,
+    ),
+    Entry("np-loop-reuses-first-kv", loop_reuses_first_kv, ("batch-leak",), subtle=True),
+    Entry("np-gqa-first-head", gqa_first_head, ("gqa-mapping",), options={"gqa": True}),
+    Entry("np-two-bugs", two_bugs, ("scale-missing", "mask-inverted")),
+    Entry("np-default-mask-square", default_mask_square, ("crash",), subtle=True),
+    Entry("np-output-like-q", output_like_q, ("crash",), subtle=True),
 ]

@@ -10,17 +10,19 @@ The probes, in the order they run (``probes=`` selects a subset):
 ========================  ===========================================================================  ===========
 probe                     experiment                                                                   needs
 ========================  ===========================================================================  ===========
-``reference``             a grid of shapes (n_q != n_k, d_v != d_k, odd sizes, rank 2-4, GQA) and      --
-                          dtypes, compared with the float64 reference; mismatches are diagnosed
+``reference``             a grid of shapes (n_q != n_k, d_v != d_k, odd sizes, rank 2-4, GQA, B and h  --
+                          above 1) and dtypes, compared with the float64 reference; mismatches are
+                          diagnosed by the hypotheses of :mod:`attnlab.check.hypotheses`
 ``invariants``            the §21 invariants on returned weights (rows sum to 1, masked weights 0)     weights
 ``normalization``         V = ones: every output must be exactly a convex combination, i.e. 1          --
 ``causal``                change future tokens; earlier outputs must not move                          causal
-``padding``               1e10 / random / NaN in the K and V of padded keys; valid outputs must not    mask
-                          move
+``padding``               1e10 / random / NaN in the K and V of padded keys, and scores of large       mask
+                          magnitude (a finite fill leaks); valid outputs must not move
 ``masked-rows``           a query row with no allowed key: error, zeros, uniform (documented) or NaN   mask
 ``large-logits``          logits of about ±1000: exp overflows or underflows unless the row maximum    --
                           is subtracted
-``batch``                 change one batch element / head; the others must not move                    --
+``batch``                 change batch element 1, then 0, then head 1, then 0; the others must not     --
+                          move
 ``determinism``           the same call three times; outputs must be bitwise equal                     --
 ========================  ===========================================================================  ===========
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,77 +48,31 @@ import numpy as np
 from .. import masks as _masks
 from ..invariants import check_arrays
 from .adapters import CAPABILITIES, round_to
+from .cases import COMBOS, DTYPE_NAMES, GRID, LENGTH_FORMS, PRECISION, Geom, drawn, indent, random_mask, softmax
+from .fixes import FIXES, LEAKS, NOT_DIAGNOSES, PERTURBATION, SPECIFIC
+from .hypotheses import Context, outputs
 from .report import CORE_PROBES, Finding, ProbeResult, Unsupported
 from .runner import CallError, Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
-__all__ = ["FIXES", "PROBES", "Battery"]
-
-DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
-
-#: Mask forms that describe sequences (a fully masked row is a sequence with no valid key).
-_LENGTH_FORMS = ("key_padding", "valid_lens", "kv_cache", "varlen")
-
-#: Bits of precision of each dtype (to tell a lower-precision computation from a higher one).
-_PRECISION = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8}
+__all__ = ["FIXES", "PROBES", "PROBE_FUNCTIONS", "Battery", "probe"]
 
 #: How many mismatching cases no hypothesis explains get perturbation experiments of their own.
 EXPERIMENT_CASES = 40
 
-PROBES = (
-    "reference",
-    "invariants",
-    "normalization",
-    "causal",
-    "padding",
-    "masked-rows",
-    "large-logits",
-    "batch",
-    "determinism",
-)
+#: The probes by name, in the order they run: ``name -> probe(battery)`` (registered with :func:`probe`).
+PROBE_FUNCTIONS: dict[str, Callable[[Battery], None]] = {}
 
-#: How to fix each bug, in one or two sentences.
-FIXES: dict[str, str] = {
-    "reference-mismatch": "compute softmax(Q Kᵀ / sqrt(d_k) + mask) V in a precision at least as good as the "
-    "inputs'; compare one failing case with attnlab.attention_trace to see which step differs",
-    "scale-missing": "multiply Q Kᵀ by 1/sqrt(d_k), where d_k = q.shape[-1] is the per-head key dimension",
-    "scale-wrong": "use scale = 1/sqrt(d_k) with d_k the per-head dimension q.shape[-1] (not d_model, not d_v), "
-    "and honour a scale argument when one is passed",
-    "softmax-axis": "take the softmax over the last axis (the keys): softmax(scores, axis=-1) / dim=-1",
-    "mask-inverted": "convert the mask at the boundary: with True = may attend, fill where ~mask "
-    "(masked_fill(~mask, -inf)); attnlab.masks.from_blocked / to_blocked convert between the conventions",
-    "mask-after-softmax": "apply the mask to the scores before the softmax (fill -inf where blocked), never "
-    "multiply the weights by the mask afterwards; the softmax then renormalizes over the allowed keys",
-    "causal-leak": "block key j for query i when j > i (+ n_k - n_q for bottom-right alignment), before the "
-    "softmax; attnlab.masks.causal(n_q, n_k, align=...) draws the intended mask",
-    "padding-leak": "mask the padded keys (columns), not the queries, and apply the mask before the softmax "
-    "with -inf or finfo(dtype).min, never a fill value the scores can exceed",
-    "masked-row-nan": "give rows with no allowed key a defined value: zeros (as FlashAttention and PyTorch "
-    "SDPA), or raise; e.g. where(row has no allowed key, 0, softmax)",
-    "unstable-softmax": "subtract the row maximum before exp (stable softmax), and compute exp and the sum in "
-    "float32 or better",
-    "not-normalized": "divide exp(logits - max) by its row sum over the keys (axis -1) before multiplying by V",
-    "batch-leak": "keep batch and head axes separate: use transpose/permute before reshape/view, and never "
-    "reduce (max, sum, mean) over the batch or head axes",
-    "nondeterministic": "make the computation order fixed (no random key order, no unseeded dropout at "
-    "inference); PyTorch: torch.use_deterministic_algorithms(True)",
-    "crash": "make the function accept every input of the supported capabilities, or refuse a capability with "
-    "a clear exception on every call (then it is reported as unsupported, not as a bug)",
-    "masked-row-policy": "make fully masked rows follow the declared policy (masked_rows=...), or declare the "
-    "policy the function has",
-    "dtype": "return the output in the input dtype (cast back after computing in higher precision)",
-    "mutates-input": "never write into the caller's arrays: use out-of-place operations (q = q * scale, not "
-    "q *= scale / q.mul_())",
-    "timeout": "make sure the function returns for every input; the per-call limit is the timeout option",
-    "output-type": "return an array of the library the inputs came in (torch.Tensor for tensors, numpy.ndarray for "
-    "NumPy arrays), e.g. torch.from_numpy(out) or out.numpy(); never convert the result to another library",
-}
 
-#: Codes a named bug seen in the same case accounts for (``explained_by``).
-_LEAKS = ("not-normalized", "padding-leak", "causal-leak", "masked-row-nan", "batch-leak")
-_SPECIFIC = ("softmax-axis", "mask-after-softmax", "mask-inverted")
-_PERTURBATION = ("causal-leak", "padding-leak", "batch-leak")
-_NOT_DIAGNOSES = ("reference-mismatch", "crash", "timeout", "dtype", "mutates-input", "output-type")
+def probe(name: str) -> Callable[[Callable[[Battery], None]], Callable[[Battery], None]]:
+    """Register the decorated method as the probe ``name`` (probes run in registration order)."""
+
+    def register(fn: Callable[[Battery], None]) -> Callable[[Battery], None]:
+        PROBE_FUNCTIONS[name] = fn
+        return fn
+
+    return register
+
 
 #: How a call of each capability is described, and the words that make an error a clean refusal of it.
 _CAP_PHRASE = {
@@ -129,6 +86,12 @@ _CAP_PHRASE = {
     "causal-cross": "causal with n_q != n_k",
 }
 _SHAPE_CAPS = ("cross", "dv", "rank", "gqa", "causal-cross")
+#: Messages of a shape error inside the function (NumPy, PyTorch): they name no unsupported argument.
+_INTERNAL_SHAPE = (
+    r"could not be broadcast|could not broadcast|must match the size of tensor|doesn't match the broadcast shape"
+    r"|expanded size of the tensor|cannot reshape array|is invalid for input of size|shapes cannot be multiplied"
+    r"|mismatch in its core dimension"
+)
 _REFUSAL_WORDS = {
     "float64": r"float64|double|\bf64\b|dtype",
     "float32": r"float32|\bsingle\b|'float'|\bf32\b|dtype",
@@ -145,20 +108,6 @@ _REFUSAL_WORDS = {
 }
 
 
-@dataclass(frozen=True)
-class _Geom:
-    b: int | None
-    h: int
-    n_q: int
-    n_k: int
-    d_k: int
-    d_v: int
-    h_kv: int | None = None
-
-    def lead(self, heads: int) -> tuple[int, ...]:
-        return (heads,) if self.b is None else (self.b, heads)
-
-
 class _Abort(Exception):
     """A call timed out, or the worker ended too often; nothing more is called."""
 
@@ -169,53 +118,6 @@ class _Obs:
 
     finding: Finding
     case: str
-
-
-# the grid: (label, geometry, required capabilities, extra)
-_GRID = [
-    ("base", _Geom(2, 2, 5, 5, 8, 8), (), {}),
-    ("base-2", _Geom(1, 3, 4, 4, 6, 6), (), {}),
-    ("mask", _Geom(2, 3, 9, 9, 4, 4), ("mask",), {"mask": True}),
-    ("mask-2", _Geom(1, 2, 6, 6, 8, 8), ("mask",), {"mask": True}),
-    ("causal", _Geom(2, 2, 6, 6, 8, 8), ("causal",), {"causal": True}),
-    ("causal-2", _Geom(1, 1, 7, 7, 4, 4), ("causal",), {"causal": True}),
-    ("scale", _Geom(1, 2, 5, 5, 8, 8), ("scale",), {"scale": 0.37}),
-    ("scale-2", _Geom(2, 1, 3, 3, 4, 4), ("scale",), {"scale": 1.7}),
-    ("cross", _Geom(1, 2, 7, 11, 16, 16), ("cross",), {}),
-    ("cross-2", _Geom(2, 1, 5, 3, 4, 4), ("cross",), {}),
-    ("d_v", _Geom(1, 2, 5, 5, 8, 6), ("dv",), {}),
-    ("d_v-2", _Geom(2, 1, 3, 3, 4, 7), ("dv",), {}),
-    ("rank-3", _Geom(None, 3, 6, 6, 4, 4), ("rank",), {}),
-    ("rank-3b", _Geom(None, 1, 5, 5, 3, 3), ("rank",), {}),
-    ("gqa", _Geom(2, 4, 6, 6, 8, 8, h_kv=2), ("gqa",), {}),
-    ("gqa-2", _Geom(1, 6, 5, 5, 4, 4, h_kv=3), ("gqa",), {}),
-    ("causal+cross", _Geom(1, 2, 4, 9, 8, 8), ("causal-cross", "causal", "cross"), {"causal": True}),
-    ("causal+cross-2", _Geom(2, 1, 3, 7, 4, 4), ("causal-cross", "causal", "cross"), {"causal": True}),
-]
-_COMBOS = [
-    ("causal+mask", _Geom(1, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
-    ("mask+cross", _Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
-    ("mask+cross-2", _Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
-    (
-        "causal+mask+cross",
-        _Geom(2, 2, 3, 9, 4, 4),
-        ("causal", "mask", "cross", "causal-cross"),
-        {"causal": True, "mask": True},
-    ),
-    ("long", _Geom(1, 2, 113, 203, 64, 64), ("cross",), {"mask": False}),
-    ("long-causal", _Geom(1, 1, 97, 97, 32, 32), ("causal",), {"causal": True}),
-    ("single", _Geom(2, 1, 1, 1, 3, 3), (), {}),
-    ("odd", _Geom(1, 3, 11, 11, 5, 5), (), {}),
-]
-
-
-def _softmax(logits: np.ndarray, axis: int) -> np.ndarray:
-    """Softmax along ``axis`` where ``-inf`` entries get 0 and empty slices give 0 (never NaN)."""
-    m = np.max(logits, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    e = np.exp(logits - m)
-    s = np.sum(e, axis=axis, keepdims=True)
-    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
 
 
 class Battery:
@@ -277,7 +179,7 @@ class Battery:
     # ------------------------------------------------------------------------------------------------ cases
     def make(
         self,
-        g: _Geom,
+        g: Geom,
         dtype: str,
         *,
         label: str,
@@ -285,8 +187,10 @@ class Battery:
         causal: bool = False,
         scale: float | None = None,
         std: float = 1.0,
+        align: str | None = None,
     ) -> Case:
-        """A random case of geometry ``g`` in ``dtype`` (values rounded to it, kept as float64)."""
+        """A random case of geometry ``g`` in ``dtype`` (values rounded to it, kept as float64); ``align``: the
+        causal alignment when n_q != n_k (default: the declared one, else bottom-right)."""
         rng = self.rng
         h_kv = g.h_kv or g.h
         q = rng.normal(0, std, (*g.lead(g.h), g.n_q, g.d_k))
@@ -299,7 +203,7 @@ class Battery:
         elif mask:
             m = self.random_mask(g)
         causal = causal or self.spec.causal_only or (getattr(self.spec, "causal_when_no_mask", False) and m is None)
-        align = None
+        given_align, align = align, None
         if causal and m is not None and self.mask_form in ("kv_cache", "varlen") and g.b is not None:
             # a decode kernel / packed sequences: each sequence's queries are its last positions (bottom-right per
             # sequence)
@@ -313,43 +217,12 @@ class Battery:
             m = m & per_seq
             return Case(q, k, v, dtype=dtype, mask=m, causal=None, scale=scale, label=label, flag=True)
         if causal:
-            align = "top_left" if g.n_q == g.n_k else (self.align or "bottom_right")
+            align = "top_left" if g.n_q == g.n_k else (given_align or self.align or "bottom_right")
         return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
 
-    def random_mask(self, g: _Geom) -> np.ndarray:
-        """A random mask ``[..., h, n_q, n_k]`` the function's mask form can express: different per batch element
-        and per head (full form), per batch element (``batch``), per batch element's keys (``key_padding``), or a
-        valid length per batch element (``valid_lens``). Key 0 is always allowed; the last key blocked somewhere."""
-        rng, full = self.rng, (*g.lead(g.h), g.n_q, g.n_k)
-        form = self.mask_form if g.b is not None else "full"
-        if form == "full":
-            m = rng.random(full) < 0.6
-        elif form == "batch":
-            m = rng.random((g.b, 1, g.n_q, g.n_k)) < 0.6
-        elif form == "key_padding":
-            m = rng.random((g.b, 1, 1, g.n_k)) < 0.6
-        elif form == "varlen":  # per sequence: L_q queries and L_k >= L_q keys (prefixes)
-            lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, g.b)
-            lq = np.minimum(rng.integers(1, g.n_q + 1, g.b), lk)
-            lq[0] = min(g.n_q, lk[0])
-            i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
-            m = ((i < lq[:, None, None]) & (j < lk[:, None, None]))[:, None]
-            if g.b > 1:
-                m[-1, ..., : lq[-1], : lk[-1]] = True
-            return np.broadcast_to(m, full).copy()
-        elif form == "kv_cache":  # cache lengths: at least n_q (the new queries are in the cache), below n_k
-            lengths = rng.integers(min(g.n_q, g.n_k), g.n_k + 1, g.b)
-            lengths[-1] = max(min(g.n_q, g.n_k), g.n_k - 1)
-            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
-        else:
-            lengths = rng.integers(1, g.n_k + 1, g.b)
-            lengths[-1] = max(1, g.n_k - 1) if g.n_k > 1 else 1
-            m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
-        m = np.broadcast_to(m, full).copy()
-        m[..., 0] = True
-        if g.n_k > 1 and form not in ("valid_lens", "kv_cache"):
-            m[..., g.n_k - 1] = False
-        return m
+    def random_mask(self, g: Geom) -> np.ndarray:
+        """A random mask the function's mask form can express (see :func:`~attnlab.check.cases.random_mask`)."""
+        return random_mask(self.rng, g, self.mask_form if g.b is not None else "full")
 
     @staticmethod
     def key(case: Case) -> str:
@@ -480,6 +353,8 @@ class Battery:
                 message = f"your function ended the process it ran in: {e.message.split(';')[0]}"
             else:
                 message = f"your function {_raised(e)} on an input it otherwise supports"
+                if re.search(r"converted to type .*without overflow", e.message):
+                    message += " (a fill value this dtype cannot hold, such as -1e9 in float16: use finfo(dtype).min)"
         first = (e.text.splitlines() or [e.type_name])[0][:300]
         self.bug("crash", message, f"case {out.case.label}: {out.call}: {first}")
 
@@ -492,6 +367,8 @@ class Battery:
             return True
         if not {"ValueError", "TypeError", "RuntimeError"} & set(e.bases):
             return False  # AttributeError, NameError, IndexError, AssertionError...: a bug, whatever it says
+        if cap == "dv" and re.search(_INTERNAL_SHAPE, e.message, flags=re.IGNORECASE):
+            return False  # an output allocated like q, a broadcast inside the function: a crash, not a refusal
         r = self.backend.resolved
         names = {"mask": r.mask_arg, "causal": r.causal_arg, "scale": r.scale_arg}
         words = _REFUSAL_WORDS[cap] + (f"|{re.escape(names[cap])}" if names.get(cap) else "")
@@ -519,165 +396,37 @@ class Battery:
         c = self.compute
         if c == "auto":
             c = self.lower_seen or "input"
-        if c == "input" or _PRECISION[c] >= _PRECISION[dtype]:
+        if c == "input" or PRECISION[c] >= PRECISION[dtype]:
             return dtype
         return c
 
-    def _hypotheses(self, case: Case) -> list[tuple[str, str, np.ndarray]]:
-        """Outputs of plausible wrong implementations of ``case``: (code, what it does, its output)."""
-        q, k, v = case.q, self.expand(case.q, case.k), self.expand(case.q, case.v)
-        d_k, d_v = q.shape[-1], v.shape[-1]
-        h = q.shape[-3] if q.ndim >= 3 else 1
+    def lower_precision(self, case: Case, out: np.ndarray, rows: np.ndarray, evidence: str) -> bool:
+        """A ``precision`` bug: the output is right only to a lower precision's tolerance rule (computed in it, or
+        an intermediate such as the weights rounded to it), with an error of that precision's size."""
+        golden, _, _ = self.expected(case)
+        work = self.work_dtype(case.dtype)
         allowed = self.allowed(case)
-        s0 = case.scale if case.scale is not None else 1 / math.sqrt(d_k)
-        scores = q @ np.swapaxes(k, -1, -2)
-
-        def attend(scale: float, a: np.ndarray | None = allowed) -> np.ndarray:
-            lg = scores * scale
-            if a is not None:
-                lg = np.where(a, lg, -np.inf)
-            return _softmax(lg, -1) @ v
-
-        out: list[tuple[str, str, np.ndarray]] = []
-        if case.scale is None:
-            out.append(("scale-missing", "your function does not scale the scores by 1/sqrt(d_k)", attend(1.0)))
-        else:
-            out.append(
-                (
-                    "scale-wrong",
-                    f"your function ignores the scale argument ({case.scale}) and uses 1/sqrt(d_k)",
-                    attend(1 / math.sqrt(d_k)),
-                )
+        for low in ("float32", "float16", "bfloat16"):
+            if PRECISION[low] >= PRECISION[work]:
+                continue
+            naive = naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=self.gqa_map)
+            c = compare(out, golden, bound(low, golden, naive), rows)
+            noise = compare(naive, golden, math.inf, rows).max_error
+            if not c.ok or c.max_error < 0.05 * noise:
+                continue
+            held = (
+                f"; compute_dtype='{self.compute}' holds {case.dtype} inputs to {work}'s rule"
+                if self.compute != "auto"
+                else ""
             )
-            out.append(
-                (
-                    "scale-wrong",
-                    "your function divides by the scale argument instead of multiplying by it",
-                    attend(1 / s0),
-                )
+            self.bug(
+                "precision",
+                f"your function computes {case.dtype} inputs in {low} (or rounds an intermediate, such as the "
+                f"weights before @ V, to {low}){held}",
+                evidence + f"; within {low}'s tolerance rule ({c.bound:.2g}): the error of a computation in {low}",
             )
-        if d_k > 1:
-            out.append(
-                (
-                    "scale-wrong",
-                    f"your function scales the scores by 1/d_k = 1/{d_k} instead of 1/sqrt(d_k)",
-                    attend(1 / d_k),
-                )
-            )
-            out.append(
-                (
-                    "scale-wrong",
-                    "your function multiplies the scores by sqrt(d_k) instead of dividing by it",
-                    attend(math.sqrt(d_k)),
-                )
-            )
-        if h > 1:
-            out.append(
-                (
-                    "scale-wrong",
-                    f"your function scales by 1/sqrt(d_model), d_model = h·d_k = {h * d_k}, instead of the "
-                    f"per-head 1/sqrt(d_k = {d_k})",
-                    attend(1 / math.sqrt(h * d_k)),
-                )
-            )
-        if d_v != d_k:
-            out.append(
-                (
-                    "scale-wrong",
-                    f"your function scales by 1/sqrt(d_v) = 1/sqrt({d_v}) instead of 1/sqrt(d_k)",
-                    attend(1 / math.sqrt(d_v)),
-                )
-            )
-        lg = np.where(allowed, scores * s0, -np.inf)
-        out.append(
-            (
-                "softmax-axis",
-                "your function takes the softmax over the queries (axis -2) instead of the keys (axis -1)",
-                _softmax(lg, -2) @ v,
-            )
-        )
-        if case.mask is not None or self.causal_in_mask(case):
-            if self.causal_in_mask(case):  # the function received one mask, causal part included: all of it inverted
-                inv = ~allowed
-            else:
-                inv = ~np.broadcast_to(case.mask, allowed.shape)
-                if case.causal is not None:
-                    inv = inv & _masks.causal(q.shape[-2], k.shape[-2], align=case.causal)
-            out.append(("mask-inverted", self._inverted_text(), attend(s0, inv)))
-        if case.mask is not None:
-            out.append(
-                (
-                    "padding-leak",
-                    "your function ignores the mask",
-                    attend(s0, self.allowed(Case(q, k, v, mask=None, causal=case.causal))),
-                )
-            )
-        out.append(
-            (
-                "mask-after-softmax",
-                "your function applies the mask after the softmax, so the weights of the allowed keys no "
-                "longer sum to 1",
-                (_softmax(scores * s0, -1) * allowed) @ v,
-            )
-        )
-        if case.causal is not None:
-            out.append(
-                ("causal-leak", "your function ignores the causal mask", attend(s0, self.allowed(case, causal=None)))
-            )
-            out.append(
-                (
-                    "mask-after-softmax",
-                    "your function applies the mask after the (causal) softmax, so the allowed weights no longer "
-                    "sum to 1",
-                    (
-                        _softmax(np.where(self.allowed(Case(q, k, v, causal=case.causal)), scores * s0, -np.inf), -1)
-                        * allowed
-                    )
-                    @ v,
-                )
-            )
-        if case.scale is None and d_k > 1:  # two bugs at once: no scale, and a mask read wrongly
-            variants = []
-            if case.mask is not None or self.causal_in_mask(case):
-                variants.append(("mask-inverted", self._inverted_text(), inv))
-            if case.causal is not None:
-                variants.append(
-                    ("causal-leak", "your function ignores the causal mask", self.allowed(case, causal=None))
-                )
-            for code, text, a in variants:
-                out.append(
-                    (
-                        f"scale-missing+{code}",
-                        f"your function does not scale the scores by 1/sqrt(d_k); and {text[len('your function ') :]}",
-                        attend(1.0, a),
-                    )
-                )
-        row_max = np.max(np.where(allowed, lg, -1e300), axis=-1, keepdims=True)
-        e = np.where(allowed, np.exp(np.where(allowed, lg, row_max) - row_max), 0.0)
-        out.append(
-            (
-                "not-normalized",
-                "your function does not divide exp(logits) by its row sum (the weights are not normalized)",
-                e @ v,
-            )
-        )
-        if case.gqa:
-            other = "interleave" if self.gqa_map == "tile" else "tile"
-            kt, vt = self.expand(q, case.k, other), self.expand(q, case.v, other)
-            st = q @ np.swapaxes(kt, -1, -2) * s0
-            said = {
-                "tile": "i mod h_kv (tile / repeat)",
-                "interleave": "i // (h_q / h_kv) (repeat_interleave)",
-            }
-            out.append(
-                (
-                    "reference-mismatch",
-                    f"query head i uses K/V head {said[other]} instead of {said[self.gqa_map]}, as declared "
-                    f"(gqa='{self.gqa_map}')",
-                    _softmax(np.where(allowed, st, -np.inf), -1) @ vt,
-                )
-            )
-        return out
+            return True
+        return False
 
     def _inverted_text(self) -> str:
         return {
@@ -708,19 +457,29 @@ class Battery:
             else f"; max |out - reference| = {cmp.max_error:.3g} at {cmp.where} (tolerance {cmp.bound:.2g})"
         )
         evidence += what
-        for code, text, alt in self._hypotheses(case):
+        ctx = Context.build(
+            case,
+            out,
+            self.allowed(case),
+            causal_in_mask=self.causal_in_mask(case),
+            alignment_received=self.causal_in_mask(case) or self.spec.causal_value == "align",
+            inverted_text=self._inverted_text(),
+            gqa_map=self.gqa_map,
+        )
+        for code, message, alt in outputs(ctx):
             if alt.shape != out.shape:
                 continue
-            c = compare(out, alt, cmp.bound, rows)
-            if c.ok and (cmp.nonfinite > 0 or c.max_error * 10 <= cmp.max_error):
-                message = text if code != "reference-mismatch" else f"K/V heads are mapped wrongly: {text}"
-                matched = evidence + f"; the output matches that explanation to {c.max_error:.2g}"
+            c = _explains(out, alt, cmp, rows)
+            if c is not None:
+                matched = evidence + f"; the output matches that explanation to {c:.2g}"
                 if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
-                    for part in code.split("+"):
-                        self.bug(part, _single(part, message), matched + f" ({message})")
+                    for i, part in enumerate(code.split("+")):
+                        self.bug(part, _single(i, message), matched + f" ({message})")
                     return
                 self.bug(code, message, matched)
                 return
+        if self.lower_precision(case, out, rows, evidence):
+            return
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
         self.experiments(case, out)
 
@@ -791,24 +550,21 @@ class Battery:
                         "the output changes when the K/V of keys the mask blocks change",
                         ev + f", with a mask; max change {m:.3g} (tolerance {tol:.2g})",
                     )
+        pairs = []
         if case.q.ndim == 4 and case.q.shape[0] > 1:
-            m = moved(self.call(self._perturbed(case, (1,))), (0,))
-            if m is not None:
-                self.bug(
-                    "batch-leak",
-                    "the output of batch element 0 changes when only batch element 1 changes",
-                    ev + f" (layout {self.spec.layout}); max change {m:.3g} (tolerance {tol:.2g})",
-                )
+            pairs += [("batch element", (1,), (0,)), ("batch element", (0,), (1,))]
         if case.q.ndim >= 3 and case.q.shape[-3] > 1 and not case.gqa:
-            m = moved(
-                self.call(self._perturbed(case, (..., 1, slice(None), slice(None)))), (..., 0, slice(None), slice(None))
-            )
+            heads = [(..., j, slice(None), slice(None)) for j in (0, 1)]
+            pairs += [("head", heads[1], heads[0]), ("head", heads[0], heads[1])]
+        for what, changed, watched in pairs:
+            m = moved(self.call(self._perturbed(case, changed)), watched)
             if m is not None:
                 self.bug(
                     "batch-leak",
-                    "the output of head 0 changes when only head 1 changes",
+                    f"the output of {what} {1 - _index(changed)} changes when only {what} {_index(changed)} changes",
                     ev + f" (layout {self.spec.layout}); max change {m:.3g} (tolerance {tol:.2g})",
                 )
+                break
         ones = Case(
             case.q,
             case.k,
@@ -865,7 +621,9 @@ class Battery:
                 )
                 return True
         n_q, n_k = case.q.shape[-2], case.k.shape[-2]
-        if case.causal is not None and n_q != n_k and self.causal_mode in ("flag", "only"):
+        flag_only = self.causal_mode in ("flag", "only") and not self.causal_in_mask(case)
+        if case.causal is not None and n_q != n_k and flag_only and self.spec.causal_value != "align":
+            # a bool flag's alignment is the function's own (documented) choice; an alignment it was given is not
             other = "top_left" if case.causal == "bottom_right" else "bottom_right"
             g2, tol2, rows2 = self.expected(case, causal=other)
             if compare(out.out, g2, tol2, rows2 & rows).ok:
@@ -874,7 +632,18 @@ class Battery:
                     "top_left": "top-left (PyTorch is_causal, JAX)",
                     "bottom_right": "bottom-right (FlashAttention, KV-cache decoding)",
                 }
-                if self.spec.causal_align is None:
+                leaks = (_masks.causal(n_q, n_k, align=other) & ~_masks.causal(n_q, n_k, align=case.causal)).any()
+                if self.spec.causal_align is not None and leaks and self.causal_mode == "flag":
+                    # the declared alignment is the contract of the flag: one that lets queries see keys it blocks
+                    # leaks (a causal_only function's own alignment stays a documented difference)
+                    self.bug(
+                        "causal-alignment",
+                        f"your function aligns its causal mask {names[other]}, not {names[case.causal]} as "
+                        f"declared (causal_align='{case.causal}'): queries see keys in their declared future",
+                        f"case {case.label}: {case.shapes()}; n_q={n_q}, n_k={n_k}; output matches causal='{other}'; "
+                        f"the function's mask (first rows and keys):\n{indent(drawn(n_q, n_k, other))}",
+                    )
+                elif self.spec.causal_align is None:
                     self.note(
                         "causal-alignment",
                         f"the causal mask is aligned {names[other]}",
@@ -888,7 +657,7 @@ class Battery:
                         f"not {names[case.causal]} as declared",
                         f"case {case.label}: n_q={n_q}, n_k={n_k}; query i sees keys "
                         + ("j <= i" if other == "top_left" else f"j <= i + {n_k - n_q}")
-                        + f"; the function's mask (first rows and keys):\n{_indent(_drawn(n_q, n_k, other))}",
+                        + f"; the function's mask (first rows and keys):\n{indent(drawn(n_q, n_k, other))}",
                         "for the declared alignment pass an explicit mask instead of the causal flag "
                         f"(attnlab.masks.causal(n_q, n_k, align='{case.causal}'))",
                     )
@@ -900,7 +669,7 @@ class Battery:
     def preflight(self) -> None:
         """Find the dtypes and capabilities the function supports, with two attempts each."""
         self.unsupported = dict(self.backend.structural)
-        base = [(lbl, g, req, ex) for lbl, g, req, ex in _GRID if not req]
+        base = [(lbl, g, req, ex) for lbl, g, req, ex in GRID if not req]
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             if dtype in self.unsupported:
                 continue
@@ -919,8 +688,8 @@ class Battery:
             if cap == "causal" and self.causal_mode == "mask" and "mask" in self.unsupported:
                 self.unsupported[cap] = "no causal flag, and the mask is not supported"
                 continue
-            cases = [(lbl, g, ex) for lbl, g, req, ex in _GRID if req and req[0] == cap]
-            if any(r not in self.caps for lbl, g, req, ex in _GRID if req and req[0] == cap for r in req[1:]):
+            cases = [(lbl, g, ex) for lbl, g, req, ex in GRID if req and req[0] == cap]
+            if any(r not in self.caps for lbl, g, req, ex in GRID if req and req[0] == cap for r in req[1:]):
                 continue
             self.case_key = f"preflight {cap}"
             outs = [self.call(self.make(g, self.primary, label=lbl, **ex)) for lbl, g, ex in cases]
@@ -933,6 +702,18 @@ class Battery:
         if not errs and not bad:
             self._supported(cap, outs, is_dtype)
             return
+        if cap == "cross" and len(errs) == len(outs) and "mask" in self.caps and not self.crashed.get("mask"):
+            # n_q != n_k fails without a mask: does it work with one (a default mask built (n_q, n_q))?
+            g = next(g for lbl, g, req, _ in GRID if req == ("cross",))
+            with_mask = self.call(self.make(g, self.primary, label="cross, with a mask", mask=np.ones((1,), bool)))
+            if with_mask.ok:
+                self.crash(
+                    errs[0],
+                    f"your function {_raised(errs[0].error)} on every call with n_q != n_k without a mask "
+                    f"({self.backend.resolved.mask_arg or 'mask'}=None); it works with one",
+                )
+                self._supported(cap, [with_mask], is_dtype)
+                return
         if len(errs) == len(outs) and all(self.refusal(cap, o.error) for o in errs):
             self.unsupported[cap] = f"refused on every attempt: {errs[0].error_text.splitlines()[0][:200]}"
             return
@@ -944,7 +725,7 @@ class Battery:
         first = errs[0] if errs else bad[0]
         if is_dtype and errs and "mask" not in self.unsupported:
             # no call without a mask worked: does the function need one?
-            probe = self.make(_GRID[0][1], cap, label=f"base {cap}, with a mask", mask=np.ones((1, 1, 1, 1), bool))
+            probe = self.make(GRID[0][1], cap, label=f"base {cap}, with a mask", mask=np.ones((1, 1, 1, 1), bool))
             with_mask = self.call(probe)
             if with_mask.ok:
                 self.crash(
@@ -975,16 +756,28 @@ class Battery:
         self.grid.extend(o for o in outs if o.error is None)
 
     # ------------------------------------------------------------------------------------------------ probes
+    @probe("reference")
     def p_reference(self) -> None:
-        for lbl, g, req, ex in _COMBOS:
+        for lbl, g, req, ex in COMBOS:
             if all(r in self.caps for r in req):
                 self.grid.append(self.call(self.make(g, self.primary, label=lbl, **ex)))
+        given = self.spec.causal_value == "align" and self.causal_mode == "flag"
+        in_mask = self.causal_mode in ("mask", "flag") and self.mask_form == "full"
+        if "causal-cross" in self.caps and (given or in_mask):
+            # the alignment reaches the function (inside its mask, or as a string): it must follow either one
+            other = "top_left" if (self.align or "bottom_right") == "bottom_right" else "bottom_right"
+            with_mask = self.causal_mode == "flag" and not given
+            if not with_mask or "mask" in self.caps:
+                g = Geom(2, 2, 4, 9, 8, 8)
+                label = f"causal+cross {other.replace('_', '-')}" + (" +mask" if with_mask else "")
+                case = self.make(g, self.primary, label=label, causal=True, mask=with_mask, align=other)
+                self.grid.append(self.call(case))
         for dtype in self.dtypes[1:]:
             if "causal" in self.caps:
-                g = _GRID[4][1]
+                g = GRID[4][1]
                 self.grid.append(self.call(self.make(g, dtype, label=f"causal {dtype}", causal=True)))
             if "mask" in self.caps:
-                g = _GRID[2][1]
+                g = GRID[2][1]
                 self.grid.append(self.call(self.make(g, dtype, label=f"mask {dtype}", mask=True)))
         for out in self.grid:
             self.case_key = self.key(out.case)
@@ -995,6 +788,7 @@ class Battery:
             if out.case.label.startswith("base"):
                 self.base_ok[out.case.dtype] = self.base_ok.get(out.case.dtype, True) and ok
 
+    @probe("invariants")
     def p_invariants(self) -> None:
         if not self.returns_weights:
             raise _Skip("the function returns no weights")
@@ -1034,7 +828,7 @@ class Battery:
                     self.bug("padding-leak", "your function gives weight to keys the mask blocks", ev)
             elif viol.name == "row-sum":
                 s0 = case.scale if case.scale is not None else 1 / math.sqrt(q.shape[-1])
-                after = _softmax(q @ np.swapaxes(k, -1, -2) * s0, -1) * allowed
+                after = softmax(q @ np.swapaxes(k, -1, -2) * s0, -1) * allowed
                 if np.allclose(w, after, atol=1e-4):
                     self.bug(
                         "mask-after-softmax",
@@ -1046,11 +840,12 @@ class Battery:
             else:
                 self.bug("reference-mismatch", f"invariant {viol.name} does not hold", ev)
 
+    @probe("normalization")
     def p_normalization(self) -> None:
-        g = _Geom(2, 2, 6, 6, 8, 5)
+        g = Geom(2, 2, 6, 6, 8, 5)
         dv = "dv" in self.caps
         if not dv:
-            g = _Geom(2, 2, 6, 6, 8, 8)
+            g = Geom(2, 2, 6, 6, 8, 8)
         case = self.make(g, self.primary, label="V = ones")
         case = Case(case.q, case.k, np.ones_like(case.v), case.dtype, None, case.causal, None, case.label)
         self.case_key = "normalization: V = ones"
@@ -1082,11 +877,12 @@ class Battery:
             arr[idx] = round_to(new, case.dtype).astype(np.float64)
         return Case(q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label, flag=case.flag)
 
+    @probe("causal")
     def p_causal(self) -> None:
         if "causal" not in self.caps:
             raise _Skip("needs causal")
         n = 8
-        case = self.make(_Geom(2, 2, n, n, 4, 4), self.primary, label="future", causal=True)
+        case = self.make(Geom(2, 2, n, n, 4, 4), self.primary, label="future", causal=True)
         base = self.base_call(case, "causal: future tokens")
         if base is None:
             return
@@ -1101,17 +897,18 @@ class Battery:
             if not out.ok:
                 self.crash(out)
                 continue
-            diff = np.abs(out.out[..., : t + 1, :] - base.out[..., : t + 1, :])
+            diff = _change(out.out[..., : t + 1, :], base.out[..., : t + 1, :])
             if not np.all(diff <= tol):
                 idx = np.argwhere(~(diff <= tol))[0]
                 self.bug(
                     "causal-leak",
                     f"query {int(idx[-2])} changes when tokens {t + 1}..{n - 1} (its future) change",
-                    f"case {case.label}: {case.shapes()}, causal; max change {float(np.nanmax(diff)):.3g} in "
+                    f"case {case.label}: {case.shapes()}, causal; max change {_largest(diff):.3g} in "
                     f"outputs of queries 0..{t} (tolerance {tol:.2g})",
                 )
                 return
 
+    @probe("padding")
     def p_padding(self) -> None:
         if "mask" not in self.caps:
             raise _Skip("needs mask")
@@ -1119,7 +916,7 @@ class Battery:
         n_q = 5 if "cross" in self.caps else n  # rectangular where the function takes n_q != n_k
         lengths = np.array([n, 3])
         kp = _masks.key_padding(lengths, n)  # [B, 1, 1, n_k]
-        case = self.make(_Geom(2, 2, n_q, n, 4, 4), self.primary, label="key padding", mask=kp)
+        case = self.make(Geom(2, 2, n_q, n, 4, 4), self.primary, label="key padding", mask=kp)
         base = self.base_call(case, "padding: key padding")
         if base is None:
             return
@@ -1127,6 +924,7 @@ class Battery:
         padded = (1, slice(None), slice(3, None), slice(None))  # batch 1, keys 3..5
         big = 1e10 if case.dtype in ("float64", "float32") else 1e3
         tol = FLOORS[case.dtype] * max(1.0, float(np.max(np.abs(base.out)))) * 4
+        leaks: dict[str, tuple[float | None, Comparison]] = {}
         for what, value in (("large", big), ("random", None)):
             out = self.call(self._perturbed(case, {"k": padded, "v": padded}, what="kv", value=value))
             if not out.ok:
@@ -1134,19 +932,35 @@ class Battery:
                 continue
             cmp = compare(out.out[1], base.out[1], tol, rows[1])  # the padded sequence's own valid outputs
             if not cmp.ok:
+                leaks[what] = (value, cmp)
+        for what, (value, cmp) in leaks.items():
+            ev = (
+                f"case {case.label}: {case.shapes()}, key lengths {lengths.tolist()}, padded K/V set to "
+                f"{f'{value:g}' if value is not None else 'random values'}; "
+                + (
+                    f"{cmp.nonfinite} non-finite outputs"
+                    if cmp.nonfinite
+                    else f"max change {cmp.max_error:.3g} at {cmp.where} (tolerance {tol:.2g})"
+                )
+            )
+            if what == "large" and "random" not in leaks and not cmp.nonfinite:  # blocked while scores are small
+                self.bug(
+                    "finite-fill",
+                    "the output of valid positions changes when padded keys get scores of about "
+                    f"{big:g}·q (their K set to {big:g}), and only then: the blocked scores are shifted by a finite "
+                    "value (an additive mask such as (1 - mask) * -10000.0) instead of -inf or finfo(dtype).min",
+                    ev,
+                )
+            else:
                 self.bug(
                     "padding-leak",
                     f"the output of valid positions changes when the K/V of padded (masked) keys change ({what} "
                     "values)",
-                    f"case {case.label}: {case.shapes()}, key lengths {lengths.tolist()}, padded K/V set to "
-                    f"{f'{value:g}' if value is not None else 'random values'}; "
-                    + (
-                        f"{cmp.nonfinite} non-finite outputs"
-                        if cmp.nonfinite
-                        else f"max change {cmp.max_error:.3g} at {cmp.where} (tolerance {tol:.2g})"
-                    ),
+                    ev,
                 )
-                return
+            return
+        if self.large_scores(kp):
+            return
         out = self.call(self._perturbed(case, {"k": padded, "v": padded}, what="kv", value=math.nan))
         if out.ok and not np.all(np.isfinite(out.out[1][rows[1]])):
             self.note(
@@ -1156,14 +970,54 @@ class Battery:
                 "make padded inputs finite (e.g. zeros) before attention; masking cannot remove a NaN from V",
             )
 
+    def large_scores(self, kp: np.ndarray) -> bool:
+        """Key padding ``kp`` with scores of large magnitude: allowed keys score about -1e11 (-1.4e4 to -2.4e4
+        in float16), so a finite fill (-1e4, -1e9) outscores them, while -inf and finfo(dtype).min still block.
+        Changing the V of the padded keys must not move the valid outputs. Returns True when it found a leak."""
+        dtype = self.primary
+        b, h, n_q, n_k, d = 2, 2, 5 if "cross" in self.caps else kp.shape[-1], kp.shape[-1], 4
+        a = 6000.0 if dtype == "float16" else 3e10  # q = a; k = -c per key: scores = -a·c·d / sqrt(d)
+        c = 1.2 + 0.8 * np.argsort(self.rng.random((b, h, n_k)), axis=-1) / max(1, n_k - 1)  # distinct per key
+        q = np.full((b, h, n_q, d), a)
+        k = np.broadcast_to(-c[..., None], (b, h, n_k, d))
+        v = self.rng.normal(0, 1, (b, h, n_k, d))
+        q, k, v = (round_to(x, dtype).astype(np.float64) for x in (q, k, v))
+        case = Case(q, k, v, dtype, np.broadcast_to(kp, (b, h, n_q, n_k)).copy(), None, None, "large scores")
+        self.case_key = "padding: large scores"
+        base = self.call(case)
+        if not base.ok:  # a function may refuse scores this large (a range check): no evidence either way
+            return False
+        padded = (1, slice(None), slice(3, None), slice(None))
+        out = self.call(self._perturbed(case, {"v": padded}, what="v"))
+        if not out.ok or out.out.shape != base.out.shape:
+            return False
+        rows = self.allowed(case).any(axis=-1)[1]
+        d_ = np.where(rows[..., None], _change(out.out[1], base.out[1]), 0.0)
+        finite = np.abs(base.out[1][np.isfinite(base.out[1])])
+        tol = FLOORS[dtype] * max(1.0, float(finite.max()) if finite.size else 1.0) * 4
+        if not np.any(d_ > tol) or np.isinf(d_).any():  # inf/NaN appearing is overflow, not a fill
+            return False
+        lg = golden_logit_range(case)
+        self.bug(
+            "finite-fill",
+            "blocked keys get weight once the scores are large: the padded keys' V moves the valid outputs when the "
+            f"allowed scores are about {lg[1]:.2g}; the mask fills with a finite value the scores exceed (such as "
+            "-1e4 or -1e9) instead of -inf or finfo(dtype).min",
+            f"case {case.label}: {case.shapes()}, key lengths {kp.sum(axis=-1).ravel().tolist()}, scores in "
+            f"[{lg[0]:.3g}, {lg[1]:.3g}]; changing the padded keys' V moves valid outputs by up to "
+            f"{_largest(d_):.3g} (tolerance {tol:.2g})",
+        )
+        return True
+
+    @probe("masked-rows")
     def p_masked_rows(self) -> None:
         if "mask" not in self.caps:
             raise _Skip("needs mask")
-        g = _Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else _Geom(2, 2, 6, 6, 4, 4)
+        g = Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else Geom(2, 2, 6, 6, 4, 4)
         case = self.make(g, self.primary, label="fully masked row", mask=True)
         m = case.mask.copy()
         form = self.mask_form
-        if form in _LENGTH_FORMS:  # a sequence with no valid key: every row of batch element 1
+        if form in LENGTH_FORMS:  # a sequence with no valid key: every row of batch element 1
             m[1] = False
             sel: Any = (1, slice(None), 2)
             where = "batch element 1 has no valid key (length 0); its query 2"
@@ -1230,22 +1084,23 @@ class Battery:
                 )
         golden, tol_g, _ = self.expected(case)
         cmp = compare(out.out, golden, tol_g, rows)
+        if not cmp.ok:  # the other rows are wrong: name why, in this case
+            self.diagnose(case, out.out, cmp, rows)
         if not cmp.ok and cmp.nonfinite:
             self.bug(
                 "masked-row-nan",
                 "a fully masked row spreads NaN/inf into rows that have allowed keys",
                 ev + f"; {cmp.nonfinite} non-finite values in other rows",
             )
-        elif not cmp.ok:  # the other rows are wrong: name why, in this case
-            self.diagnose(case, out.out, cmp, rows)
 
+    @probe("large-logits")
     def p_large_logits(self) -> None:
         dts = [self.primary] + (["float32"] if "float32" in self.dtypes and self.primary != "float32" else [])
         dts = [d for d in dts if self.base_ok.get(d) is not False]
         if not dts:
             raise _Skip("the ordinary base cases already differ from the reference")
         for dtype in dts:
-            g = _Geom(2, 2, 6, 6, 8, 8)
+            g = Geom(2, 2, 6, 6, 8, 8)
             pos = self.make(g, dtype, label="logits ~ +1000", std=20.0)
             neg = self.make(g, dtype, label="logits ~ -1000")
             qn = round_to(np.abs(self.rng.normal(0, 1, neg.q.shape)) * 20 + 5, dtype).astype(np.float64)
@@ -1275,8 +1130,9 @@ class Battery:
                     )
                     return
 
+    @probe("batch")
     def p_batch(self) -> None:
-        g = _Geom(3, 2, 5, 5, 4, 4)
+        g = Geom(3, 2, 5, 5, 4, 4)
         case = self.make(g, self.primary, label="batch")
         base = self.base_call(case, "batch: batch and head perturbation")
         if base is None:
@@ -1286,24 +1142,27 @@ class Battery:
         tol = FLOORS[case.dtype] * max(1.0, float(np.max(np.abs(base.out)))) * 4
         for what, sel, keep in (
             ("batch element 1", (1,), [(0,), (2,)]),
+            ("batch element 0", (0,), [(1,), (2,)]),  # a loop that reuses element 0's K/V
             ("head 1", (slice(None), 1), [(slice(None), 0)]),
+            ("head 0", (slice(None), 0), [(slice(None), 1)]),
         ):
             out = self.call(self._perturbed(case, sel))
             if not out.ok:
                 self.crash(out)
                 continue
             for kidx in keep:
-                diff = np.abs(out.out[kidx] - base.out[kidx])
+                diff = _change(out.out[kidx], base.out[kidx])
                 if not np.all(diff <= tol):
                     other = "batch element" if what.startswith("batch") else "head"
                     self.bug(
                         "batch-leak",
                         f"the output of {other} {kidx[-1]} changes when only {what} changes",
                         f"case {case.label}: {case.shapes()} (layout {self.spec.layout}); max change "
-                        f"{float(np.nanmax(diff)):.3g} (tolerance {tol:.2g})",
+                        f"{_largest(diff):.3g} (tolerance {tol:.2g})",
                     )
                     return
 
+    @probe("determinism")
     def p_determinism(self) -> None:
         first = next((o for o in self.grid if o.ok and o.case.label.startswith("base")), None)
         if first is None:
@@ -1358,7 +1217,7 @@ class Battery:
             calls0, t0 = self.runner.calls, time.perf_counter()
             status, detail = "passed", ""
             try:
-                getattr(self, "p_" + name.replace("-", "_"))()
+                PROBE_FUNCTIONS[name](self)
             except _Skip as s:
                 status, detail = "skipped", str(s)
             except _Abort:
@@ -1445,14 +1304,14 @@ class Battery:
 
         def explainer(o: _Obs) -> str | None:
             code, seen = o.finding.code, by_case[o.case] - {o.finding.code}
-            if code == "reference-mismatch" and not o.finding.message.startswith("K/V"):
-                named = sorted(seen - set(_NOT_DIAGNOSES), key=list(FIXES).index)
+            if code == "reference-mismatch":
+                named = sorted(seen - set(NOT_DIAGNOSES), key=list(FIXES).index)
                 return named[0] if named else None
-            if code in _LEAKS:
-                for c in _SPECIFIC:
+            if code in LEAKS:
+                for c in SPECIFIC:
                     if c in seen:
                         return c
-            if code in _PERTURBATION and noisy:
+            if code in PERTURBATION and noisy:
                 # the one exception to "within the same case": noise invalidates the perturbation experiment
                 # itself, and a repeated call can match bitwise by chance (dropout on a single key)
                 return "nondeterministic"
@@ -1475,10 +1334,48 @@ class Battery:
         return tuple(bugs), tuple(also)
 
 
-def _single(code: str, combined: str) -> str:
-    """The message of one bug out of a combined explanation ``"... 1/sqrt(d_k); and ..."``."""
+#: The probes' names, in the order they run (``probes=`` selects a subset).
+PROBES = tuple(PROBE_FUNCTIONS)
+
+
+def _change(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``|a - b|`` where a NaN (or an infinity) that stays the same is no change, and a new one an infinite one."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        return np.where(same, 0.0, np.where(np.isfinite(a) & np.isfinite(b), np.abs(a - b), np.inf))
+
+
+def _largest(d: np.ndarray) -> float:
+    """The largest entry of a non-empty array of changes (inf when one is infinite)."""
+    return float(np.max(d)) if d.size else 0.0
+
+
+def _index(sel: tuple[Any, ...]) -> int:
+    """The batch element or head an index ``(1,)`` / ``(..., 1, :, :)`` selects."""
+    return next(i for i in sel if isinstance(i, int))
+
+
+def _explains(out: np.ndarray, alt: np.ndarray, cmp: Comparison, rows: np.ndarray) -> float | None:
+    """How closely ``alt`` explains ``out`` (max error), or None when it does not: within the case's bound and
+    at least 10x closer than the reference; non-finite outputs must be non-finite exactly where ``alt`` is."""
+    finite = np.isfinite(alt)
+    if not finite.all():
+        sel = np.broadcast_to(rows[..., None], out.shape)
+        if not all(np.array_equal(f(out) & sel, f(alt) & sel) for f in (np.isposinf, np.isneginf, np.isnan)):
+            return None
+        c = compare(np.where(finite, out, 0.0), np.where(finite, alt, 0.0), cmp.bound, rows)
+        return c.max_error if c.ok else None
+    fin = np.abs(alt[np.isfinite(alt)])
+    c = compare(out, alt, cmp.bound * max(1.0, float(fin.max()) if fin.size else 1.0), rows)  # large outputs
+    if c.ok and (cmp.nonfinite > 0 or c.max_error * 10 <= cmp.max_error):
+        return c.max_error
+    return None
+
+
+def _single(index: int, combined: str) -> str:
+    """The message of bug ``index`` (0 or 1) of a combined explanation ``"your function ...; and ..."``."""
     first, _, second = combined.partition("; and ")
-    return first if code == "scale-missing" else "your function " + second
+    return first if index == 0 else "your function " + second
 
 
 def _raised(e: CallError) -> str:
@@ -1492,14 +1389,6 @@ def _raised(e: CallError) -> str:
 
 class _Skip(Exception):
     """The probe needs a capability the function does not have."""
-
-
-def _drawn(n_q: int, n_k: int, align: str) -> str:
-    return _masks.to_string(_masks.causal(min(n_q, 4), min(n_k, 5), align=align))
-
-
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
 
 
 def golden_logit_range(case: Case, mapping: str = "interleave") -> tuple[float, float]:
