@@ -320,10 +320,12 @@ def test_survives_nan_garbage_and_exits():
 
 
 def test_declared_alignment_differs_from_a_causal_only_function():
+    # the caller relies on top-left; the function's built-in mask is bottom-right: queries see their future
     r = check(npz.causal_only, causal_only=True, causal_align="top_left")
-    assert r.ok
-    note = next(n for n in r.notes if n.code == "causal-alignment")
-    assert note.message.startswith("documented difference: the function aligns its causal mask bottom-right")
+    assert r.codes == ("causal-alignment",), r.to_text()
+    f = r.findings[0]
+    assert f.message.startswith("your function aligns its causal mask bottom-right")
+    assert "queries see keys in their declared future" in f.message
 
 
 def test_additive_and_keep_conventions_catch_inversion():

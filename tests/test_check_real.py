@@ -23,13 +23,14 @@ def test_torch_sdpa_default_backend_is_clean_in_every_dtype():
     assert "causal-alignment" in _notes(r)  # is_causal is top-left, said in the report
 
 
-def test_torch_sdpa_math_backend_declared_bottom_right_explains_the_alignment():
+def test_torch_sdpa_is_causal_used_for_a_bottom_right_decode_is_named():
+    # is_causal is top-left: a caller relying on bottom-right (a KV-cache decode step) gets queries that miss keys
     r = check(sdpa_math, gqa=True, causal_align="bottom_right")
-    assert r.ok, r.to_text()
-    note = next(n for n in r.notes if n.code == "causal-alignment")
-    assert "documented difference" in note.message and "top-left" in note.message
-    assert "■ ⬚" in note.evidence  # the alignment is drawn
-    assert "align='bottom_right'" in note.fix
+    assert r.codes == ("causal-alignment",), r.to_text()
+    f = r.findings[0]
+    assert "top-left" in f.message and "queries miss keys the declared alignment lets them see" in f.message
+    assert "■ ⬚" in f.evidence  # the function's alignment is drawn
+    assert "align=" in f.fix
 
 
 def test_multihead_attention_internals_are_clean_except_its_nan_on_fully_masked_rows():

@@ -226,7 +226,7 @@ def test_a_finite_fill_is_caught_only_with_large_scores_and_finfo_min_stays_clea
     assert check(npz.fill_1e4, probes=("reference", "causal", "padding", "masked-rows")).codes == ("finite-fill",)
     r = check(npz.fill_1e4)
     f = next(f for f in r.findings if f.code == "finite-fill")
-    assert f.probe == "padding" and "scores in [" in f.evidence
+    assert f.probe in ("causal", "padding") and "scores in [" in f.evidence  # whichever large-score case runs first
     for fn in (npz.fill_finfo_min, npz.additive_finfo_min):
         assert check(fn).ok
 

@@ -206,6 +206,38 @@ def masked_fill_1e4(q, k, v, mask=None):
     return torch.softmax(s, dim=-1) @ v
 
 
+def causal_only_fill_1e5(q, k, v):
+    """``finite-fill``: an always-causal layer whose future scores are set to -1e5 with torch.where, right
+    unless the scores are large."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    future = torch.ones(n_q, n_k, dtype=torch.bool).triu(1)
+    s = torch.where(future, torch.tensor(-1e5, dtype=q.dtype), _scores(q, k))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def causal_only_neg_1e9(q, k, v):
+    """``finite-fill``: a registered lower-triangular buffer, masked_fill(bias == 0, -1e9)."""
+    n = q.shape[-2]
+    bias = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+    s = _scores(q, k).masked_fill(bias == 0, -1e9)
+    return F.softmax(s, dim=-1) @ v
+
+
+def masked_fill_wrong_arguments(q, k, v, mask=None):
+    """``crash``: torch.masked_fill called with the value left out, a TypeError naming masked_fill (not a clean
+    refusal of the mask, whatever its message says)."""
+    s = _scores(q, k)
+    if mask is not None:
+        s = torch.masked_fill(s, ~mask)
+    return torch.softmax(s, dim=-1) @ v
+
+
+def sdpa_decode_is_causal(q, k, v, causal=False):
+    """``causal-alignment`` with ``causal_align="bottom_right"``: a decode step through SDPA's is_causal, which is
+    top-left, so the new queries miss the cached keys."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+
+
 def bert_additive_10000(q, k, v, attention_mask=None):
     """Subtle ``finite-fill``: the older BERT extended mask, (1.0 - mask) * -10000.0 added to the scores."""
     s = _scores(q, k)
@@ -354,6 +386,26 @@ ENTRIES = [
     Entry("torch-fill-after-softmax", masked_fill_after_softmax, ("fill-after-softmax",)),
     Entry("torch-masked-fill-1e4", masked_fill_1e4, ("finite-fill",), subtle=True),
     Entry("torch-bert-additive-10000", bert_additive_10000, ("finite-fill",), subtle=True),
+    Entry(
+        "torch-causal-only-fill-1e5",
+        causal_only_fill_1e5,
+        ("finite-fill",),
+        options={"causal_only": True, "ranks": (4,)},
+    ),
+    Entry(
+        "torch-causal-buffer-1e9",
+        causal_only_neg_1e9,
+        ("finite-fill",),
+        options={"causal_only": True, "ranks": (4,)},
+    ),
+    Entry("torch-masked-fill-wrong-arguments", masked_fill_wrong_arguments, ("crash",)),
+    Entry(
+        "torch-sdpa-decode-is-causal",
+        sdpa_decode_is_causal,
+        ("causal-alignment",),
+        options={"causal_align": "bottom_right", "causal_arg": "causal"},
+        subtle=True,
+    ),
     Entry(
         "torch-batch-mask-repeat", batch_mask_repeat, ("mask-wrong-heads",), options={"mask_form": "batch"}, subtle=True
     ),

@@ -92,12 +92,14 @@ _INTERNAL_SHAPE = (
     r"|expanded size of the tensor|cannot reshape array|is invalid for input of size|shapes cannot be multiplied"
     r"|mismatch in its core dimension"
 )
+#: A library op called with arguments it cannot take: a bug in the function, whatever argument it names.
+_MISUSED_OP = r"received an invalid combination of arguments|has no attribute|is not defined"
 _REFUSAL_WORDS = {
     "float64": r"float64|double|\bf64\b|dtype",
     "float32": r"float32|\bsingle\b|'float'|\bf32\b|dtype",
     "float16": r"float16|\bhalf\b|\bf16\b|dtype",
     "bfloat16": r"bfloat16|\bbf16\b|dtype",
-    "mask": r"mask",
+    "mask": r"\bmask(s|ing)?\b|\battn_mask\b|\bkey_padding_mask\b",  # not masked_fill / masked_softmax
     "causal": r"causal",
     "scale": r"scale",
     "cross": r"n_q|n_k|length|\bseq|square|same|cross|shape|size",
@@ -367,11 +369,13 @@ class Battery:
             return True
         if not {"ValueError", "TypeError", "RuntimeError"} & set(e.bases):
             return False  # AttributeError, NameError, IndexError, AssertionError...: a bug, whatever it says
+        if re.search(_MISUSED_OP, e.message, flags=re.IGNORECASE):
+            return False  # torch.masked_fill(x, bad_args), a typo caught as TypeError: a crash, not a refusal
         if cap == "dv" and re.search(_INTERNAL_SHAPE, e.message, flags=re.IGNORECASE):
             return False  # an output allocated like q, a broadcast inside the function: a crash, not a refusal
         r = self.backend.resolved
         names = {"mask": r.mask_arg, "causal": r.causal_arg, "scale": r.scale_arg}
-        words = _REFUSAL_WORDS[cap] + (f"|{re.escape(names[cap])}" if names.get(cap) else "")
+        words = _REFUSAL_WORDS[cap] + (f"|\\b{re.escape(names[cap])}\\b" if names.get(cap) else "")
         if cap in _SHAPE_CAPS:  # a shape written out names it: "expects [B, h, n, d]", "(1, 5, 2, 6)"
             words += r"|\[[\w\s,.]*\]|\(\d+(?:,\s*\d+)+\)"
         return re.search(words, e.message, flags=re.IGNORECASE) is not None
@@ -633,33 +637,30 @@ class Battery:
                     "bottom_right": "bottom-right (FlashAttention, KV-cache decoding)",
                 }
                 leaks = (_masks.causal(n_q, n_k, align=other) & ~_masks.causal(n_q, n_k, align=case.causal)).any()
-                if self.spec.causal_align is not None and leaks and self.causal_mode == "flag":
-                    # the declared alignment is the contract of the flag: one that lets queries see keys it blocks
-                    # leaks (a causal_only function's own alignment stays a documented difference)
+                if self.spec.causal_align is not None:
+                    # the declared alignment is the one the caller relies on (a decode step, a KV cache): either
+                    # difference changes the output there, a looser mask leaks the future, a stricter one hides
+                    # keys the query must see
+                    what = (
+                        "queries see keys in their declared future"
+                        if leaks
+                        else "queries miss keys the declared alignment lets them see"
+                    )
                     self.bug(
                         "causal-alignment",
                         f"your function aligns its causal mask {names[other]}, not {names[case.causal]} as "
-                        f"declared (causal_align='{case.causal}'): queries see keys in their declared future",
-                        f"case {case.label}: {case.shapes()}; n_q={n_q}, n_k={n_k}; output matches causal='{other}'; "
-                        f"the function's mask (first rows and keys):\n{indent(drawn(n_q, n_k, other))}",
+                        f"declared (causal_align='{case.causal}'): {what}",
+                        f"case {case.label}: {case.shapes()}; n_q={n_q}, n_k={n_k}; query i sees keys "
+                        + ("j <= i" if other == "top_left" else f"j <= i + {n_k - n_q}")
+                        + f"; output matches causal='{other}'; the function's mask (first rows and keys):\n"
+                        + indent(drawn(n_q, n_k, other)),
                     )
-                elif self.spec.causal_align is None:
+                else:
                     self.note(
                         "causal-alignment",
                         f"the causal mask is aligned {names[other]}",
                         f"case {case.label}: n_q={n_q}, n_k={n_k}; output matches causal='{other}'",
                         "declare causal_align to hold the function to one alignment",
-                    )
-                else:
-                    self.note(
-                        "causal-alignment",
-                        f"documented difference: the function aligns its causal mask {names[other]}, "
-                        f"not {names[case.causal]} as declared",
-                        f"case {case.label}: n_q={n_q}, n_k={n_k}; query i sees keys "
-                        + ("j <= i" if other == "top_left" else f"j <= i + {n_k - n_q}")
-                        + f"; the function's mask (first rows and keys):\n{indent(drawn(n_q, n_k, other))}",
-                        "for the declared alignment pass an explicit mask instead of the causal flag "
-                        f"(attnlab.masks.causal(n_q, n_k, align='{case.causal}'))",
                     )
                 return True
         self.diagnose(case, out.out, cmp, rows)
@@ -907,6 +908,44 @@ class Battery:
                     f"outputs of queries 0..{t} (tolerance {tol:.2g})",
                 )
                 return
+        self.large_scores_causal(case)
+
+    def large_scores_causal(self, small: Case) -> bool:
+        """The causal case ``small`` with scores of large magnitude (as :meth:`large_scores`): a finite causal fill
+        (-1e4, -1e5, -1e9) then outscores the allowed keys, and the future's V moves the early outputs."""
+        dtype = self.primary
+        b, h, n, _ = small.q.shape
+        d = 4
+        a = 6000.0 if dtype == "float16" else 3e10
+        c = 1.2 + 0.8 * np.argsort(self.rng.random((b, h, n)), axis=-1) / max(1, n - 1)
+        q = round_to(np.full((b, h, n, d), a), dtype).astype(np.float64)
+        k = round_to(np.broadcast_to(-c[..., None], (b, h, n, d)), dtype).astype(np.float64)
+        v = round_to(self.rng.normal(0, 1, (b, h, n, d)), dtype).astype(np.float64)
+        case = Case(q, k, v, dtype, small.mask, small.causal, None, "causal, large scores", flag=small.flag)
+        self.case_key = "causal: large scores"
+        base = self.call(case)
+        if not base.ok or base.out.shape != (b, h, n, d):
+            return False  # a range check refusing such scores: no evidence either way
+        t = 1
+        out = self.call(self._perturbed(case, {"v": (..., slice(t + 1, None), slice(None))}, what="v"))
+        if not out.ok or out.out.shape != base.out.shape:
+            return False
+        d_ = _change(out.out[..., : t + 1, :], base.out[..., : t + 1, :])
+        finite = np.abs(base.out[np.isfinite(base.out)])
+        tol = FLOORS[dtype] * max(1.0, float(finite.max()) if finite.size else 1.0) * 4
+        if not np.any(d_ > tol) or np.isinf(d_).any():
+            return False
+        lg = golden_logit_range(case)
+        self.bug(
+            "finite-fill",
+            "future keys get weight once the scores are large: the V of tokens "
+            f"{t + 1}..{n - 1} moves the outputs of queries 0..{t} when the allowed scores are about {lg[1]:.2g}; "
+            "the causal mask fills with a finite value the scores exceed (such as -1e4, -1e5 or -1e9) instead of "
+            "-inf or finfo(dtype).min",
+            f"case {case.label}: {case.shapes()}, scores in [{lg[0]:.3g}, {lg[1]:.3g}]; changing the future V "
+            f"moves earlier outputs by up to {_largest(d_):.3g} (tolerance {tol:.2g})",
+        )
+        return True
 
     @probe("padding")
     def p_padding(self) -> None:
