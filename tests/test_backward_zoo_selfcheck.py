@@ -207,6 +207,8 @@ BEHAVIOUR: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "bwd-fa2-gqa-tile-fold": (("self", "cross", "pad", "row"), {"gqa": "dk dv"}),
     "bwd-torch-gqa-one-head": (("self", "cross", "pad", "row"), {"gqa": "dk dv"}),
     "bwd-fa2-lse-no-max": ((), {"cross": "dq dk dv"}),
+    "bwd-fa2-lse-max-only": ((), {"cross": "dq dk dv"}),
+    "bwd-fa2-only-dk-assigned": (("tiny",), {"cross": "dk"}),
     "bwd-fa2-recomputes-lse": ((), {"cross": "dq dk dv"}),
     "bwd-fa2-log2-undeclared": ((), {"cross": "dq dk dv"}),
     "bwd-fa2-dk-overwritten": (("tiny",), {"cross": "dk dv"}),

@@ -64,7 +64,7 @@ from ..core.backward import attention_backward
 from ..core.dropout import Dropout
 from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dtype_name, round_to
 from .callables import signature_of
-from .grad_hypotheses import Variant, attention_grads, hypotheses
+from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
 from .probes import FIXES, Battery
 from .report import Finding, ProbeResult, Report, Unsupported
 from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
@@ -971,6 +971,23 @@ class GradBattery(Battery):
             )
         )
         rows = allowed.any(axis=-1)
+        refit = only is None or any(v.lse == "shifted" for _, _, v in only)
+        cands = [c for c in cands if c[2].lse != "shifted"]  # a fitted lse belongs to the case it was fitted on
+        if refit and grads.get("dq") is not None:  # a wrong lse of any kind: fitted from dq, row by row
+            right = attention_grads(
+                case.q,
+                case.k,
+                case.v,
+                case.d_out,
+                case.mask,
+                causal=case.causal,
+                scale=case.scale,
+                bias=case.bias,
+                keep=case.keep,
+                dropout_p=case.dropout_p,
+                mapping=self.gqa_map,
+            )
+            cands = [*cands, *fitted_lse(right["dq"], grads["dq"], rows)]
         worst = max(c.max_error for c in bad.values() if c.max_error < math.inf) if bad else 0.0
         for code, text, var in cands:
             if var.transposed and n_q != n_k:

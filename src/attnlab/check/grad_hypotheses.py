@@ -27,7 +27,7 @@ import numpy as np
 from .. import masks as _masks
 from .adapters import round_to
 
-__all__ = ["BLOCKS", "Variant", "attention_grads", "hypotheses"]
+__all__ = ["BLOCKS", "Variant", "attention_grads", "fitted_lse", "hypotheses"]
 
 #: Block sizes a tiled backward may use (the accumulate hypotheses try each one smaller than the sequence).
 BLOCKS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
@@ -56,11 +56,15 @@ class Variant:
         p_where: where the wrong P is used: ``"all"``, ``"dv"`` (only in dV = Pᵀ dO) or ``"ds"`` (only in dS).
         lse: the lse the backward's P comes from: ``"right"``, ``"nomax"`` (``log(sum exp(s - m))``, the max not
             added back), ``"log2"`` (a log2-units lse read as nats), ``"nats-as-log2"`` (the reverse), ``"axis"``
-            (logsumexp over the queries), ``"unmasked"`` (logsumexp over every key, masked ones too).
+            (logsumexp over the queries), ``"unmasked"`` (logsumexp over every key, masked ones too), ``"shifted"``
+            (``lse + lse_shift``: any other per-row error, fitted by :func:`fitted_lse`).
+        lse_shift: with ``lse="shifted"``, the per-row error of the lse (nested tuples shaped ``[..., n_q, 1]``,
+            so that a variant stays a hashable value).
         gqa: how dK/dV of a K/V head come from its query heads: ``"sum"`` (right), ``"first"`` (one head's),
             ``"mean"``, ``"tile"`` (the other head mapping).
-        accumulate: ``(tensor, block, which)``: ``tensor`` ``"kv"`` (dK and dV keep only one query block's
-            contribution) or ``"q"`` (dQ keeps one key block's), ``which`` ``"last"`` or ``"first"``.
+        accumulate: ``(tensor, block, which)``: ``tensor`` ``"kv"``, ``"k"`` or ``"v"`` (dK and dV, or one of
+            them, keep only one query block's contribution) or ``"q"`` (dQ keeps one key block's), ``which``
+            ``"last"`` or ``"first"``.
         dropout: ``"same"`` (right), ``"off"`` (the backward ignores the keep mask), ``"noscale"`` (keep mask
             without ``1/(1-p)``), ``"twice"`` (``1/(1-p)²``), ``"dv"`` (only dV drops), ``"dp"`` (only dP drops),
             ``"transposed"`` (the keep mask transposed, square cases).
@@ -81,6 +85,7 @@ class Variant:
     accumulate: tuple[str, int, str] | None = None
     dropout: str = "same"
     default_scale: bool = False
+    lse_shift: tuple = ()
 
 
 def _expand(x: np.ndarray, h: int, mapping: str) -> np.ndarray:
@@ -218,8 +223,11 @@ def attention_grads(
         ds = np.where(np.isfinite(ds), ds, np.nan)
     ds_q, ds_k = ds, ds
     if var.accumulate is not None:
+        tensor = var.accumulate[0]
         ds_q, ds_k = _accumulated(ds, var.accumulate)
-        if var.accumulate[0] == "kv":
+        if tensor == "v":  # only dV overwritten: dK accumulates
+            ds_k = ds
+        if tensor in ("kv", "v"):
             dv_x = r(np.swapaxes(_rows_of_block(pd, var.accumulate), -1, -2) @ do)
     dq = r(ds_q @ kx) if "dq" not in var.transposed else r(np.swapaxes(ds_q, -1, -2) @ kx)
     dk_x = r(np.swapaxes(ds_k, -1, -2) @ q) if "dk" not in var.transposed else r(ds_k @ q)
@@ -260,6 +268,8 @@ def _recomputed(
     elif var.lse == "unmasked":  # logsumexp over every key, the masked ones too
         mu = np.max(s, axis=-1, keepdims=True)
         lse_used = mu + np.log(np.sum(np.exp(s - mu), axis=-1, keepdims=True))
+    elif var.lse == "shifted":  # any other wrong lse: off by a per-row amount (fitted from the gradients)
+        lse_used = lse + np.asarray(var.lse_shift)
     elif var.lse == "axis":
         sm = np.where(ok, s, -np.inf)
         mc = np.max(sm, axis=-2, keepdims=True)
@@ -299,7 +309,7 @@ def _rows_of_block(x: np.ndarray, acc: tuple[str, int, str]) -> np.ndarray:
 def _accumulated(ds: np.ndarray, acc: tuple[str, int, str]) -> tuple[np.ndarray, np.ndarray]:
     """``dS`` as the dQ and the dK computations see it when one accumulator is overwritten per block."""
     tensor, block, which = acc
-    if tensor == "kv":
+    if tensor in ("kv", "k", "v"):
         return ds, _rows_of_block(ds, acc)
     out = np.zeros_like(ds)
     sl = _block_range(ds.shape[-1], block, which)
@@ -458,9 +468,11 @@ def hypotheses(
         out.append(("grad-lse", f"the backward's P comes from a wrong lse: {text}", Variant(lse=name)))
     for tensor, what in (
         ("kv", "dK/dV keep only one query block's contribution"),
+        ("k", "dK keeps only one query block's contribution (dV accumulates)"),
+        ("v", "dV keeps only one query block's contribution (dK accumulates)"),
         ("q", "dQ keeps only one key block's contribution"),
     ):
-        n = n_q if tensor == "kv" else n_k
+        n = n_k if tensor == "q" else n_q
         kept: set[tuple[int, int]] = set()  # block sizes that keep the same rows are one hypothesis
         for block in BLOCKS:
             if block >= n:
@@ -494,3 +506,30 @@ def hypotheses(
     # a backward that recomputes its own forward takes delta from its own (wrong) P: both versions of each
     own = [(c, t, replace(v, delta="self")) for c, t, v in out if c in _SELF_DELTA and v.delta == "dodo"]
     return out + own
+
+
+def fitted_lse(golden_dq: np.ndarray, dq: np.ndarray, rows: np.ndarray) -> list[tuple[str, str, Variant]]:
+    """The wrong-lse hypothesis fitted to a function's ``dq``: a backward whose P is ``exp(s - lse')`` with any
+    wrong ``lse'`` (the tile's max only, the max without the log-sum, a stale lse) has every row of ``P``, and so
+    of ``dS`` and ``dQ``, scaled by ``c = exp(lse - lse')``; ``c`` is read per row from ``dq ≈ c · golden_dq``
+    (least squares over the features), and the hypothesis (with delta from the real O, and from the backward's own
+    P) is then tested on dK and dV like every other. Empty when the rows are not scaled copies (``c`` <= 0, or 1
+    everywhere). Shapes: ``golden_dq``, ``dq [..., h, n_q, d_k]``; ``rows [..., h, n_q]`` the rows that may
+    attend."""
+    g = np.asarray(golden_dq, dtype=np.float64)
+    a = np.asarray(dq, dtype=np.float64)
+    if a.shape != g.shape or not np.all(np.isfinite(a)):
+        return []
+    norm = np.sum(g * g, axis=-1)
+    usable = rows & (norm > 1e-20 * max(1.0, float(norm.max(initial=0.0))))
+    c = np.where(usable, np.sum(a * g, axis=-1) / np.where(usable, norm, 1.0), 1.0)
+    if np.any(c[usable] <= 0) or np.allclose(c, 1.0, rtol=1e-6, atol=0):
+        return []
+    var = Variant(lse="shifted", lse_shift=_nested(-np.log(c)[..., None]))
+    text = "the backward's P comes from a wrong lse: each row of P is off by a factor (fitted per row from dQ)"
+    return [("grad-lse", text, var), ("grad-lse", text, replace(var, delta="self"))]
+
+
+def _nested(x: np.ndarray) -> tuple:
+    """``x`` as nested tuples (hashable), shape kept."""
+    return x.tolist() if x.ndim == 0 else tuple(_nested(y) for y in x)
