@@ -823,6 +823,24 @@ class GradBattery(Battery):
         bounds = {n: grad_bound(work, golden[n], naive[n]) for n in _GRADS if golden.get(n) is not None}
         return golden, bounds
 
+    def case_grads(self, case: GradCase, variant: Variant | None = None, dtype: str = "float64") -> dict[str, Any]:
+        """The gradients of ``case`` under ``variant`` (None: the right backward), every step rounded to ``dtype``."""
+        return attention_grads(
+            case.q,
+            case.k,
+            case.v,
+            case.d_out,
+            case.mask,
+            causal=case.causal,
+            scale=case.scale,
+            bias=case.bias,
+            keep=case.keep,
+            dropout_p=case.dropout_p,
+            mapping=self.gqa_map,
+            variant=variant,
+            dtype=dtype,
+        )
+
     # -- comparisons ------------------------------------------------------------------------------------------
     def compare_grads(self, out: Outcome, *, diagnose: bool = True) -> bool:
         """Compare one outcome's gradients (and, with a forward, its output) with the golden; diagnose a mismatch."""
@@ -974,19 +992,7 @@ class GradBattery(Battery):
         refit = only is None or any(v.lse == "shifted" for _, _, v in only)
         cands = [c for c in cands if c[2].lse != "shifted"]  # a fitted lse belongs to the case it was fitted on
         if refit and grads.get("dq") is not None:  # a wrong lse of any kind: fitted from dq, row by row
-            right = attention_grads(
-                case.q,
-                case.k,
-                case.v,
-                case.d_out,
-                case.mask,
-                causal=case.causal,
-                scale=case.scale,
-                bias=case.bias,
-                keep=case.keep,
-                dropout_p=case.dropout_p,
-                mapping=self.gqa_map,
-            )
+            right = self.case_grads(case)
             cands = [*cands, *fitted_lse(right["dq"], grads["dq"], rows)]
         worst = max(c.max_error for c in bad.values() if c.max_error < math.inf) if bad else 0.0
         for code, text, var in cands:
@@ -994,20 +1000,7 @@ class GradBattery(Battery):
                 continue
             if var.p_causal is not None and case.causal is None:
                 continue
-            alt = attention_grads(
-                case.q,
-                case.k,
-                case.v,
-                case.d_out,
-                case.mask,
-                causal=case.causal,
-                scale=case.scale,
-                bias=case.bias,
-                keep=case.keep,
-                dropout_p=case.dropout_p,
-                mapping=self.gqa_map,
-                variant=var,
-            )
+            alt = self.case_grads(case, var)
             ok = True
             err = 0.0
             naive_alt = None
@@ -1022,21 +1015,7 @@ class GradBattery(Battery):
                 tol = bounds[name]
                 if work != "float64":  # the mistake made in the same precision: its own rounding error
                     if naive_alt is None:
-                        naive_alt = attention_grads(
-                            case.q,
-                            case.k,
-                            case.v,
-                            case.d_out,
-                            case.mask,
-                            causal=case.causal,
-                            scale=case.scale,
-                            bias=case.bias,
-                            keep=case.keep,
-                            dropout_p=case.dropout_p,
-                            mapping=self.gqa_map,
-                            variant=var,
-                            dtype=work,
-                        )
+                        naive_alt = self.case_grads(case, var, work)
                     tol = max(tol, grad_bound(work, e, naive_alt[name]))
                 c = compare(a, e, tol, rows if name == "dq" else None)
                 if not c.ok:
