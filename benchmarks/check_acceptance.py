@@ -1,8 +1,9 @@
-"""The held-out acceptance table of ``attnlab check`` (issue 13): every case of ``tests/heldout/`` through the
-checker, in-process, with what was expected, what was found and the verdict, then the acceptance rates.
+"""The held-out acceptance table of ``attnlab check`` (issues 13 and 14): every case of ``tests/heldout/`` through
+the checker, in-process, with what was expected, what was found and the verdict, then the acceptance rates.
 
-Run: ``PYTHONPATH=src python benchmarks/check_acceptance.py`` (``--json`` for machine-readable rows). Exit status 0
-when the acceptance rule holds, 1 when it does not.
+Run: ``PYTHONPATH=src python benchmarks/check_acceptance.py`` (the forward set; ``--backward`` the held-out backward
+passes of ``tests/heldout/backward.py``; ``--json`` for machine-readable rows). Exit status 0 when the acceptance
+rule holds, 1 when it does not.
 """
 
 from __future__ import annotations
@@ -55,6 +56,35 @@ def rows() -> list[dict]:
     return out
 
 
+def backward_rows() -> list[dict]:
+    """The held-out backward passes (``attnlab check --backward`` / ``check_backward``), as :func:`rows`."""
+    from heldout.backward import CASES, run_check
+
+    out = []
+    for case in CASES:
+        t0 = time.perf_counter()
+        report = run_check(case)
+        codes = [f.code for f in report.findings]
+        if case.primary:
+            result = "pass" if case.primary in codes else ("OK on a bug" if report.ok else "misnamed")
+        else:
+            result = "pass" if not codes else "false finding"
+        out.append(
+            {
+                "case": case.name,
+                "expected": case.primary or "-",
+                "second": "",
+                "got": ",".join(codes) or "-",
+                "verdict": report.verdict,
+                "result": result,
+                "second_found": False,
+                "seconds": time.perf_counter() - t0,
+                "buggy": bool(case.primary),
+            }
+        )
+    return out
+
+
 def summary(table: list[dict]) -> dict:
     buggy = [r for r in table if r["buggy"]]
     correct = [r for r in table if not r["buggy"]]
@@ -77,9 +107,10 @@ def summary(table: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
+    ap.add_argument("--backward", action="store_true", help="the held-out backward passes instead of the forward set")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    table = rows()
+    table = backward_rows() if args.backward else rows()
     s = summary(table)
     if args.json:
         print(json.dumps({"rows": table, "summary": s}, indent=1))

@@ -343,8 +343,17 @@ PLACEHOLDERS_JS = """
 def test_the_chinese_view_answers_bad_input_and_labels_every_box_in_chinese(page, tmp_path):
     page.locator("select").first.select_option(label="中文")
     page.wait_for_selector("text=揭晓")
+    want = ["Q 的各行", "K 的各行", "V 的各行", "一句话"]
+    try:  # marimo re-renders the cells one after another after the switch: wait for the last box too
+        page.wait_for_function(
+            f"(want) => {{ const got = ({PLACEHOLDERS_JS.strip()})(); return want.every((w) => got.includes(w)); }}",
+            arg=want,
+            timeout=30_000,
+        )
+    except PlaywrightTimeout:
+        pass  # the assertion below names what is missing
     holders = page.evaluate(PLACEHOLDERS_JS)
-    assert {"Q 的各行", "K 的各行", "V 的各行", "一句话"} <= set(holders), holders
+    assert set(want) <= set(holders), holders
     assert english_words(" ".join(holders)) == [], holders
     q_box = page.locator("[data-testid='al-input-q'] textarea")
     seen = []

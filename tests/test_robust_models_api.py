@@ -455,3 +455,66 @@ def test_smollm2_names_bad_options_and_empty_prompts(smollm2, one_blas_thread):
 def test_every_error_above_is_an_attnlab_error():
     for cls in (OptionError, ShapeError, DTypeError, MaskError, RangeError):
         assert issubclass(cls, AttnlabError)
+
+
+# --- check_backward: hostile backward passes end in a report with a named finding, or a usage error -------------
+
+
+def _golden_bwd(q, k, v, d_out, mask=None, scale=None):
+    trace = attnlab.attention_trace(q, k, v, mask, scale=scale, masked_rows="zero")
+    g = attnlab.attention_backward(trace, d_out)  # computed in float32 below float32: cast back
+    return g.dq.astype(q.dtype), g.dk.astype(k.dtype), g.dv.astype(v.dtype)
+
+
+def _raises(q, k, v, d_out, mask=None, scale=None):
+    raise IndexError("tuple index out of range")
+
+
+def _returns_none(q, k, v, d_out, mask=None, scale=None):
+    return None
+
+
+def _nan_grads(q, k, v, d_out, mask=None, scale=None):
+    dq, dk, dv = _golden_bwd(q, k, v, d_out, mask, scale)
+    return dq * np.nan, dk, dv
+
+
+def _writes_d_out(q, k, v, d_out, mask=None, scale=None):
+    out = _golden_bwd(q, k, v, d_out, mask, scale)
+    d_out *= 2  # the caller's upstream gradient
+    return out
+
+
+@pytest.mark.parametrize(
+    ("bwd", "codes"),
+    [
+        (_golden_bwd, set()),
+        (_raises, {"crash"}),
+        (_returns_none, {"crash", "output-type"}),
+        (_nan_grads, {"grad-mismatch", "grad-masked-row"}),
+        (_writes_d_out, {"mutates-input"}),
+    ],
+    ids=["correct", "raises", "returns-none", "nan", "writes-d_out"],
+)
+def test_check_backward_names_what_a_hostile_backward_does(bwd, codes):
+    r = attnlab.check_backward(bwd)
+    if not codes:
+        assert r.ok, r.to_text()
+    else:
+        assert not r.ok and set(r.codes) & codes, r.to_text()
+        assert all(f.message and f.evidence and f.fix for f in r.findings)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((42,), {}, r"^bwd: expected a callable backward or a target string, got int"),
+        ((_golden_bwd,), {"lse_units": "bits"}, r"^lse_units: expected 'nats' or 'log2', got 'bits'"),
+        ((_golden_bwd,), {"layout": "nhbd"}, r"layout"),
+    ],
+)
+def test_check_backward_option_errors_name_the_argument(args, kwargs, message):
+    from attnlab.check import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        attnlab.check_backward(*args, **kwargs)
