@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab import masks
 from attnlab.core.backward import attention_backward
-from attnlab.errors import MaskedRowError, OptionError, ShapeError
+from attnlab.errors import MaskedRowError, NonFiniteError, OptionError, ShapeError
 from attnlab.kernels.tiled import flash_attention, flash_attention_backward
 
 
@@ -132,7 +132,7 @@ def test_backward_errors():
         flash_attention_backward(f, np.zeros((2, 10, 7)))
     with pytest.raises(ShapeError, match=r"lse: shape \(2, 9\), expected \(2, 10\)"):
         flash_attention_backward(dataclasses.replace(f, lse=f.lse[:, :9]), q)
-    with pytest.raises(ShapeError, match="lse: holds NaN"):
+    with pytest.raises(NonFiniteError, match="lse: holds NaN"):
         flash_attention_backward(dataclasses.replace(f, lse=np.full((2, 10), np.nan)), q)
     with pytest.raises(OptionError, match=r"got causal; the forward's FlashResult already holds its inputs"):
         flash_attention_backward(f, q, causal=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..._arrays import shape_of, to_numpy
 from ...core.inputs import check_finite
-from ...errors import DTypeError, MaskedRowError, OptionError, ShapeError
+from ...errors import DTypeError, MaskedRowError, NonFiniteError, OptionError, ShapeError
 from .. import autograd, fused
 from ..overflow import gradient_overflow_error
 from ..threads import run_tasks
@@ -181,7 +181,9 @@ def _saved(plan: Plan, output: Any, lse: Any, d_out: Any, d_lse: Any) -> dict[st
         if name != "lse":
             check_finite(np, xn, name)
         elif np.isnan(xn).any() or np.isposinf(xn).any():
-            raise ShapeError("lse: holds NaN or +inf; expected the forward's lse (finite, -inf on fully masked rows)")
+            raise NonFiniteError(
+                "lse: holds NaN or +inf; expected the forward's lse (finite, -inf on fully masked rows)"
+            )
         arrays[name] = xn.astype(dt, copy=False).reshape(full_out if "lse" not in name else full_out[:-1])
     if np.isneginf(arrays["lse"]).any() and plan.masked_rows != "zero":
         err = empty_rows_error(plan, arrays["lse"].reshape(caller_out[:-1]), "backward")
