@@ -200,8 +200,7 @@ def window(
     n_q = _check_len("n_q", n_q)
     n_k = n_q if n_k is None else _check_len("n_k", n_k)
     for name, w in (("left", left), ("right", right)):
-        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0):
-            raise MaskError(f"{name}: expected None or an int >= 0, got {w!r}")
+        check_int(name, w, minimum=0, optional=True, error=MaskError)
     shift = _diagonal_shift(n_q, n_k, align, "window")
     _check_dense("window", (n_q, n_k))
     rel = np.arange(n_k)[None, :] - (np.arange(n_q)[:, None] + shift)  # [n_q, n_k], key minus query position
@@ -604,8 +603,10 @@ def _window_pair(window: Any) -> tuple[int | None, int | None] | None:
     else:
         raise MaskError(f"window: expected None, an int >= 0 or a (left, right) pair, got {window!r}")
     for name, w in zip(("window left", "window right"), pair, strict=True):
-        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 0):
-            raise MaskError(f"{name}: expected None or an int >= 0, got {w!r} (window={window!r})")
+        try:
+            check_int(name, w, minimum=0, optional=True, error=MaskError)
+        except MaskError as err:
+            raise MaskError(f"{err} (window={window!r})") from None
     return (None if pair[0] is None else int(pair[0]), None if pair[1] is None else int(pair[1]))
 
 

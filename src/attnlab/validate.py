@@ -38,13 +38,26 @@ def _bounds(minimum: float | None, maximum: float | None) -> str:
     return ""
 
 
-def check_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an ``int`` (Python or NumPy integer, never a bool) within ``[minimum, maximum]``."""
+def check_int(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    optional: bool = False,
+    error: type[Exception] = OptionError,
+) -> int | None:
+    """``value`` as an ``int`` (Python or NumPy integer, never a bool) within ``[minimum, maximum]``; ``None``
+    passes through when ``optional``. ``error`` is the class raised (:class:`OptionError`; a mask's window is a
+    :class:`~attnlab.errors.MaskError`)."""
+    if optional and value is None:
+        return None
+    what = "None or an int" if optional else "an int"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise OptionError(f"{name}: expected an int{_bounds(minimum, maximum)}, got {value!r}")
+        raise error(f"{name}: expected {what}{_bounds(minimum, maximum)}, got {value!r}")
     value = int(value)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise OptionError(f"{name}: expected an int{_bounds(minimum, maximum)}, got {value}")
+        raise error(f"{name}: expected {what}{_bounds(minimum, maximum)}, got {value}")
     return value
 
 

@@ -27,9 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from ..errors import OptionError
+from ..validate import check_int
 from .config import current as current_config
 
 __all__ = [
@@ -78,9 +76,7 @@ def resolve_threads(num_threads: Any) -> int:
     :class:`~attnlab.errors.OptionError` if not), capped at :func:`max_threads`."""
     if num_threads is None:
         return available_cores() if _has_threadpoolctl() else 1
-    if isinstance(num_threads, (bool, np.bool_)) or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
-        raise OptionError(f"num_threads: expected None or an int >= 1, got {num_threads!r}")
-    return min(int(num_threads), max_threads())
+    return min(check_int("num_threads", num_threads, minimum=1, optional=True), max_threads())
 
 
 def _get_controller() -> Any:
@@ -190,7 +186,6 @@ class BlasInfo:
 
 def blas_report() -> BlasInfo:
     """The BLAS library and kernel NumPy's matrix products run on (via threadpoolctl when installed)."""
-    import numpy as np  # noqa: F401  (load NumPy's BLAS before inspecting)
 
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("OPENBLAS_", "MKL_", "OMP_NUM"))))
     if not _has_threadpoolctl():
