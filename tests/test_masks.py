@@ -19,7 +19,7 @@ def test_causal_square_and_both_alignments():
         masks.causal(2, 4)
     with pytest.raises(MaskError, match="align: expected 'top_left' or 'bottom_right', got 'left'"):
         masks.causal(2, 4, align="left")
-    with pytest.raises(ShapeError, match="n_q: expected a positive int, got 0"):
+    with pytest.raises(ShapeError, match="n_q: expected an int >= 1, got 0"):
         masks.causal(0)
 
 

@@ -104,9 +104,7 @@ def to_string(mask: Any, *, allowed: str = ALLOWED, blocked: str = BLOCKED) -> s
 
 
 def _check_len(name: str, n: Any) -> int:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ShapeError(f"{name}: expected a positive int, got {n!r}")
-    return int(n)
+    return check_int(name, n, minimum=1, error=ShapeError)  # a size: its error is a ShapeError
 
 
 #: A dense mask over more entries than this (16 GiB of booleans) is refused before it is allocated.
