@@ -114,20 +114,12 @@ def _attnlab_flash_fwd(q, k, v, mask=None, scale=None, causal=False):
 
 
 def _attnlab_flash_bwd(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False):
-    return attnlab.flash_attention_backward(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        d_out,
-        mask=mask,
-        scale=scale,
-        causal="top_left" if causal else False,
-        masked_rows="zero",
-        block_q=4,
-        block_k=3,
+    from attnlab.kernels import FlashResult, TiledOptions
+
+    opts = TiledOptions.of(
+        mask=mask, scale=scale, causal="top_left" if causal else False, masked_rows="zero", block_q=4, block_k=3
     )
+    return attnlab.flash_attention_backward(FlashResult(out, lse, inputs=(q, k, v, None), options=opts), d_out)
 
 
 @pytest.mark.parametrize(

@@ -853,10 +853,11 @@ def attnlab_flash_forward(q, k, v, mask=None, scale=None, causal=False):
 
 
 def attnlab_flash_backward(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False):
-    """Correct: ``attnlab.kernels.flash_attention_backward`` (masked_rows="zero")."""
-    from attnlab.kernels import flash_attention_backward
+    """Correct: ``attnlab.kernels.flash_attention_backward`` (masked_rows="zero") on the out and lse it is given."""
+    from attnlab.kernels import FlashResult, TiledOptions, flash_attention_backward
 
-    g = flash_attention_backward(q, k, v, out, lse, d_out, mask=mask, scale=scale, causal=causal, masked_rows="zero")
+    opts = TiledOptions.of(mask=mask, scale=scale, causal=causal, masked_rows="zero")
+    g = flash_attention_backward(FlashResult(out, lse, inputs=(q, k, v, None), options=opts), d_out)
     return g.dq, g.dk, g.dv
 
 

@@ -281,7 +281,9 @@ def flash_attention_backward(
         in the bias's own shape (its memory, not ``[..., n_q, n_k]``, unless the bias is that large).
 
     The old spelling ``flash_attention_backward(q, k, v, output, lse, d_out, **forward_options)`` still works for
-    one release, with a :class:`FutureWarning`: a thin wrapper that builds the :class:`FlashResult`.
+    one release, with a :class:`FutureWarning`: a thin wrapper that builds the :class:`FlashResult`. For an output
+    and lse that came from elsewhere, build it yourself: ``FlashResult(output, lse, inputs=(q, k, v, bias),
+    options=TiledOptions.of(**forward_options))``.
 
     The gradients carry no autograd history (no double backward): with PyTorch tensors that require grad and
     grad mode on, this raises :class:`~attnlab.errors.DTypeError` rather than return tensors that would silently
@@ -327,8 +329,9 @@ def _legacy_backward(q: Any, k: Any, rest: tuple, d_lse: Any, old: dict[str, Any
         )
     warnings.warn(
         "flash_attention_backward(q, k, v, output, lse, d_out, **options) is now flash_attention_backward(result, "
-        "d_out), with the forward's FlashResult (which holds its inputs and options); the old spelling will be "
-        "removed in the next release",
+        "d_out), with the forward's FlashResult (which holds its inputs and options; for an output and lse from "
+        "elsewhere build FlashResult(output, lse, inputs=(q, k, v, bias), options=TiledOptions.of(**options))); the "
+        "old spelling will be removed in the next release",
         FutureWarning,
         stacklevel=3,
     )

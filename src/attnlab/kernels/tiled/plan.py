@@ -69,6 +69,14 @@ class TiledOptions:
     block_k: int | None = None
     num_threads: int | None = None
 
+    @classmethod
+    def of(cls, **keywords: Any) -> TiledOptions:
+        """The options :func:`~attnlab.kernels.flash_attention` builds from these keywords (``causal=``,
+        ``mask=``, ``scale=``, ``masked_rows=`` ...), checked as it checks them: with
+        ``FlashResult(output, lse, inputs=(q, k, v, bias), options=TiledOptions.of(...))`` the tiled backward runs
+        on an output and lse that came from elsewhere (another kernel's forward)."""
+        return options(**keywords)
+
 
 def options(  # 13 parameters: the public keywords of flash_attention, turned into one value here and only here
     *,
