@@ -8,8 +8,10 @@ import math
 from pathlib import Path
 
 import grad_impls as G
+import jax
 import numpy as np
 import pytest
+import torch
 
 import attnlab
 from attnlab import attention_trace
@@ -54,7 +56,6 @@ def test_stepwise_gradients_equal_attention_backward_with_mask_gqa_bias_dropout(
 
 
 def test_golden_gradients_match_torch_autograd_causal_cross_gqa():
-    torch = pytest.importorskip("torch")
     q, k, v, do, m = _inputs(2, n_q=4, n_k=9)
     case = GradCase(q, k, v, "float64", mask=m, causal="bottom_right", d_out=do)
     g = golden_grads(case)
@@ -146,7 +147,6 @@ def test_correct_backwards_come_out_clean(fn, options):
 
 @pytest.mark.parametrize("backend", ["math", "flash"])
 def test_torch_sdpa_autograd_is_clean(backend):
-    torch = pytest.importorskip("torch")
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     kind = {"math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION}[backend]
@@ -168,7 +168,6 @@ def test_torch_sdpa_autograd_is_clean(backend):
 
 
 def test_torch_plain_ops_autograd_is_clean_and_a_custom_function_bug_is_named():
-    pytest.importorskip("torch")
     import torch
 
     def attention(q, k, v, mask=None):
@@ -186,7 +185,6 @@ def test_torch_plain_ops_autograd_is_clean_and_a_custom_function_bug_is_named():
 
 
 def test_jax_gradients_by_vjp():
-    jax = pytest.importorskip("jax")
     jnp = jax.numpy
 
     def attention(q, k, v, mask=None):
@@ -207,7 +205,6 @@ def test_jax_gradients_by_vjp():
 
 
 def test_a_wrong_forward_is_its_own_finding_and_explains_its_gradients():
-    pytest.importorskip("torch")
 
     def wrong(q, k, v, mask=None):  # no 1/sqrt(d_k): its gradients are that forward's, not the golden's
         return G.torch_function()(q * math.sqrt(q.shape[-1]), k, v, mask)
@@ -276,7 +273,6 @@ def test_other_styles_are_named(fn, code):
 
 
 def test_torch_function_with_dk_unscaled_is_named():
-    pytest.importorskip("torch")
     assert check(G.torch_dk_unscaled(), backward=True, probes=("reference",)).codes == ("grad-scale",)
 
 
@@ -374,7 +370,6 @@ def test_signatures_by_parameter_names_and_return_forms():
 
 
 def test_an_additive_finfo_min_mask_gives_a_note_on_masked_rows_not_a_bug():
-    torch = pytest.importorskip("torch")
 
     def additive(q, k, v, attn_mask=None):  # Hugging Face's eager attention: s + finfo.min, then softmax
         s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
