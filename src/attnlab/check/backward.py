@@ -65,7 +65,7 @@ from ..core.dropout import Dropout
 from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dtype_name, round_to
 from .callables import signature_of
 from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
-from .probes import FIXES, Battery
+from .probes import FIXES, Battery, ProbeAbort, ProbeSkip
 from .report import Finding, ProbeResult, Report, Unsupported
 from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
 from .tolerance import bound, compare, expand_kv, golden_output, naive_output
@@ -153,14 +153,6 @@ _FLASH_NAMES = ("lse", "logsumexp", "softmax_lse", "out", "o", "output")
 _GRADS = ("dq", "dk", "dv", "dbias")
 #: Capabilities only the gradient battery has (declared with unsupported=..., reported as not tested).
 GRAD_CAPABILITIES = ("dropout", "bias")
-
-
-class _Abort(Exception):
-    """A call timed out, or the worker ended; nothing more is called."""
-
-
-class _Skip(Exception):
-    """The probe needs a capability the function does not have."""
 
 
 @dataclass(frozen=True)
@@ -748,7 +740,7 @@ class GradBattery(Battery):
         out = self.runner.call(passed, causal_flag=flag, gqa=g.gqa)
         out.case = g
         if out.skipped:
-            raise _Abort
+            raise ProbeAbort
         if out.timed_out:
             self.bug(
                 "timeout",
@@ -760,11 +752,11 @@ class GradBattery(Battery):
                     else "a Python thread cannot be killed; it may still be running)"
                 ),
             )
-            raise _Abort
+            raise ProbeAbort
         if out.error is not None and out.error.died:
             self.crash(out)
             if self.runner.stopped is not None:
-                raise _Abort
+                raise ProbeAbort
         if out.mutated:
             self.bug(
                 "mutates-input",
@@ -1097,7 +1089,7 @@ class GradBattery(Battery):
 
     def p_grad_masked_keys(self) -> None:
         if "mask" not in self.caps:
-            raise _Skip("needs a mask argument")
+            raise ProbeSkip("needs a mask argument")
         g = _G(2, 2, 6, 8, 8, 8)
         base = self.make(g, self.primary, label="masked keys", mask=True)
         # the last key is blocked for every query (random_mask's promise); give it huge K and V
@@ -1155,7 +1147,7 @@ class GradBattery(Battery):
         not at all (zeros policy) or by d_out / n_k on every key (uniform policy). Measured as the difference
         between two calls whose d_out differs only on those rows, so that a bug elsewhere does not show here."""
         if "mask" not in self.caps:
-            raise _Skip("needs a mask argument")
+            raise ProbeSkip("needs a mask argument")
         g = _G(2, 2, 5, 6, 8, 8)
         base = self.make(g, self.primary, label="masked rows", mask=True)
         m = base.mask.copy()
@@ -1333,7 +1325,7 @@ class GradBattery(Battery):
 
     def p_grad_dropout(self) -> None:
         if "dropout" in self.unsupported:
-            raise _Skip(self.unsupported["dropout"])
+            raise ProbeSkip(self.unsupported["dropout"])
         p = 0.25
         for lbl, g, ex in (
             ("dropout", _G(2, 2, 6, 6, 8, 8), {"mask": "mask" in self.caps}),
@@ -1359,67 +1351,14 @@ class GradBattery(Battery):
                     f"case {case.label}: {case.shapes()}, dropout p={p:g}",
                 )
 
-    def preflight(self) -> None:
-        """The forward battery's preflight; no dtype that works stops the battery."""
-        try:
-            super().preflight()
-        except Exception as err:
-            if self.dtypes or type(err).__name__ != "_Abort":
-                raise
-            raise _Abort from None
+    # the forward battery's run loop (Battery.run) over the gradient probes
+    preflight_name = "grad-preflight"
+    probe_names = GRAD_PROBES  # type: ignore[assignment]
 
-    def run(self) -> None:
-        t0 = time.perf_counter()
-        aborted = False
-        self.current = "grad-preflight"
-        self.probe_codes = []
-        try:
-            self.preflight()
-        except _Abort:
-            aborted = True
-            if not self.dtypes and not self.findings and not all(d in self.unsupported for d in DTYPES):
-                errs = [o for o in self.runner.outcomes if o.error is not None]
-                text = errs[0].error_text.splitlines()[0][:300] if errs else "no call succeeded"
-                self.bug(
-                    "crash",
-                    "your function fails on every call, even the simplest one",
-                    f"{len(self.runner.outcomes)} calls, e.g. case base: {text}",
-                )
-        status = "failed" if self.probe_codes else "passed"
-        self.probe_results.append(
-            ProbeResult(
-                "grad-preflight", status, self.runner.calls, time.perf_counter() - t0, codes=tuple(self.probe_codes)
-            )
-        )
-        for name in GRAD_PROBES:
-            if name not in self.selected:
-                continue
-            if aborted:
-                self.probe_results.append(ProbeResult(name, "not run", detail=self._stop_reason()))
-                continue
-            self.current = name
-            self.case_key = None
-            self.probe_codes = []
-            calls0, t1 = self.runner.calls, time.perf_counter()
-            status, detail = "passed", ""
-            try:
-                getattr(self, "p_" + name.replace("-", "_"))()
-            except _Skip as s:
-                status, detail = "skipped", str(s)
-            except _Abort:
-                aborted = True
-                status, detail = "failed", self._stop_reason()
-            if self.probe_codes:
-                status = "failed"
-            elif status == "failed":
-                status = "not run"
-            self.probe_results.append(
-                ProbeResult(
-                    name, status, self.runner.calls - calls0, time.perf_counter() - t1, detail, tuple(self.probe_codes)
-                )
-            )
-        self.case_key = None
-        self._printed()
+    def run_probe(self, name: str) -> None:
+        getattr(self, "p_" + name.replace("-", "_"))()
+
+    def _completeness(self) -> None:
         results = {p.name: p for p in self.probe_results}
         for name in CORE_GRAD_PROBES:
             if name != "grad-reference" and "mask" in self.unsupported:

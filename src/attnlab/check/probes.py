@@ -55,7 +55,7 @@ from .report import CORE_PROBES, Finding, ProbeResult, Unsupported
 from .runner import CallError, Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
-__all__ = ["FIXES", "PROBES", "PROBE_FUNCTIONS", "Battery", "probe"]
+__all__ = ["FIXES", "PROBES", "PROBE_FUNCTIONS", "Battery", "ProbeAbort", "ProbeSkip", "probe"]
 
 #: How many mismatching cases no hypothesis explains get perturbation experiments of their own.
 EXPERIMENT_CASES = 40
@@ -110,7 +110,7 @@ _REFUSAL_WORDS = {
 }
 
 
-class _Abort(Exception):
+class ProbeAbort(Exception):
     """A call timed out, or the worker ended too often; nothing more is called."""
 
 
@@ -286,7 +286,7 @@ class Battery:
         out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
         out.case = case
         if out.skipped:
-            raise _Abort
+            raise ProbeAbort
         if out.timed_out:
             after = (
                 "the worker process was killed (with its threads and child processes)"
@@ -298,11 +298,11 @@ class Battery:
                 f"the function did not return within {self.runner.timeout:g} s",
                 f"case {case.label}: {out.call}; no further calls were made ({after})",
             )
-            raise _Abort
+            raise ProbeAbort
         if out.error is not None and out.error.died:
             self.crash(out)
             if self.runner.stopped is not None:
-                raise _Abort
+                raise ProbeAbort
         if out.mutated:
             self.bug(
                 "mutates-input",
@@ -678,7 +678,7 @@ class Battery:
             outs = [self.call(self.make(g, dtype, label=f"{lbl} {dtype}")) for lbl, g, _, _ in base]
             self._classify(dtype, outs, is_dtype=True)
         if not self.dtypes:
-            raise _Abort
+            raise ProbeAbort
         self.primary = self.dtypes[0]
         for cap in ("mask", "causal", "scale", "cross", "dv", "rank", "gqa", "causal-cross"):
             if cap in self.unsupported:
@@ -792,7 +792,7 @@ class Battery:
     @probe("invariants")
     def p_invariants(self) -> None:
         if not self.returns_weights:
-            raise _Skip("the function returns no weights")
+            raise ProbeSkip("the function returns no weights")
         wanted = ("causal+mask", "mask", "causal", "base")
         pick = None
         for w in wanted:
@@ -800,7 +800,7 @@ class Battery:
             if pick is not None:
                 break
         if pick is None:
-            raise _Skip("no call returned weights")
+            raise ProbeSkip("no call returned weights")
         case = pick.case
         self.case_key = self.key(case)
         allowed = self.allowed(case)
@@ -881,7 +881,7 @@ class Battery:
     @probe("causal")
     def p_causal(self) -> None:
         if "causal" not in self.caps:
-            raise _Skip("needs causal")
+            raise ProbeSkip("needs causal")
         n = 8
         case = self.make(Geom(2, 2, n, n, 4, 4), self.primary, label="future", causal=True)
         base = self.base_call(case, "causal: future tokens")
@@ -950,7 +950,7 @@ class Battery:
     @probe("padding")
     def p_padding(self) -> None:
         if "mask" not in self.caps:
-            raise _Skip("needs mask")
+            raise ProbeSkip("needs mask")
         n = 6
         n_q = 5 if "cross" in self.caps else n  # rectangular where the function takes n_q != n_k
         lengths = np.array([n, 3])
@@ -1051,7 +1051,7 @@ class Battery:
     @probe("masked-rows")
     def p_masked_rows(self) -> None:
         if "mask" not in self.caps:
-            raise _Skip("needs mask")
+            raise ProbeSkip("needs mask")
         g = Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else Geom(2, 2, 6, 6, 4, 4)
         case = self.make(g, self.primary, label="fully masked row", mask=True)
         m = case.mask.copy()
@@ -1137,7 +1137,7 @@ class Battery:
         dts = [self.primary] + (["float32"] if "float32" in self.dtypes and self.primary != "float32" else [])
         dts = [d for d in dts if self.base_ok.get(d) is not False]
         if not dts:
-            raise _Skip("the ordinary base cases already differ from the reference")
+            raise ProbeSkip("the ordinary base cases already differ from the reference")
         for dtype in dts:
             g = Geom(2, 2, 6, 6, 8, 8)
             pos = self.make(g, dtype, label="logits ~ +1000", std=20.0)
@@ -1205,7 +1205,7 @@ class Battery:
     def p_determinism(self) -> None:
         first = next((o for o in self.grid if o.ok and o.case.label.startswith("base")), None)
         if first is None:
-            raise _Skip("no successful base call")
+            raise ProbeSkip("no successful base call")
         self.case_key = self.key(first.case)
         for _ in range(2):
             out = self.call(first.case)
@@ -1223,14 +1223,27 @@ class Battery:
                 return
 
     # ------------------------------------------------------------------------------------------------ run
+    #: The name the preflight is reported under (a subclass, the gradient battery, has its own, and its own
+    #: :attr:`probe_names`).
+    preflight_name = "preflight"
+
+    @property
+    def probe_names(self) -> tuple[str, ...]:
+        """The battery's probes, in order (:data:`PROBES`, filled once the ``@probe`` functions are defined)."""
+        return PROBES
+
+    def run_probe(self, name: str) -> None:
+        """Run the probe ``name`` (raising :class:`ProbeSkip` or :class:`ProbeAbort` to stop it)."""
+        PROBE_FUNCTIONS[name](self)
+
     def run(self) -> None:
         t0 = time.perf_counter()
         aborted = False
-        self.current = "preflight"
+        self.current = self.preflight_name
         self.probe_codes = []
         try:
             self.preflight()
-        except _Abort:
+        except ProbeAbort:
             aborted = True
             if not self.dtypes and not self.findings and not all(d in self.unsupported for d in DTYPE_NAMES):
                 errs = [o for o in self.runner.outcomes if o.error is not None]
@@ -1242,9 +1255,11 @@ class Battery:
                 )
         status = "failed" if self.probe_codes else "passed"
         self.probe_results.append(
-            ProbeResult("preflight", status, self.runner.calls, time.perf_counter() - t0, codes=tuple(self.probe_codes))
+            ProbeResult(
+                self.preflight_name, status, self.runner.calls, time.perf_counter() - t0, codes=tuple(self.probe_codes)
+            )
         )
-        for name in PROBES:
+        for name in self.probe_names:
             if name not in self.selected:
                 continue
             if aborted:
@@ -1256,10 +1271,10 @@ class Battery:
             calls0, t0 = self.runner.calls, time.perf_counter()
             status, detail = "passed", ""
             try:
-                PROBE_FUNCTIONS[name](self)
-            except _Skip as s:
+                self.run_probe(name)
+            except ProbeSkip as s:
                 status, detail = "skipped", str(s)
-            except _Abort:
+            except ProbeAbort:
                 aborted = True
                 status, detail = "failed", self._stop_reason()
             if self.probe_codes:
@@ -1426,7 +1441,7 @@ def _raised(e: CallError) -> str:
     return f"raised {e.type_name}"
 
 
-class _Skip(Exception):
+class ProbeSkip(Exception):
     """The probe needs a capability the function does not have."""
 
 
