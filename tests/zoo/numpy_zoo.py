@@ -468,6 +468,44 @@ def output_like_q(q, k, v, mask=None):
     return out
 
 
+def zeroed_padding_keys(q, k, v, key_padding_mask=None, is_causal=False):
+    """``padding-leak``: zeroes the padded keys and values (``k * mask``) instead of masking their scores; each
+    padded key keeps the weight of a score 0."""
+    if key_padding_mask is not None:
+        keep = key_padding_mask[:, None, :, None].astype(q.dtype)
+        k, v = k * keep, v * keep
+    c = np.tril(np.ones((q.shape[-2], k.shape[-2]), bool)) if is_causal else None
+    return _softmax(_scores(q, k), c) @ v
+
+
+def varlen_padded_to_longest(
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False, softmax_scale=None
+):
+    """``padding-leak``: a varlen function that pads each packed sequence's K and V with zeros to ``max_seqlen_k``
+    and attends the padding (no key mask); causal is bottom-right per sequence."""
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[-1]), q.dtype)
+    for b in range(len(cu_seqlens_q) - 1):
+        sq, eq, sk, ek = (int(x) for x in (cu_seqlens_q[b], cu_seqlens_q[b + 1], cu_seqlens_k[b], cu_seqlens_k[b + 1]))
+        if eq == sq:
+            continue
+        kb = np.zeros((max_seqlen_k, *k.shape[1:]), k.dtype)
+        vb = np.zeros((max_seqlen_k, *v.shape[1:]), v.dtype)
+        kb[: ek - sk], vb[: ek - sk] = k[sk:ek], v[sk:ek]
+        qh, kh, vh = (np.swapaxes(x, 0, 1) for x in (q[sq:eq], kb, vb))  # [h, n, d]
+        allowed = None
+        if causal:
+            row = np.arange(eq - sq)[:, None] + (ek - sk) - (eq - sq)
+            allowed = np.arange(max_seqlen_k)[None, :] <= row
+        out[sq:eq] = np.swapaxes(_softmax(_scores(qh, kh, softmax_scale), allowed) @ vh, 0, 1)
+    return out
+
+
+def scores_times_mask(q, k, v, mask=None):
+    """``finite-fill`` (0): multiplies the scores by the mask, so blocked keys get the score 0 instead of -inf."""
+    s = _scores(q, k)
+    return _softmax(s if mask is None else s * mask) @ v
+
+
 ENTRIES = [
     Entry("np-correct", correct),
     Entry("np-correct-blocked", correct_blocked, options={"mask_convention": "block"}),
@@ -548,4 +586,7 @@ ENTRIES = [
     Entry("np-two-bugs", two_bugs, ("scale-missing", "mask-inverted")),
     Entry("np-default-mask-square", default_mask_square, ("crash",), subtle=True),
     Entry("np-output-like-q", output_like_q, ("crash",), subtle=True),
+    Entry("np-zeroed-padding-keys", zeroed_padding_keys, ("padding-leak",), subtle=True),
+    Entry("np-varlen-padded-to-longest", varlen_padded_to_longest, ("padding-leak",), options={"mask_form": "varlen"}),
+    Entry("np-scores-times-mask", scores_times_mask, ("finite-fill",)),
 ]

@@ -35,7 +35,7 @@ __all__ = ["FILLS", "HYPOTHESES", "Context", "Hypothesis", "hypothesis", "output
 
 #: Finite fill values of the blocked scores tried by the ``finite-fill`` hypotheses (at ordinary score sizes only
 #: the small ones change the output; the padding probe's large-score case catches the others).
-FILLS = (-1.0, -2.0, -5.0, -10.0, -20.0, -50.0, -100.0, -1e3, -1e4)
+FILLS = (0.0, -1.0, -2.0, -5.0, -10.0, -20.0, -50.0, -100.0, -1e3, -1e4)
 
 _GQA_SAID = {"tile": "i mod h_kv (tile / repeat)", "interleave": "i // (h_q / h_kv) (repeat_interleave)"}
 
@@ -290,6 +290,44 @@ def _mask_ignored(ctx: Context) -> np.ndarray | None:
     return ctx.attend(allowed=np.broadcast_to(ctx.causal_part(), ctx.allowed.shape))
 
 
+def _zero_keys(ctx: Context, count: np.ndarray) -> np.ndarray:
+    """The output when each row attends its allowed keys and also ``count [..., h, n_q, 1]`` keys that are zero
+    vectors with zero values (score 0): their weight is lost from the allowed keys, nothing is added."""
+    lg = np.where(ctx.allowed, ctx.scores * ctx.scale, -np.inf)
+    top = np.maximum(np.max(lg, axis=-1, keepdims=True), 0.0)  # the zero keys' score 0 takes part in the max
+    e = np.where(ctx.allowed, np.exp(lg - top), 0.0)
+    return (e @ ctx.v) / (e.sum(axis=-1, keepdims=True) + count * np.exp(-top))
+
+
+@hypothesis(
+    "padding-leak",
+    "your function zeroes the blocked keys and values instead of masking their scores: each blocked key still "
+    "takes the weight of a score 0",
+)
+def _zeroed_blocked_keys(ctx: Context) -> np.ndarray | None:
+    if ctx.case.mask is None:
+        return None
+    zeroed = ~ctx.allowed if ctx.causal_in_mask else ctx.causal_part() & ~ctx.user_mask()  # causal: still -inf
+    count = zeroed.sum(axis=-1, keepdims=True)
+    return None if not count.any() else _zero_keys(ctx, count)
+
+
+@hypothesis(
+    "padding-leak",
+    "your function pads every sequence's keys with zeros to the longest one ({longest} keys) and attends the "
+    "padding without a mask: each padded key takes the weight of a score 0",
+)
+def _zero_padded_to_longest(ctx: Context) -> tuple[np.ndarray, dict[str, Any]] | None:
+    if ctx.case.mask is None or ctx.case.causal is not None:
+        return None
+    lengths = ctx.allowed.sum(axis=-1, keepdims=True)
+    longest = int(lengths.max(initial=0))
+    pads = longest - lengths
+    if longest == ctx.k.shape[-2] or not pads.any():
+        return None  # the same as zeroed blocked keys, or no padding at all
+    return _zero_keys(ctx, pads), {"longest": longest}
+
+
 @hypothesis(
     "mask-after-softmax",
     "your function applies the mask after the softmax (multiplies the weights by it, or fills them with 0), so "
@@ -367,7 +405,7 @@ def _finite_fill(ctx: Context, mode: str) -> tuple[np.ndarray, dict[str, Any]] |
         return None
     lg = ctx.scores * ctx.scale
     best = None
-    for fill in FILLS:
+    for fill in FILLS if mode == "replace" else FILLS[1:]:  # adding 0 is no mask at all (padding-leak)
         filled = np.where(ctx.allowed, lg, fill if mode == "replace" else lg + fill)
         alt = softmax(filled, -1) @ ctx.v
         err = float(np.max(np.abs(alt - ctx.out)[np.broadcast_to(ctx.rows[..., None], alt.shape)], initial=0.0))

@@ -40,7 +40,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -461,31 +461,53 @@ class Battery:
             else f"; max |out - reference| = {cmp.max_error:.3g} at {cmp.where} (tolerance {cmp.bound:.2g})"
         )
         evidence += what
-        ctx = Context.build(
-            case,
-            out,
-            self.allowed(case),
-            causal_in_mask=self.causal_in_mask(case),
-            alignment_received=self.causal_in_mask(case) or self.spec.causal_value == "align",
-            inverted_text=self._inverted_text(),
-            gqa_map=self.gqa_map,
-        )
-        for code, message, alt in outputs(ctx):
-            if alt.shape != out.shape:
-                continue
-            c = _explains(out, alt, cmp, rows)
-            if c is not None:
-                matched = evidence + f"; the output matches that explanation to {c:.2g}"
-                if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
-                    for i, part in enumerate(code.split("+")):
-                        self.bug(part, _single(i, message), matched + f" ({message})")
+        for align in self.own_alignments(case):
+            seen = case if align == case.causal else replace(case, causal=align)
+            ctx = Context.build(
+                seen,
+                out,
+                self.allowed(seen),
+                causal_in_mask=self.causal_in_mask(seen),
+                alignment_received=self.causal_in_mask(seen) or self.spec.causal_value == "align",
+                inverted_text=self._inverted_text(),
+                gqa_map=self.gqa_map,
+            )
+            for code, message, alt in outputs(ctx):
+                if alt.shape != out.shape:
+                    continue
+                c = _explains(out, alt, cmp, rows)
+                if c is not None:
+                    matched = evidence + f"; the output matches that explanation to {c:.2g}"
+                    if align != case.causal:
+                        matched += f" (with the function's own causal alignment, {align.replace('_', '-')})"
+                    if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
+                        for i, part in enumerate(code.split("+")):
+                            self.bug(part, _single(i, message), matched + f" ({message})")
+                        return
+                    self.bug(code, message, matched)
                     return
-                self.bug(code, message, matched)
-                return
         if self.lower_precision(case, out, rows, evidence):
             return
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
         self.experiments(case, out)
+
+    def own_alignments(self, case: Case) -> tuple[str | None, ...]:
+        """The causal alignments a mismatching ``case`` is diagnosed under: its own, and the other one too when the
+        alignment is the function's own undeclared choice (a bool flag on a rectangular case), the one it was seen
+        to use first."""
+        n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+        own_choice = (
+            case.causal is not None
+            and n_q != n_k
+            and self.spec.causal_align is None
+            and self.spec.causal_value != "align"
+            and self.causal_mode in ("flag", "only")
+            and not self.causal_in_mask(case)
+        )
+        if not own_choice:
+            return (case.causal,)
+        other = "top_left" if case.causal == "bottom_right" else "bottom_right"
+        return (other, case.causal) if self.align_seen == other else (case.causal, other)
 
     def experiments(self, case: Case, out: np.ndarray) -> None:
         """Perturbation experiments on a mismatching case that no hypothesis explains, so that what they find is
