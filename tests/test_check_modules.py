@@ -69,6 +69,74 @@ def test_hugging_face_eager_attention_forward_function():
     assert "stand-in module" in r.mode and "gqa" not in _untested(r) and "scale" not in _untested(r)
 
 
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_hugging_face_gpt2_attention_with_its_fused_c_attn(impl):
+    import transformers
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Attention
+
+    cfg = transformers.GPT2Config(n_embd=32, n_head=4, attn_implementation=impl)
+    r = _clean(check(GPT2Attention(cfg, layer_idx=0).eval()))  # eval(): attn_pdrop and resid_pdrop are 0.1
+    assert "c_attn returns the checker's [q | k | v]" in r.mode and "mask" not in _untested(r)
+    assert "cross" in _untested(r) and "gqa" in _untested(r)
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_hugging_face_bart_and_whisper_attention_with_cross_attention(impl):
+    import transformers
+    from transformers.models.bart.modeling_bart import BartAttention
+    from transformers.models.whisper.modeling_whisper import WhisperAttention
+
+    for layer in (
+        BartAttention(32, 4, config=transformers.BartConfig(d_model=32, attn_implementation=impl)),
+        WhisperAttention(32, 4, config=transformers.WhisperConfig(d_model=32, attn_implementation=impl)),
+    ):
+        r = _clean(check(layer))
+        assert "out_proj identity" in r.mode and {"cross", "mask"}.isdisjoint(_untested(r))  # key_value_states
+
+
+def test_hugging_face_t5_attention_is_checked_with_its_scale_named():
+    import transformers
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    cfg = transformers.T5Config(d_model=32, d_kv=8, num_heads=4, dropout_rate=0.0)
+    r = _clean(check(T5Attention(cfg, layer_idx=0)))
+    assert "q/k/v return the checker's q, k, v, o identity, a 4-D additive mask" in r.mode
+    assert "scales the scores by 1, not 1/sqrt(head_dim = 8)" in r.mode  # T5 folds 1/sqrt(d_k) into W_q
+
+
+def test_a_buggy_kernel_registered_with_hugging_face_is_named_through_the_layer():
+    """A kernel plugged into Hugging Face's AttentionInterface (how users add their own) that drops the mask:
+    checked through an unmodified BartAttention, the bug is named."""
+    import transformers
+    from transformers import AttentionInterface
+    from transformers.models.bart.modeling_bart import BartAttention
+    from transformers.models.bart.modeling_bart import eager_attention_forward as bart_eager
+
+    def no_mask_kernel(module, query, key, value, attention_mask, **kwargs):
+        return bart_eager(module, query, key, value, None, **kwargs)
+
+    AttentionInterface.register("attnlab_test_no_mask", no_mask_kernel)
+    cfg = transformers.BartConfig(d_model=32, attn_implementation="attnlab_test_no_mask")
+    r = check(BartAttention(32, 4, config=cfg), probes=("reference", "padding"))
+    assert "padding-leak" in r.codes and "attnlab_test_no_mask" in r.mode, r.to_text()
+
+
+def test_a_layer_of_hidden_states_from_an_unknown_family_is_a_usage_error_not_a_crash():
+    import transformers
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention
+
+    from attnlab.check import UsageError
+
+    class Block(torch.nn.Module):
+        def forward(self, x, attention_mask=None):
+            return x
+
+    layer = GPTNeoXAttention(transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=4), layer_idx=0)
+    for m, name in ((layer, "GPTNeoXAttention"), (Block(), "Block")):
+        with pytest.raises(UsageError, match=rf"fn: {name}.forward takes hidden states .* not q, k, v.*wrap it"):
+            check(m)
+
+
 def test_x_transformers_attend():
     from x_transformers import attend as attend
 

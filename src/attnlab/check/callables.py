@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import OptionError
+from .spec import UsageError
 
 __all__ = ["Detected", "Prepared", "code_functions", "detect_framework", "prepare", "signature_of"]
 
@@ -257,9 +258,12 @@ def prepare(fn: Any) -> Prepared:
             ) from None
         kind += ", instantiated with no arguments"
     if is_torch_module(fn):
-        from .modules import module_mode
+        from .modules import module_mode, unknown_layer
 
         mode = module_mode(fn)
         if mode is not None:
             return Prepared(mode.fn, kind, mode)
+        why = unknown_layer(fn)
+        if why is not None:
+            raise UsageError(why)
     return Prepared(fn, kind)

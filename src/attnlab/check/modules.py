@@ -16,12 +16,19 @@ Families (:func:`module_mode` detects them by class and attributes):
 * Hugging Face attention with rotary ``position_embeddings`` (``LlamaAttention``, Mistral, Qwen2...): additive
   4-D mask, GQA (``num_key_value_heads``), eager or sdpa per ``config._attn_implementation``.
 * Hugging Face BERT-style self-attention (``BertSelfAttention``: ``query``/``key``/``value``).
+* Hugging Face layers taking ``hidden_states`` with named projections and no rotary embeddings: separate
+  ``q_proj``/``k_proj``/``v_proj`` with ``out_proj`` (BART, Whisper, OPT, M2M100...) or ``o_proj``, T5's
+  ``q``/``k``/``v``/``o``, GPT-2's fused ``c_attn`` (``[q | k | v]`` along the features) with ``c_proj``. A copy of
+  the layer gets the shape's ``head_dim`` (and head counts), its projections fed, its output projection
+  identity; cross-attention through ``key_value_states`` where the layer takes it.
 * timm's ``Attention`` (``qkv``, ``proj``): boolean ``attn_mask``, fused (SDPA) or manual path.
 * nanoGPT's ``CausalSelfAttention`` (``c_attn``, ``c_proj``): always causal, no mask.
 * Hugging Face attention functions ``fn(module, query, key, value, attention_mask, scaling, ...)`` (
   ``eager_attention_forward``, any ``AttentionInterface`` function): called with a stand-in module.
 
-Any other ``nn.Module`` is called as it is, ``layer(q, k, v, ...)`` (its ``forward``'s parameters are read).
+Any other ``nn.Module`` whose ``forward`` takes q, k and v is called as it is, ``layer(q, k, v, ...)`` (its
+``forward``'s parameters are read); one that takes hidden states of a family not listed here is refused with a
+usage error that says how to check it (:func:`unknown_layer`), never called with q, k, v and blamed for crashing.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ModuleMode", "function_mode", "module_mode"]
+__all__ = ["ModuleMode", "function_mode", "module_mode", "unknown_layer"]
 
 
 @dataclass
@@ -316,6 +323,119 @@ def _nanogpt(layer: Any) -> ModuleMode:
     )
 
 
+#: Hugging Face projection names: (query, key, value, output), each a sub-module of the layer.
+_HF_SEPARATE = (
+    ("q_proj", "k_proj", "v_proj", "out_proj"),
+    ("q_proj", "k_proj", "v_proj", "o_proj"),
+    ("q", "k", "v", "o"),
+)
+
+
+def _hf_projections(layer: Any, params: set[str]) -> tuple[tuple[str, ...], bool] | None:
+    """The projection names of a Hugging Face layer without rotary embeddings, and whether q, k, v are fused."""
+    if "hidden_states" not in params or "position_embeddings" in params or getattr(layer, "config", None) is None:
+        return None
+    modules = dict(layer.named_children())
+    for names in _HF_SEPARATE:
+        if all(n in modules for n in names):
+            return names, False
+    if "c_attn" in modules and "c_proj" in modules and hasattr(layer, "split_size"):
+        return ("c_attn", "c_proj"), True  # GPT-2: one Conv1D, [q | k | v] along the features
+    return None
+
+
+def _hf_named(layer: Any, names: tuple[str, ...], fused: bool, params: set[str]) -> ModuleMode:
+    torch = _torch()
+    nn = torch.nn
+    feed = _feed_class()
+    head_attr = "key_value_proj_dim" if hasattr(layer, "key_value_proj_dim") else "head_dim"  # T5 / the others
+    old_d = int(getattr(layer, head_attr))
+    old_scale = getattr(layer, "scaling", None)
+    standard = old_scale is None or math.isclose(float(old_scale), old_d**-0.5, rel_tol=1e-6)
+    grouped = hasattr(layer, "num_key_value_groups")
+    mask_param = "attention_mask" if "attention_mask" in params else "mask"  # T5 calls it mask
+    cross = "key_value_states" in params and not fused
+
+    def build(h: int, h_kv: int, d: int, dtype: Any) -> Any:
+        m = copy.deepcopy(layer)
+        sizes = {
+            head_attr: d,
+            "num_heads": h,
+            "n_heads": h,
+            "num_key_value_heads": h_kv,
+            "num_key_value_groups": h // h_kv,
+            "embed_dim": h * d,
+            "inner_dim": h * d,
+            "split_size": h * d,
+        }
+        for attr, value in sizes.items():
+            if hasattr(m, attr):
+                setattr(m, attr, value)
+        if old_scale is not None:
+            m.scaling = d**-0.5
+        for n in names[:-1]:
+            setattr(m, n, feed())
+        setattr(m, names[-1], nn.Identity())
+        return m.to(dtype).train(layer.training)
+
+    cache = _Cache(build)
+
+    def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
+        b, h, n_q, d = q.shape
+        n_k = k.shape[-2]
+        m = cache.get(h, k.shape[1], d, q.dtype)
+        if fused:
+            m.c_attn.value = torch.cat([_heads_first(x) for x in (q, k, v)], dim=2)
+        else:
+            for n, x in zip(names[:3], (q, k, v), strict=True):
+                getattr(m, n).value = _heads_first(x)
+        kwargs = {mask_param: _additive(torch, mask, (b, 1, n_q, n_k), q.dtype)}
+        if n_k != n_q:
+            kwargs["key_value_states"] = q.new_zeros(b, n_k, k.shape[1] * d)
+        with torch.no_grad():
+            out = m(q.new_zeros(b, n_q, h * d), **kwargs)
+        return _heads_back(out[0] if isinstance(out, tuple) else out, h)
+
+    impl = getattr(layer.config, "_attn_implementation", None) or "eager"
+    fed = "c_attn returns the checker's [q | k | v]" if fused else f"{'/'.join(names[:3])} return the checker's q, k, v"
+    family = f"Hugging Face {type(layer).__name__} ({impl}): {fed}, {names[-1]} identity, a 4-D additive {mask_param}"
+    if not standard:
+        family += (
+            f"; the layer scales the scores by {float(old_scale):.6g}, not 1/sqrt(head_dim = {old_d}) (T5 folds "
+            "1/sqrt(d_k) into its W_q): checked with its scaling set to 1/sqrt(d_k)"
+        )
+    unsupported = {"dv": _ONE_D, "rank": _RANK}
+    if not cross:
+        unsupported["cross"] = _SELF
+    if not grouped:
+        unsupported["gqa"] = f"{type(layer).__name__} has one set of heads"
+    return ModuleMode(attention, family, unsupported, gqa=grouped)
+
+
+#: Parameter names of a layer that takes hidden states (not q, k, v).
+_HIDDEN = ("hidden_states", "x", "hidden", "inputs", "input", "inputs_embeds", "src", "tgt")
+_QKV = ("q", "query", "queries", "k", "key", "keys", "v", "value", "values")
+
+
+def unknown_layer(layer: Any) -> str | None:
+    """Why ``layer`` (an ``nn.Module`` that :func:`module_mode` does not know) cannot be called as ``layer(q, k,
+    v)``, or None when its ``forward`` takes q, k and v (or cannot be read)."""
+    try:
+        params = [p for p in inspect.signature(layer.forward).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in params]
+    if not names or names[0] not in _HIDDEN or any(n in _QKV for n in names):
+        return None
+    return (
+        f"fn: {type(layer).__name__}.forward takes hidden states ({names[0]}, ...), not q, k, v, and module mode does "
+        "not know this layer family (it knows nn.MultiheadAttention, Hugging Face attention layers with q_proj/k_proj/"
+        "v_proj, query/key/value, q/k/v/o or c_attn projections, timm's Attention and nanoGPT's CausalSelfAttention); "
+        "check the attention function the layer calls, or wrap it: def attention(q, k, v, mask=None): ... with q, k, "
+        "v of shape [B, h, n, d] (docs/checker.md, 'Module mode')"
+    )
+
+
 def function_mode(fn: Any, params: dict[str, inspect.Parameter] | None) -> ModuleMode | None:
     """A Hugging Face attention function ``fn(module, query, key, value, attention_mask, scaling, ...)``."""
     if not params:
@@ -360,6 +480,9 @@ def module_mode(layer: Any) -> ModuleMode | None:
         return _hf_rotary(layer)
     if has("query", "key", "value", "config") and "hidden_states" in params:
         return _hf_bert(layer)
+    named = _hf_projections(layer, params)
+    if named is not None:
+        return _hf_named(layer, *named, params)
     if has("c_attn", "c_proj", "n_head", "n_embd"):
         return _nanogpt(layer)
     if has("qkv", "proj", "num_heads") and isinstance(getattr(layer, "qkv", None), nn.Linear):
