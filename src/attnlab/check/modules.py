@@ -456,13 +456,28 @@ def function_mode(fn: Any, params: dict[str, inspect.Parameter] | None) -> Modul
         out = out[0] if isinstance(out, tuple) else out
         return out.transpose(1, 2)  # Hugging Face attention functions return [B, n, h, d]
 
+    name = getattr(fn, "__name__", "?")
+    unsupported = {"rank": "Hugging Face attention functions take [B, h, n, d]"}
+    grouped = _expands_kv_heads(fn)
+    if not grouped:  # GPT-2's, BART's, ViT's... eager functions: one set of heads, as their layers
+        unsupported["gqa"] = f"{name} does not expand K/V heads (no num_key_value_groups, repeat_kv or enable_gqa)"
     return ModuleMode(
         attention,
-        f"a Hugging Face attention function ({getattr(fn, '__name__', '?')}): called with a stand-in module "
+        f"a Hugging Face attention function ({name}): called with a stand-in module "
         "(num_key_value_groups = h / h_kv), a 4-D additive attention_mask and scaling",
-        {"rank": "Hugging Face attention functions take [B, h, n, d]"},
-        gqa=True,
+        unsupported,
+        gqa=grouped,
     )
+
+
+def _expands_kv_heads(fn: Any) -> bool:
+    """Whether a Hugging Face attention function expands K/V heads to the query heads (its code, or what it calls,
+    reads ``num_key_value_groups`` or uses ``repeat_kv`` / ``enable_gqa``); True when the code cannot be read."""
+    try:
+        code = inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError):
+        return True
+    return any(word in code for word in ("num_key_value_groups", "repeat_kv", "enable_gqa"))
 
 
 def module_mode(layer: Any) -> ModuleMode | None:
