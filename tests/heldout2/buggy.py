@@ -46,7 +46,7 @@ FUNCTIONS = [
     Case(
         "h2-flax-softmax-over-queries",
         m.flax_softmax_over_queries,
-        {"layout": "bnhd"},
+        {"layout": "bnhd", "framework": "jax"},
         expected="softmax-axis",
         source="google/flax flax/linen/attention.py dot_product_attention_weights, JAX [B, n, h, d]; planted: "
         "jax.nn.softmax(attn_weights, axis=-2) on '...hqk' weights",
@@ -54,14 +54,14 @@ FUNCTIONS = [
     Case(
         "h2-flax-returns-numpy",
         m.flax_returns_numpy,
-        {"layout": "bnhd"},
+        {"layout": "bnhd", "framework": "jax"},
         expected="output-type",
         source="google/flax flax/linen/attention.py dot_product_attention, JAX; planted: np.asarray(...) on the result",
     ),
     Case(
         "h2-haiku-1e30-float16",
         m.haiku_attention,
-        {},
+        {"framework": "jax"},
         expected="masked-row-nan",
         source="google-deepmind/dm-haiku haiku/_src/attention.py MultiHeadAttention.__call__ (attn_logits / "
         "sqrt(key_size), jnp.where(mask, attn_logits, -1e30), softmax), JAX, heads first; not planted: -1e30 is "
@@ -189,6 +189,14 @@ FUNCTIONS = [
         expected="gqa-mapping",
         source="ml-explore/mlx fast.scaled_dot_product_attention GQA semantics in NumPy, an instance with __call__; "
         "planted: queries grouped q.reshape(B, n_rep, h_kv, L, D) (tile) where interleave is declared",
+    ),
+    Case(
+        "h2-naive-logsumexp",
+        m.naive_logsumexp,
+        {},
+        expected="unstable-softmax",
+        source="a FlashAttention-style forward written as P = exp(S - lse) (Dao et al. 2022, arXiv:2205.14135, "
+        "lse = m + log l) with lse computed as log(sum(exp(S))) without the row max: exp(1000) = inf, exp(-1000) = 0",
     ),
     Case(
         "h2-equinox-unscaled-neg-inf",

@@ -53,7 +53,7 @@ CASES = [
     Case(
         "h2-ok-flax-dot-product-attention",
         m.flax_dot_product_attention,
-        {"layout": "bnhd"},
+        {"layout": "bnhd", "framework": "jax"},
         source="google/flax flax/linen/attention.py dot_product_attention_weights + dot_product_attention "
         "(query / sqrt(depth), einsum '...qhd,...khd->...hqk', jnp.where(mask, w, finfo.min), softmax), JAX, "
         "[B, n, h, d]",

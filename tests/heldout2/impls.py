@@ -732,3 +732,17 @@ def mistral_layer(attn_implementation="sdpa", **config):
         hidden_size=64, num_attention_heads=4, num_key_value_heads=2, attn_implementation=attn_implementation, **config
     )
     return MistralAttention(cfg, layer_idx=0).eval()
+
+
+def naive_logsumexp(query, key, value, attn_mask=None, is_causal=False, scale=None):
+    """Flash-style: P = exp(S - lse) with lse = log(sum(exp(S))) computed without the row max."""
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    s = torch.matmul(query, key.transpose(-1, -2)) * scale
+    allowed = torch.ones(s.shape[-2:], dtype=torch.bool).tril() if is_causal else None
+    if attn_mask is not None:
+        allowed = attn_mask if allowed is None else attn_mask & allowed
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    lse = torch.log(torch.exp(s).sum(dim=-1, keepdim=True))  # BUG: exp overflows/underflows without the max
+    p = torch.where(torch.isneginf(lse), 0.0, torch.exp(s - lse))
+    return torch.matmul(p, value)
