@@ -52,6 +52,14 @@ FUNCTIONS = [
         "jax.nn.softmax(attn_weights, axis=-2) on '...hqk' weights",
     ),
     Case(
+        "h2-flax-weights-rescaled",
+        m.flax_weights_rescaled,
+        {"layout": "bnhd", "framework": "jax"},
+        expected="scale-after-softmax",
+        source="google/flax flax/linen/attention.py dot_product_attention, JAX [B, n, h, d]; planted: the weights "
+        "divided by sqrt(depth) again after the softmax (the query was already scaled)",
+    ),
+    Case(
         "h2-flax-returns-numpy",
         m.flax_returns_numpy,
         {"layout": "bnhd", "framework": "jax"},

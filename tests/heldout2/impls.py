@@ -191,6 +191,12 @@ def flax_softmax_over_queries(query, key, value, mask=None):
     return jnp.einsum("...hqk,...khd->...qhd", attn_weights, value)
 
 
+def flax_weights_rescaled(query, key, value, mask=None):
+    attn_weights = _flax_weights(query, key, mask, axis=-1)
+    attn_weights = attn_weights / jnp.sqrt(query.shape[-1]).astype(query.dtype)  # BUG: the scale once more
+    return jnp.einsum("...hqk,...khd->...qhd", attn_weights, value)
+
+
 def flax_returns_numpy(query, key, value, mask=None):
     attn_weights = _flax_weights(query, key, mask, axis=-1)
     return np.asarray(jnp.einsum("...hqk,...khd->...qhd", attn_weights, value))  # BUG: a NumPy array back

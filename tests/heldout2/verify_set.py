@@ -374,6 +374,13 @@ def _bug_flax_axis(fn):
     assert differs(out, ref(q, k, v, allow)) and close(out, _softmax_queries_ref(q, k, v, allow), tol=1e-4)
 
 
+def _bug_flax_rescaled(fn):
+    q, k, v = inputs()
+    allow = full_mask(2, 4, 5, 7)
+    out = bnhd(np.asarray(fn(jnp.asarray(bnhd(q), jnp.float32), jnp.asarray(bnhd(k)), jnp.asarray(bnhd(v)), allow)))
+    assert close(out, ref(q, k, v, allow) / math.sqrt(8), tol=1e-4)
+
+
 def _bug_flax_numpy(fn):
     q, k, v = inputs()
     out = fn(jnp.asarray(bnhd(q), jnp.float32), jnp.asarray(bnhd(k)), jnp.asarray(bnhd(v)))
@@ -652,6 +659,56 @@ def _bug_module_neox(layer):
     assert differs(out, ref(q, k, v, gqa="interleave"))
 
 
+# every dtype, logits of ordinary size and of about a thousand, 3-D inputs: the correct q, k, v functions
+SWEEP = {
+    "h2-ok-gpt2-cross-attn": "torch",
+    "h2-ok-gpt2-causal-bottom-right": "torch",
+    "h2-ok-t5-folded-scale-lambda": "torch",
+    "h2-ok-equinox-numpy": "numpy",
+    "h2-ok-triton-tutorial-numpy": "numpy",
+    "h2-ok-sdpa-docs-reference-partial": "torch",
+    "h2-ok-falcon-additive": "torch",
+    "h2-ok-qwen2-repeat-kv-sdpa": "torch",
+    "h2-ok-mlx-style-class": "class",
+    "h2-ok-flax-dot-product-attention": "jax",
+    "h2-ok-fairseq-key-padding-guarded": "torch",
+    "h2-ok-distilbert-keep-key-padding": "torch",
+    "h2-ok-allennlp-masked-softmax": "torch",
+    "h2-ok-valid-lens-numpy": "numpy",
+}
+RANK4_ONLY = {"h2-ok-t5-folded-scale-lambda", "h2-ok-qwen2-repeat-kv-sdpa", "h2-ok-mlx-style-class"}
+TOLS = {"float64": 1e-6, "float32": 1e-4, "float16": 3e-2, "bfloat16": 2e-1}
+
+
+def _run(fn, kind, q, k, v, dtype):
+    if kind == "torch":
+        return npy(fn(*(torch.from_numpy(np.ascontiguousarray(x)).to(getattr(torch, dtype)) for x in (q, k, v))))
+    if kind == "jax":
+        out = fn(*(jnp.asarray(np.swapaxes(x, -3, -2)).astype(dtype) for x in (q, k, v)))
+        return np.swapaxes(np.asarray(out.astype(jnp.float32), dtype=np.float64), -3, -2)
+    out = fn(*(x.astype(dtype) for x in (q, k, v)))
+    assert out.dtype == np.dtype(dtype), (out.dtype, dtype)
+    return out.astype(np.float64)
+
+
+def sweep(name, fn):
+    """Correct in every dtype its library has, with logits of about 1e3 too, and on 3-D inputs."""
+    kind = SWEEP[name]
+    if kind == "class":
+        fn, kind = fn(), "numpy"
+    dtypes = {"torch": TOLS, "numpy": ("float64", "float32", "float16"), "jax": ("float32", "float16", "bfloat16")}
+    q, k, v = inputs()
+    align = causal(5, 7, "bottom_right") if "causal" in name else None
+    for dtype in dtypes[kind]:
+        for mag in (1.0, 40.0):
+            qq, kk = q * mag, k * mag
+            err = np.abs(_run(fn, kind, qq, kk, v, dtype) - ref(qq, kk, v, align)).max()
+            assert err < TOLS[dtype] * max(1.0, mag / 4), (name, dtype, mag, err)
+    if name not in RANK4_ONLY and "key-padding" not in name and "masked-softmax" not in name and "valid" not in name:
+        out = _run(fn, kind, q[0], k[0], v[0], "float32")
+        assert np.abs(out - ref(q[0], k[0], v[0], align)).max() < 1e-4, name
+
+
 CHECKS = {
     "h2-ok-gpt2-cross-attn": _ok_gpt2_cross,
     "h2-ok-gpt2-causal-bottom-right": _ok_gpt2_causal,
@@ -679,6 +736,7 @@ CHECKS = {
     "h2-bart-sdpa-double-scale": _bug_bart,
     "h2-flax-softmax-over-queries": _bug_flax_axis,
     "h2-flax-returns-numpy": _bug_flax_numpy,
+    "h2-flax-weights-rescaled": _bug_flax_rescaled,
     "h2-haiku-1e30-float16": _bug_haiku,
     "h2-softmax-dim2-from-3d": _bug_dim2,
     "h2-sdpa-mask-elif-causal": _bug_elif,
@@ -725,6 +783,8 @@ def verify_all() -> list[str]:
             for case in cases:
                 try:
                     CHECKS[case.name](case.fn)
+                    if case.name in SWEEP:
+                        sweep(case.name, case.fn)
                 except Exception as e:
                     raise AssertionError(f"{case.name}: {type(e).__name__}: {e}") from e
                 done.append(case.name)
