@@ -137,7 +137,7 @@ FUNCTIONS = [
     Case(
         "h2-bmm-head-major-keys",
         m.bmm_head_major_keys,
-        {"signature": "qkv"},
+        {"signature": "qkv", "ranks": (4,)},
         expected="batch-leak",
         source="fairseq-style (bsz*num_heads) folding for torch.bmm; planted: k and v folded head-major "
         "(transpose(0, 1).reshape) while q is folded batch-major",
@@ -225,6 +225,14 @@ INTERFACES = [
         expected="mask-inverted",
         source=f"{TF4} models/distilbert/modeling_distilbert.py MultiHeadSelfAttention.forward; planted: "
         "(mask == 1) instead of (mask == 0) as the blocked positions",
+    ),
+    Case(
+        "h2-batch-keep-multiplied-after-softmax",
+        m.batch_keep_after_softmax,
+        {"mask_convention": "keep", "mask_form": "batch"},
+        expected="mask-after-softmax",
+        source="a NumPy port of a Hugging Face 4-D keep mask ([B, 1, n_q, n_k], 1 = keep) that multiplies the "
+        "weights by it after the softmax instead of adding (1 - mask) * finfo.min before (planted)",
     ),
     Case(
         "h2-fairseq-key-padding-as-published",

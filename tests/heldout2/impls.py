@@ -752,3 +752,12 @@ def naive_logsumexp(query, key, value, attn_mask=None, is_causal=False, scale=No
     lse = torch.log(torch.exp(s).sum(dim=-1, keepdim=True))  # BUG: exp overflows/underflows without the max
     p = torch.where(torch.isneginf(lse), 0.0, torch.exp(s - lse))
     return torch.matmul(p, value)
+
+
+def batch_keep_after_softmax(q, k, v, attention_mask=None):
+    """attention_mask [B, 1, n_q, n_k] int, 1 = keep (a Hugging Face 4-D keep mask), NumPy."""
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    w = _np_softmax(s)
+    if attention_mask is not None:
+        w = w * np.asarray(attention_mask, dtype=w.dtype)  # BUG: multiplied in after the softmax
+    return w @ v

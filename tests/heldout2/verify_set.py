@@ -557,6 +557,17 @@ def _bug_equinox_two(fn):
     assert close(out[has], ref(q, k, v, allow, scale=1.0)[has]) and np.isnan(out[1, 1, 2]).all()
 
 
+def _bug_batch_after(fn):
+    q, k, v = inputs()
+    allow = full_mask(2, 1, 5, 7)
+    out = fn(q, k, v, allow.astype(np.int64))
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(8)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    expected = (w / w.sum(-1, keepdims=True) * allow) @ v
+    assert close(out, expected) and differs(out, ref(q, k, v, allow))
+    assert close(fn(q, k, v, np.ones_like(allow, dtype=np.int64)), ref(q, k, v))  # right when nothing is masked
+
+
 def _bug_distilbert_inverted(fn):
     q, k, v = inputs()
     keep = (np.arange(7)[None, :] < np.array([4, 6])[:, None]).astype(np.int64)
@@ -756,6 +767,7 @@ CHECKS = {
     "h2-equinox-unscaled-neg-inf": _bug_equinox_two,
     "h2-naive-logsumexp": _bug_naive_lse,
     "h2-distilbert-keep-inverted": _bug_distilbert_inverted,
+    "h2-batch-keep-multiplied-after-softmax": _bug_batch_after,
     "h2-fairseq-key-padding-as-published": _bug_fairseq_published,
     "h2-fairseq-key-padding-head-major": _bug_fairseq_head_major,
     "h2-fairseq-unscaled-nan": _bug_fairseq_two,
