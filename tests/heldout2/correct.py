@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 
 from heldout import Case
+from transformers.models.gpt_neox.modeling_gpt_neox import eager_attention_forward as neox_eager
+from transformers.models.whisper.modeling_whisper import eager_attention_forward as whisper_eager
 
 from . import impls as m
 
@@ -110,14 +112,14 @@ CASES = [
     ),
     Case(
         "h2-ok-whisper-eager-function",
-        __import__("transformers.models.whisper.modeling_whisper", fromlist=["x"]).eager_attention_forward,
+        whisper_eager,
         {},
-        source=f"{TF} models/whisper/modeling_whisper.py eager_attention_forward (the real function; mask sliced "
-        "[:, :, :, :n_k])",
+        source=f"{TF} models/whisper/modeling_whisper.py eager_attention_forward (the real function: softmax "
+        "in the input dtype, no repeat_kv)",
     ),
     Case(
         "h2-ok-gpt-neox-eager-function",
-        __import__("transformers.models.gpt_neox.modeling_gpt_neox", fromlist=["x"]).eager_attention_forward,
+        neox_eager,
         {},
         source=f"{TF} models/gpt_neox/modeling_gpt_neox.py eager_attention_forward (the real function; softmax in "
         "float32)",
