@@ -112,10 +112,12 @@ FUNCTIONS = [
     Case(
         "h2-numpy-returns-float32",
         m.numpy_weights_float32,
-        {},
+        {"compute_dtype": "input"},
         expected="dtype",
         source="equinox-style NumPy attention; planted: (w @ v).astype(np.float32) 'to save memory' (float64 and "
-        "float16 inputs get float32 back)",
+        "float16 inputs get float32 back). Declared compute_dtype='input' by the lead: undeclared, a float32 result "
+        "is the documented lower-precision note, because issue 13 requires xformers' ref_attention (which returns "
+        "float32 for every input dtype in the same way) to come out clean",
     ),
     Case(
         "h2-f-dropout-default-training",
@@ -214,6 +216,16 @@ FUNCTIONS = [
         second="masked-row-nan",
         source="patrick-kidger/equinox equinox/nn/_attention.py dot_product_attention_weights in NumPy; planted: "
         "the / sqrt(d) dropped and -inf instead of finfo.min (a fully masked row is NaN)",
+    ),
+    Case(
+        "h2-distilbert-key-padding-finfo-float32-tensor",
+        m.distilbert_attention,
+        {"mask_convention": "keep", "mask_form": "key_padding", "ranks": (4,)},
+        expected="masked-row-nan",
+        source=f"{TF4} models/distilbert/modeling_distilbert.py MultiHeadSelfAttention.forward: q / sqrt(dim), "
+        "(mask == 0).view(bs, 1, 1, k_len), masked_fill(torch.tensor(finfo(scores.dtype).min)). Written as correct; "
+        "the checker found (and the lead confirmed by hand) that in float64 torch.tensor(finfo(float64).min) is a "
+        "float32 tensor, i.e. -inf, so a fully padded sequence is NaN in float64 (finite in float32 and below)",
     ),
 ]
 

@@ -37,13 +37,6 @@ CASES = [
         "lambda; float64 runs in float32 (lower-precision note)",
     ),
     Case(
-        "h2-ok-distilbert-keep-key-padding",
-        m.distilbert_attention,
-        {"mask_convention": "keep", "mask_form": "key_padding", "ranks": (4,)},
-        source=f"{TF4} models/distilbert/modeling_distilbert.py MultiHeadSelfAttention.forward: q / sqrt(dim), "
-        "(mask == 0).view(bs, 1, 1, k_len), masked_fill(finfo.min)",
-    ),
-    Case(
         "h2-ok-fairseq-key-padding-guarded",
         m.fairseq_attention,
         {"mask_convention": "block", "mask_form": "key_padding", "ranks": (4,)},

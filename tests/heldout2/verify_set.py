@@ -144,6 +144,20 @@ def _ok_distilbert(fn):
     assert close(torch_call(fn, q, k, v, T(keep)), ref(q, k, v, keep[:, None, None, :].astype(bool)))
 
 
+def _bug_distilbert_float64_nan(fn):
+    """Correct where a sequence has a real key; a fully padded one is NaN in float64 only (the fill
+    torch.tensor(finfo(float64).min) is a float32 tensor: -inf)."""
+    _ok_distilbert(fn)
+    q, k, v = inputs()
+    keep = np.ones((2, 7), np.int64)
+    keep[1] = 0
+    out64 = torch_call(fn, q, k, v, T(keep))
+    assert np.isnan(out64[1]).all() and np.isfinite(out64[0]).all()
+    t = {n: torch.from_numpy(x).float() for n, x in (("q", q), ("k", k), ("v", v))}
+    out32 = fn(t["q"], t["k"], t["v"], torch.from_numpy(keep))
+    assert torch.isfinite(out32).all()
+
+
 def _key_padding_cases():
     q, k, v = inputs()
     real = np.arange(7)[None, :] < np.array([4, 0])[:, None]  # the second sequence fully padded
@@ -683,7 +697,7 @@ SWEEP = {
     "h2-ok-mlx-style-class": "class",
     "h2-ok-flax-dot-product-attention": "jax",
     "h2-ok-fairseq-key-padding-guarded": "torch",
-    "h2-ok-distilbert-keep-key-padding": "torch",
+    "h2-distilbert-key-padding-finfo-float32-tensor": "torch",
     "h2-ok-allennlp-masked-softmax": "torch",
     "h2-ok-valid-lens-numpy": "numpy",
 }
@@ -724,7 +738,7 @@ CHECKS = {
     "h2-ok-gpt2-cross-attn": _ok_gpt2_cross,
     "h2-ok-gpt2-causal-bottom-right": _ok_gpt2_causal,
     "h2-ok-t5-folded-scale-lambda": _ok_t5_folded,
-    "h2-ok-distilbert-keep-key-padding": _ok_distilbert,
+    "h2-distilbert-key-padding-finfo-float32-tensor": _bug_distilbert_float64_nan,
     "h2-ok-fairseq-key-padding-guarded": _ok_fairseq,
     "h2-ok-flax-dot-product-attention": _ok_flax,
     "h2-ok-equinox-numpy": _ok_equinox,

@@ -440,8 +440,12 @@ class Battery:
             "additive": "your function reads the additive mask inverted (0 blocks, the large negative value allows)",
         }[self.spec.mask_convention]
 
-    def diagnose(self, case: Case, out: np.ndarray, cmp: Comparison, rows: np.ndarray) -> None:
-        """Name the bug behind a mismatching output, or report ``reference-mismatch`` with the evidence."""
+    def diagnose(
+        self, case: Case, out: np.ndarray, cmp: Comparison, rows: np.ndarray, *, as_flag: bool = False
+    ) -> None:
+        """Name the bug behind a mismatching output, or report ``reference-mismatch`` with the evidence and run the
+        perturbation experiments on ``case``. ``as_flag``: the call made passed ``case``'s causal part as the flag,
+        not in the mask (the hypotheses read the mask without it; no experiments, which would call ``case``)."""
         evidence = f"case {case.label}: {case.shapes()}"
         if case.mask is not None:
             evidence += ", with a mask"
@@ -467,8 +471,8 @@ class Battery:
                 seen,
                 out,
                 self.allowed(seen),
-                causal_in_mask=self.causal_in_mask(seen),
-                alignment_received=self.causal_in_mask(seen) or self.spec.causal_value == "align",
+                causal_in_mask=self.causal_in_mask(seen) and not as_flag,
+                alignment_received=(self.causal_in_mask(seen) and not as_flag) or self.spec.causal_value == "align",
                 inverted_text=self._inverted_text(),
                 gqa_map=self.gqa_map,
             )
@@ -489,7 +493,8 @@ class Battery:
         if self.lower_precision(case, out, rows, evidence):
             return
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
-        self.experiments(case, out)
+        if not as_flag:
+            self.experiments(case, out)
 
     def own_alignments(self, case: Case) -> tuple[str | None, ...]:
         """The causal alignments a mismatching ``case`` is diagnosed under: its own, and the other one too when the
@@ -931,6 +936,77 @@ class Battery:
                 )
                 return
         self.large_scores_causal(case)
+        if "mask" in self.caps:
+            self.future_within_mask()
+            self.flag_and_mask_together()
+
+    def future_within_mask(self) -> None:
+        """Causal with a mask (per-sequence lengths of a KV cache, packed sequences, padding): for the first
+        queries, change the K/V of keys that only later queries may see; their outputs must not move. A causal
+        bound taken from the padded cache size instead of each sequence's length leaks exactly there."""
+        g = Geom(2, 2, 4, 9, 4, 4) if "cross" in self.caps else Geom(2, 2, 8, 8, 4, 4)
+        case = self.make(g, self.primary, label="future, with a mask", causal=True, mask=True)
+        allowed = self.allowed(case)
+        for align in self.own_alignments(case)[1:]:  # the function's alignment is its own: the looser one counts
+            allowed = allowed | self.allowed(case, causal=align)
+        base = self.base_call(case, "causal: future tokens, with a mask")
+        if base is None or base.out.shape != (*case.q.shape[:-1], case.v.shape[-1]):
+            return
+        tol = FLOORS[case.dtype] * max(1.0, float(np.max(np.abs(base.out[np.isfinite(base.out)]), initial=0))) * 4
+        for t in (0, g.n_q // 2):
+            later = allowed[..., t + 1 :, :].any(axis=-2) & ~allowed[..., : t + 1, :].any(axis=-2)  # [B, h, n_k]
+            future = later.all(axis=1)  # [B, n_k]: keys no head's first queries may see (K/V heads are shared)
+            for b in np.nonzero(future.any(axis=-1))[0]:  # one batch element at a time, its own rows watched
+                k, v = case.k.copy(), case.v.copy()
+                for arr in (k, v):
+                    arr[b, :, future[b], :] = round_to(self.rng.normal(0, 3, arr[b, :, future[b], :].shape), case.dtype)
+                pert = Case(case.q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label, flag=case.flag)
+                out = self.call(pert)
+                if not out.ok or out.out.shape != base.out.shape:
+                    continue
+                diff = _change(out.out[b, :, : t + 1, :], base.out[b, :, : t + 1, :])
+                diff = np.where(self.allowed(case)[b, :, : t + 1, :].any(axis=-1)[..., None], diff, 0.0)
+                if not np.all(diff <= tol):
+                    idx = np.argwhere(~(diff <= tol))[0]
+                    lengths = case.mask.any(axis=-2)[:, 0].sum(axis=-1) if case.mask is not None else None
+                    self.bug(
+                        "causal-leak",
+                        f"query {int(idx[-2])} of batch element {int(b)} changes when keys only later queries may "
+                        "see change (its future, under a mask: a causal bound taken from the padded size instead "
+                        "of each sequence's own length leaks there)",
+                        f"case {case.label}: {case.shapes()}; valid keys per batch element "
+                        f"{'' if lengths is None else lengths.tolist()}; max change {_largest(diff):.3g} in outputs "
+                        f"of queries 0..{t} (tolerance {tol:.2g})",
+                    )
+                    return
+
+    def flag_and_mask_together(self) -> None:
+        """A causal flag and a mask in the same call (a full mask form, the causal part not in the mask): the
+        function must apply both, or refuse the pair (PyTorch SDPA raises); silently dropping one is a leak."""
+        if self.causal_mode != "flag" or self.mask_form != "full":
+            return
+        n = 8
+        g = Geom(2, 2, n, n, 4, 4)
+        logical = self.make(g, self.primary, label="mask and causal flag together", causal=True, mask=True)
+        self.case_key = "causal: mask and causal flag together"
+        out = self.call(replace(logical, causal=None, flag=True))  # square: both alignments are the same
+        if out.timed_out:
+            return
+        ev = f"case {logical.label}: {logical.shapes()}; the causal flag set and a mask without the causal part"
+        if out.error is not None:
+            self.note(
+                "causal-and-mask",
+                "a causal flag together with a mask is refused (as PyTorch SDPA); the checker passes the causal part "
+                "inside the mask then",
+                ev + f"; {out.error_text.splitlines()[0][:200]}",
+            )
+            return
+        if not out.ok:
+            return
+        golden, tol, rows = self.expected(logical)
+        cmp = compare(out.out, golden, tol, rows)
+        if not cmp.ok:  # the call made is not ``logical`` (its causal part went as the flag): no experiments
+            self.diagnose(logical, out.out, cmp, rows, as_flag=True)
 
     def large_scores_causal(self, small: Case) -> bool:
         """The causal case ``small`` with scores of large magnitude (as :meth:`large_scores`): a finite causal fill
@@ -1153,6 +1229,35 @@ class Battery:
                 "a fully masked row spreads NaN/inf into rows that have allowed keys",
                 ev + f"; {cmp.nonfinite} non-finite values in other rows",
             )
+        if "masked-row-nan" not in self.findings and policy != "nan":
+            self.masked_row_in_other_dtypes(case, sel, where)
+
+    def masked_row_in_other_dtypes(self, first: Case, sel: Any, where: str) -> None:
+        """The fully masked row of ``first`` in every other supported dtype: a fill that is finite in float32 can
+        overflow to -inf in float16 (``-1e9``, ``-1e30``: 001 §7.2), and then the row is 0/0 = NaN there only."""
+        for dtype in self.dtypes:
+            if dtype == first.dtype:
+                continue
+            q, k, v = (round_to(x, dtype).astype(np.float64) for x in (first.q, first.k, first.v))
+            case = Case(q, k, v, dtype, first.mask, first.causal, None, f"{first.label} {dtype}", flag=first.flag)
+            self.case_key = f"masked-rows: fully masked row ({dtype})"
+            out = self.call(case)
+            if not out.ok or out.out.shape != (*first.q.shape[:-1], first.v.shape[-1]):
+                continue  # a refusal or a crash in this dtype is the preflight's and the reference probe's
+            row = out.out[sel]
+            others = np.broadcast_to(self.allowed(case).any(axis=-1)[..., None], out.out.shape)
+            if not np.all(np.isfinite(out.out[others])):
+                continue  # the rows with keys are not finite either: not a masked-row matter (the reference's)
+            if not np.all(np.isfinite(row)):
+                self.bug(
+                    "masked-row-nan",
+                    f"a query row whose keys are all masked comes back as NaN/inf in {dtype} (finite in "
+                    f"{first.dtype}): typically a fill of the blocked scores that overflows to -inf in {dtype} "
+                    "(-1e9, -1e30)",
+                    f"case {case.label}: {case.shapes()}; {where} may attend to no key; that output row holds "
+                    f"{row.ravel()[~np.isfinite(row.ravel())][0]}",
+                )
+                return
 
     @probe("large-logits")
     def p_large_logits(self) -> None:
