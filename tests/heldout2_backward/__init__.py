@@ -453,7 +453,11 @@ def _tape(q, k, v, d_out, mask, scale, causal, *, variant="ok"):
         def p_back():
             # saves memory: recompute the softmax in backward from the saved logits
             pp = softmax(s.value) if variant == "recompute-unmasked" else p.value
-            sm.grad = sm.grad + pp * (p.grad - (p.grad * pp).sum(axis=-1, keepdims=True))
+            if variant == "delta-rowsum-p":
+                dot = pp.sum(axis=-1, keepdims=True)  # meant (grad * p).sum: the grad factor dropped
+            else:
+                dot = (p.grad * pp).sum(axis=-1, keepdims=True)
+            sm.grad = sm.grad + pp * (p.grad - dot)
 
         p.backward = p_back
 
@@ -477,6 +481,11 @@ def tape_backward(q, k, v, d_out, mask=None, scale=None, causal=False):
 def tape_mul_passthrough(q, k, v, d_out, mask=None, scale=None, causal=False):
     """The scale-q node's backward passes the gradient through unscaled (``grad`` not ``grad * c``)."""
     return _tape(q, k, v, d_out, mask, scale, causal, variant="mul-passthrough")
+
+
+def tape_delta_rowsum_p(q, k, v, d_out, mask=None, scale=None, causal=False):
+    """The softmax node's backward subtracts ``p.sum(-1)`` (= 1) where ``(grad * p).sum(-1)`` belongs."""
+    return _tape(q, k, v, d_out, mask, scale, causal, variant="delta-rowsum-p")
 
 
 def tape_recompute_unmasked(q, k, v, d_out, mask=None, scale=None, causal=False):
@@ -1000,6 +1009,7 @@ CASES: list[BackwardCase] = [
     BackwardCase("bmk-do-reshaped", bmk_do_reshaped, "grad-batch-leak", {"layout": "bnhd"}, _BMK_SRC),
     BackwardCase("bmk-fold-assigned", bmk_fold_assigned, "grad-gqa-sum", {"layout": "bnhd", "gqa": True}, _BMK_SRC),
     BackwardCase("tape-mul-passthrough", tape_mul_passthrough, "grad-scale", {}, _TAPE_SRC),
+    BackwardCase("tape-delta-rowsum-p", tape_delta_rowsum_p, "grad-delta", {}, _TAPE_SRC),
     BackwardCase("tape-recompute-unmasked", tape_recompute_unmasked, "grad-masked-leak", {}, _TAPE_SRC),
     BackwardCase("ring-keep-rescaled", _ring("keep-rescaled"), "grad-dropout", _TORCH, _RING_SRC),
     BackwardCase("exp2-read-as-nats", exp2_read_as_nats, "grad-lse", _EXP2, _EXP2_SRC),

@@ -65,6 +65,8 @@ def analytic(q, k, v, do, ok, scale, z=None, *, p_override=None, delta="o", jaco
             dl = (do * out).sum(axis=-1, keepdims=True)
         elif delta == "dp":
             dl = dp.sum(axis=-1, keepdims=True)
+        elif delta == "p":
+            dl = p.sum(axis=-1, keepdims=True)
         ds = p * (dp - dl) if jacobian else p * dp
         return {"p": p_true, "ds": ds, "dq": ds @ k * scale, "dk": np.swapaxes(ds, -1, -2) @ q * scale, "dv": dv}
 
@@ -294,6 +296,21 @@ def _uniform_rows(case):
     return [] if ok else [f"{case.name}: valid length 0 is not the uniform policy"]
 
 
+def _masked_key_exact(case):
+    """A key masked for every query, its K = 30 and V = 1e3: dK and dV exactly 0 there, in every dtype."""
+    problems = []
+    for dtype in ("float32",) if case.options.get("framework") == "jax" else ("float64", "float32", "float16"):
+        x = Inputs(8, h_kv=2 if case.options.get("gqa") else None)
+        x.k[B - 1, :, NK - 1] = 30.0
+        x.v[B - 1, :, NK - 1] = 1e3
+        got, _ = call(case, x, dtype=dtype)
+        if not all(np.isfinite(g).all() for g in got) or np.abs(got[1][B - 1, :, NK - 1]).any():
+            problems.append(f"{case.name}: {dtype} masked key: non-finite gradients or dK != 0")
+        elif np.abs(got[2][B - 1, :, NK - 1]).any():
+            problems.append(f"{case.name}: {dtype} masked key: dV != 0")
+    return problems
+
+
 def check_correct(case):
     problems = []
     scale = SCALE if "scale" in _params(case.fn) else None
@@ -304,6 +321,8 @@ def check_correct(case):
             problems.append(f"{case.name}: config {i} errors {[rel(g, w) for g, w in zip(got, want, strict=True)]}")
     if "valid_lens" in _params(case.fn):
         problems += _uniform_rows(case)
+    else:
+        problems += _masked_key_exact(case)
     x = configs(case)[0]
     for dtype in ("float32",) if case.options.get("framework") == "jax" else ("float32", "float16"):
         got, raw = call(case, x, dtype=dtype, scale=scale)
@@ -579,6 +598,7 @@ CLAIMS = {
     "bmk-do-reshaped": _bmk_do_reshaped,
     "bmk-fold-assigned": _bmk_fold_assigned,
     "tape-mul-passthrough": lambda c: _scale_claims(c, (1 / SCALE, 1, 1), SCALE),
+    "tape-delta-rowsum-p": lambda c: _hyp_claims(c, delta="p"),
     "tape-recompute-unmasked": lambda c: _leak_claims(c, SCALE),
     "ring-keep-rescaled": _ring_keep_rescaled,
     "exp2-read-as-nats": lambda c: _exp2_lse(c, lambda s, lse: np.exp(s - lse[..., None] * LOG2E)),
