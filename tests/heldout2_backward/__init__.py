@@ -795,7 +795,7 @@ def _exp2_backward(q, k, v, out, lse, d_out, mask, scale, causal, *, variant="ok
     oo, do = out.to(ct), d_out.to(ct)
     lse = lse.to(ct)
     lse = torch.where(torch.isfinite(lse), lse, torch.full_like(lse, math.inf))[..., None]
-    ok = _tallowed(torch, mask, causal, (*q.shape[:-1], k.shape[-2]), q.device)
+    ok = _tallowed(torch, mask, causal and variant != "causal-ignored", (*q.shape[:-1], k.shape[-2]), q.device)
     di = (oo * do).sum(dim=-1, keepdim=True)  # _preprocess_backward
     n_q, n_k = q.shape[-2], k.shape[-2]
 
@@ -840,6 +840,11 @@ def exp2_backward(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False)
 def exp2_read_as_nats(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False):
     """P recomputed as ``exp(qk · sm_scale - lse)``: the log2 lse read as if it were in nats."""
     return _exp2_backward(q, k, v, out, lse, d_out, mask, scale, causal, variant="exp-of-log2")
+
+
+def exp2_causal_ignored(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False):
+    """The backward takes ``causal`` but never applies it (the forward does): P has the future keys."""
+    return _exp2_backward(q, k, v, out, lse, d_out, mask, scale, causal, variant="causal-ignored")
 
 
 def exp2_q_in_place(q, k, v, out, lse, d_out, mask=None, scale=None, causal=False):
@@ -992,7 +997,7 @@ CASES: list[BackwardCase] = [
         fa2_unguarded,
         "grad-masked-row",
         {"forward": fa2_forward_lse_neg_inf},
-        _FA2_SRC + " (softmax.h INFINITY for an empty row)",
+        _FA2_SRC + " (softmax.h INFINITY for an empty row; cf. NaN dQ in Dao-AILab/flash-attention#443)",
     ),
     BackwardCase("fa2-f64-accumulators", fa2_f64_accumulators, "dtype", _FA2, _FA2_SRC),
     BackwardCase("fa2-dropout-dv-only", fa2_dropout_dv_only, "grad-dropout", _FA2, _FA2_SRC + " (dropout, §B)"),
@@ -1019,6 +1024,13 @@ CASES: list[BackwardCase] = [
         "grad-lse",
         {"forward": exp2_forward_no_max, "lse_units": "log2", "framework": "torch"},
         _EXP2_SRC + " (M = m + log2 l)",
+    ),
+    BackwardCase(
+        "exp2-causal-ignored",
+        exp2_causal_ignored,
+        "grad-causal",
+        _EXP2,
+        _EXP2_SRC + "; the bug of triton-lang/triton#4541 (the tutorial's bwd ignoring ctx.causal)",
     ),
     BackwardCase("exp2-q-in-place", exp2_q_in_place, "mutates-input", _EXP2, _EXP2_SRC),
 ]

@@ -564,6 +564,21 @@ def _exp2_lse(case, p_of):
     }
 
 
+def _exp2_causal_ignored(case):
+    x = Inputs(38, causal=True)
+    got, want = _vs_golden(case, x)
+    q, k, _ = x.expanded()
+    with np.errstate(all="ignore"):
+        s = q @ np.swapaxes(k, -1, -2) / math.sqrt(D)
+        p = np.where(x.mask, np.exp(s - x.lse()[..., None]), 0)  # the forward's (causal) lse, no causal mask
+    _, expect = x.hypothesis(p_override=p)
+    return {
+        "no causal: right": close(case, *_vs_golden(case, Inputs(39))),
+        "causal: wrong": differs(case, got, want, (0, 1, 2)),
+        "causal: = P without the causal mask": close(case, got, expect),
+    }
+
+
 def _exp2_q_in_place(case):
     x = Inputs(37, causal=True)
     q = torch.tensor(x.q)
@@ -606,6 +621,7 @@ CLAIMS = {
         c, lambda s, lse: np.exp(s - (lse - np.where(np.isfinite(s.max(-1)), s.max(-1), 0))[..., None])
     ),
     "exp2-q-in-place": _exp2_q_in_place,
+    "exp2-causal-ignored": _exp2_causal_ignored,
 }
 
 
