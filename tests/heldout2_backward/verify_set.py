@@ -491,14 +491,18 @@ def _hyp_claims(case, **hyp):
     }
 
 
-def _pallas_bottom_right(case):
-    x = Inputs(27, causal=True)
-    got, want = _vs_golden(case, x)
+def _p_from_lse(x, allowed):
+    """P recomputed from the forward's lse over ``allowed`` (another mask than the forward's)."""
     q, k, _ = x.expanded()
     with np.errstate(all="ignore"):
         s = q @ np.swapaxes(k, -1, -2) / math.sqrt(D)
-        p = np.where(x.ok(bottom_right=True), np.exp(s - x.lse()[..., None]), 0)  # the forward's lse
-    _, expect = x.hypothesis(p_override=p)
+        return np.where(allowed, np.exp(s - x.lse()[..., None]), 0)
+
+
+def _pallas_bottom_right(case):
+    x = Inputs(27, causal=True)
+    got, want = _vs_golden(case, x)
+    _, expect = x.hypothesis(p_override=_p_from_lse(x, x.ok(bottom_right=True)))
     return {
         "no causal: right": close(case, *_vs_golden(case, Inputs(28))),
         "causal square: right": close(case, *_vs_golden(case, Inputs(29, n_q=33, n_k=33, causal=True))),
@@ -567,11 +571,7 @@ def _exp2_lse(case, p_of):
 def _exp2_causal_ignored(case):
     x = Inputs(38, causal=True)
     got, want = _vs_golden(case, x)
-    q, k, _ = x.expanded()
-    with np.errstate(all="ignore"):
-        s = q @ np.swapaxes(k, -1, -2) / math.sqrt(D)
-        p = np.where(x.mask, np.exp(s - x.lse()[..., None]), 0)  # the forward's (causal) lse, no causal mask
-    _, expect = x.hypothesis(p_override=p)
+    _, expect = x.hypothesis(p_override=_p_from_lse(x, x.mask))  # the forward's (causal) lse, no causal mask
     return {
         "no causal: right": close(case, *_vs_golden(case, Inputs(39))),
         "causal: wrong": differs(case, got, want, (0, 1, 2)),
