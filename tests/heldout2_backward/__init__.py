@@ -989,7 +989,9 @@ CASES: list[BackwardCase] = [
         {"lse_units": "log2", "framework": "torch"},
         _EXP2_SRC + " (golden out and lse)",
     ),
-    BackwardCase("d2l", d2l_attention, None, {**_TORCH, "mask_form": "valid_lens", "ranks": (4,)}, _D2L_SRC),
+    # written as correct; the lead relabelled it: d2l's -1e6 fill is a finite fill (docs/checker.md `finite-fill`,
+    # tests/zoo np-valid-lens-d2l), which scores below -1e6 exceed, and the forward battery names it
+    BackwardCase("d2l", d2l_attention, "finite-fill", {**_TORCH, "mask_form": "valid_lens", "ranks": (4,)}, _D2L_SRC),
     # buggy
     BackwardCase("fa2-dq-assigned", fa2_dq_assigned, "grad-accumulate", _FA2, _FA2_SRC + " (dQaccum atomicAdd)"),
     BackwardCase(

@@ -595,7 +595,17 @@ def _exp2_q_in_place(case):
     }
 
 
+def _d2l_finite_fill(case):
+    """Right at ordinary scores; at scores below -1e6 the padded keys (filled with -1e6) outscore the valid ones."""
+    q = torch.full((1, 1, 1, 4), 1e4, dtype=torch.float64)
+    k = torch.full((1, 1, 3, 4), -1e2, dtype=torch.float64)
+    v = torch.tensor([[[[1.0, 0, 0, 0], [0, 1.0, 0, 0], [0, 0, 1.0, 0]]]], dtype=torch.float64)
+    out = case.fn(q, k, v, torch.tensor([2]))  # scores -2e6 on the two valid keys, -1e6 on the padded one
+    return {"the padded key takes the weight once the scores are below -1e6": bool(out[0, 0, 0, 2] > 0.99)}
+
+
 CLAIMS = {
+    "d2l": _d2l_finite_fill,
     "fa2-dq-assigned": _fa2_dq_assigned,
     "fa2-lse-neg-inf": _nan_on_empty_rows,
     "fa2-f64-accumulators": _fa2_f64,

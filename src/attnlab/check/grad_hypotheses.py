@@ -52,7 +52,8 @@ class Variant:
             forward's lse (``exp(s - lse)`` on every key); ``"softmax"``: a softmax of the unmasked logits.
         p_causal: ``(alignment, shift)``: the backward recomputes P under another causal mask than the forward's
             (key j allowed for query i when ``j <= i + offset + shift``, offset 0 top-left, ``n_k - n_q``
-            bottom-right), with ``p_norm`` ``"lse"`` (``exp(s - lse)``, the forward's lse) or ``"softmax"``.
+            bottom-right; alignment ``"none"``: no causal mask at all, the user mask only), with ``p_norm``
+            ``"lse"`` (``exp(s - lse)``, the forward's lse) or ``"softmax"``.
         p_where: where the wrong P is used: ``"all"``, ``"dv"`` (only in dV = Pᵀ dO) or ``"ds"`` (only in dS).
         lse: the lse the backward's P comes from: ``"right"``, ``"nomax"`` (``log(sum exp(s - m))``, the max not
             added back), ``"log2"`` (a log2-units lse read as nats), ``"nats-as-log2"`` (the reverse), ``"axis"``
@@ -283,7 +284,7 @@ def _recomputed(
         n_q, n_k = s.shape[-2], s.shape[-1]
         i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
         off = 0 if align == "top_left" else n_k - n_q
-        mask = user & (j <= i + off + shift)
+        mask = user if align == "none" else user & (j <= i + off + shift)
     if var.p_mask == "softmax" or (var.p_causal is not None and var.p_norm == "softmax"):
         p, _, _ = _softmax(np.where(mask, s, -np.inf))
         return p
@@ -398,6 +399,24 @@ def hypotheses(
                 Variant(transposed=frozenset({"dv", "dk"})),
             )
         )
+    if causal is not None:  # before the mask's: a causal case's P without its causal mask is grad-causal
+        other = "bottom_right" if causal == "top_left" else "top_left"
+        shifts = [
+            ((causal, -1), "off by one: query i sees keys j < i (the diagonal excluded)"),
+            ((causal, 1), "off by one: query i also sees key i + 1"),
+            (("none", 0), "missing (P recomputed on every key the user mask allows)"),
+        ]
+        if n_q != n_k:
+            shifts.append(((other, 0), f"aligned {other.replace('_', '-')}"))
+        for pc, text in shifts:
+            for norm in ("lse", "softmax"):
+                out.append(
+                    (
+                        "grad-causal",
+                        f"the backward's causal mask is {text}, unlike the forward's",
+                        Variant(p_causal=pc, p_norm=norm),
+                    )
+                )
     if masked:
         out += [
             (
@@ -418,23 +437,6 @@ def hypotheses(
                         "grad-masked-leak",
                         f"{what} uses P without the mask ({how}), so masked keys get gradient",
                         Variant(p_mask=pm, p_where=where),
-                    )
-                )
-    if causal is not None:
-        other = "bottom_right" if causal == "top_left" else "top_left"
-        shifts = [
-            ((causal, -1), "off by one: query i sees keys j < i (the diagonal excluded)"),
-            ((causal, 1), "off by one: query i also sees key i + 1"),
-        ]
-        if n_q != n_k:
-            shifts.append(((other, 0), f"aligned {other.replace('_', '-')}"))
-        for pc, text in shifts:
-            for norm in ("lse", "softmax"):
-                out.append(
-                    (
-                        "grad-causal",
-                        f"the backward's causal mask is {text}, unlike the forward's",
-                        Variant(p_causal=pc, p_norm=norm),
                     )
                 )
     if h_kv != h:
