@@ -2,8 +2,9 @@
 the checker, in-process, with what was expected, what was found and the verdict, then the acceptance rates.
 
 Run: ``PYTHONPATH=src python benchmarks/check_acceptance.py`` (the forward set; ``--backward`` the held-out backward
-passes of ``tests/heldout/backward.py``; ``--json`` for machine-readable rows). Exit status 0 when the acceptance
-rule holds, 1 when it does not.
+passes of ``tests/heldout/backward.py``; ``--set 2`` the second held-out sets, ``tests/heldout2/`` and
+``tests/heldout2_backward/``, written later by other authors; ``--json`` for machine-readable rows). Exit status 0
+when the acceptance rule holds, 1 when it does not.
 """
 
 from __future__ import annotations
@@ -16,12 +17,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from heldout import all_cases, judge, run_case
+from heldout import judge, run_case
 
 
-def rows() -> list[dict]:
+def forward_cases(which: int) -> list:
+    if which == 2:
+        from heldout2 import all_cases
+    else:
+        from heldout import all_cases
+    return all_cases()
+
+
+def backward_cases(which: int) -> list:
+    if which == 2:
+        from heldout2_backward import CASES
+    else:
+        from heldout.backward import CASES
+    return CASES
+
+
+def rows(cases: list) -> list[dict]:
     out = []
-    for case in all_cases():
+    for case in cases:
         t0 = time.perf_counter()
         try:
             report = run_case(case)
@@ -56,12 +73,12 @@ def rows() -> list[dict]:
     return out
 
 
-def backward_rows() -> list[dict]:
+def backward_rows(cases: list) -> list[dict]:
     """The held-out backward passes (``attnlab check --backward`` / ``check_backward``), as :func:`rows`."""
-    from heldout.backward import CASES, run_check
+    from heldout.backward import run_check
 
     out = []
-    for case in CASES:
+    for case in cases:
         t0 = time.perf_counter()
         report = run_check(case)
         codes = [f.code for f in report.findings]
@@ -108,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
     ap.add_argument("--backward", action="store_true", help="the held-out backward passes instead of the forward set")
+    ap.add_argument("--set", type=int, choices=(1, 2), default=1, help="the first (default) or the second held-out set")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    table = backward_rows() if args.backward else rows()
+    table = backward_rows(backward_cases(args.set)) if args.backward else rows(forward_cases(args.set))
     s = summary(table)
     if args.json:
         print(json.dumps({"rows": table, "summary": s}, indent=1))
