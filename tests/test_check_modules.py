@@ -137,7 +137,11 @@ def test_a_layer_of_hidden_states_from_an_unknown_family_is_a_usage_error_not_a_
             check(m)
 
 
-@pytest.mark.parametrize("model", ["gpt2", "bart", "t5", "vit", "distilbert", "mistral", "gemma2", "gpt_neox"])
+_HF_MODELS = "gpt2 bart whisper t5 opt gpt_neox gptj vit deit clip siglip distilbert roberta electra".split()
+_HF_GQA_MODELS = "mistral mixtral qwen2 gemma gemma2 phi starcoder2 olmo cohere stablelm".split()
+
+
+@pytest.mark.parametrize("model", _HF_MODELS + _HF_GQA_MODELS)
 def test_hugging_face_eager_attention_functions_of_many_models_are_clean(model):
     """Each model's own eager_attention_forward: those without K/V head expansion (GPT-2, BART, ViT...) are not
     tried with GQA (they would fail with a shape error, which is not a bug of theirs), the others are."""
@@ -145,7 +149,7 @@ def test_hugging_face_eager_attention_functions_of_many_models_are_clean(model):
 
     fn = importlib.import_module(f"transformers.models.{model}.modeling_{model}").eager_attention_forward
     r = _clean(check(fn))
-    grouped = model in ("mistral", "gemma2")  # GPT-NeoX has one set of heads, as GPT-2
+    grouped = model in _HF_GQA_MODELS
     assert ("gqa" in _untested(r)) is not grouped, r.to_text()
 
 
