@@ -121,9 +121,35 @@ def test_a_buggy_kernel_registered_with_hugging_face_is_named_through_the_layer(
     assert "padding-leak" in r.codes and "attnlab_test_no_mask" in r.mode, r.to_text()
 
 
-def test_a_layer_of_hidden_states_from_an_unknown_family_is_a_usage_error_not_a_crash():
+@pytest.mark.parametrize(("impl", "rotary_share"), [("eager", 1.0), ("sdpa", 0.25)])
+def test_hugging_face_gpt_neox_attention_with_its_per_head_fused_query_key_value(impl, rotary_share):
     import transformers
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention
+
+    cfg = transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=4, attn_implementation=impl)
+    cfg.rope_parameters["partial_rotary_factor"] = rotary_share  # Pythia rotates a quarter of each head
+    r = _clean(check(GPTNeoXAttention(cfg, layer_idx=0)))
+    assert "[q_h | k_h | v_h] per head" in r.mode and "rotary cos = 1" in r.mode and "mask" not in _untested(r)
+
+
+def test_a_buggy_kernel_in_a_gpt_neox_layer_is_named():
+    import transformers
+    from transformers import AttentionInterface
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXAttention, eager_attention_forward
+
+    def scale_ignored(module, query, key, value, attention_mask, scaling, **kwargs):
+        return eager_attention_forward(module, query, key, value, attention_mask, 1.0, **kwargs)
+
+    AttentionInterface.register("attnlab_test_scale_ignored", scale_ignored)
+    cfg = transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=4)
+    cfg._attn_implementation = "attnlab_test_scale_ignored"
+    r = check(GPTNeoXAttention(cfg, layer_idx=0), probes=("reference",))
+    assert r.codes == ("scale-missing",), r.to_text()
+
+
+def test_a_layer_of_hidden_states_from_an_unknown_family_is_a_usage_error_not_a_crash():
+    import transformers
+    from transformers.models.falcon.modeling_falcon import FalconAttention
 
     from attnlab.check import UsageError
 
@@ -131,8 +157,8 @@ def test_a_layer_of_hidden_states_from_an_unknown_family_is_a_usage_error_not_a_
         def forward(self, x, attention_mask=None):
             return x
 
-    layer = GPTNeoXAttention(transformers.GPTNeoXConfig(hidden_size=32, num_attention_heads=4), layer_idx=0)
-    for m, name in ((layer, "GPTNeoXAttention"), (Block(), "Block")):
+    layer = FalconAttention(transformers.FalconConfig(hidden_size=32, num_attention_heads=4), layer_idx=0)
+    for m, name in ((layer, "FalconAttention"), (Block(), "Block")):
         with pytest.raises(UsageError, match=rf"fn: {name}.forward takes hidden states .* not q, k, v.*wrap it"):
             check(m)
 

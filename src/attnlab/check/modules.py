@@ -18,7 +18,8 @@ Families (:func:`module_mode` detects them by class and attributes):
 * Hugging Face BERT-style self-attention (``BertSelfAttention``: ``query``/``key``/``value``).
 * Hugging Face layers taking ``hidden_states`` with named projections and no rotary embeddings: separate
   ``q_proj``/``k_proj``/``v_proj`` with ``out_proj`` (BART, Whisper, OPT, M2M100...) or ``o_proj``, T5's
-  ``q``/``k``/``v``/``o``, GPT-2's fused ``c_attn`` (``[q | k | v]`` along the features) with ``c_proj``. A copy of
+  ``q``/``k``/``v``/``o``, GPT-2's fused ``c_attn`` (``[q | k | v]`` along the features) with ``c_proj``, GPT-NeoX's
+  per-head fused ``query_key_value`` with ``dense`` (rotary on a share of each head: identity). A copy of
   the layer gets the shape's ``head_dim`` (and head counts), its projections fed, its output projection
   identity; cross-attention through ``key_value_states`` where the layer takes it.
 * timm's ``Attention`` (``qkv``, ``proj``): boolean ``attn_mask``, fused (SDPA) or manual path.
@@ -331,30 +332,38 @@ _HF_SEPARATE = (
 )
 
 
-def _hf_projections(layer: Any, params: set[str]) -> tuple[tuple[str, ...], bool] | None:
-    """The projection names of a Hugging Face layer without rotary embeddings, and whether q, k, v are fused."""
-    if "hidden_states" not in params or "position_embeddings" in params or getattr(layer, "config", None) is None:
+def _hf_projections(layer: Any, params: set[str]) -> tuple[tuple[str, ...], str] | None:
+    """The projection names of a Hugging Face layer module mode feeds directly, and how q, k, v are packed:
+    ``"separate"``, ``"features"`` (GPT-2's ``c_attn``: ``[q | k | v]`` along the features) or ``"per-head"``
+    (GPT-NeoX's ``query_key_value``: ``[q_h | k_h | v_h]`` for each head, with rotary ``position_embeddings``)."""
+    if "hidden_states" not in params or getattr(layer, "config", None) is None:
         return None
     modules = dict(layer.named_children())
+    if "position_embeddings" in params:  # (q_proj/k_proj/v_proj layers with rotary are the rebuilt family)
+        if {"query_key_value", "dense"} <= set(modules) and hasattr(layer, "head_size"):
+            return ("query_key_value", "dense"), "per-head"
+        return None
     for names in _HF_SEPARATE:
         if all(n in modules for n in names):
-            return names, False
+            return names, "separate"
     if "c_attn" in modules and "c_proj" in modules and hasattr(layer, "split_size"):
-        return ("c_attn", "c_proj"), True  # GPT-2: one Conv1D, [q | k | v] along the features
+        return ("c_attn", "c_proj"), "features"
     return None
 
 
-def _hf_named(layer: Any, names: tuple[str, ...], fused: bool, params: set[str]) -> ModuleMode:
+def _hf_named(layer: Any, names: tuple[str, ...], packing: str, params: set[str]) -> ModuleMode:
     torch = _torch()
     nn = torch.nn
     feed = _feed_class()
-    head_attr = "key_value_proj_dim" if hasattr(layer, "key_value_proj_dim") else "head_dim"  # T5 / the others
+    head_attr = next(a for a in ("key_value_proj_dim", "head_size", "head_dim") if hasattr(layer, a))  # T5, NeoX
     old_d = int(getattr(layer, head_attr))
     old_scale = getattr(layer, "scaling", None)
     standard = old_scale is None or math.isclose(float(old_scale), old_d**-0.5, rel_tol=1e-6)
     grouped = hasattr(layer, "num_key_value_groups")
     mask_param = "attention_mask" if "attention_mask" in params else "mask"  # T5 calls it mask
-    cross = "key_value_states" in params and not fused
+    cross = "key_value_states" in params and packing == "separate"
+    rotary = "position_embeddings" in params
+    rotary_share = getattr(layer, "rotary_ndims", old_d) / old_d  # GPT-NeoX rotates a share of each head
 
     def build(h: int, h_kv: int, d: int, dtype: Any) -> Any:
         m = copy.deepcopy(layer)
@@ -367,6 +376,7 @@ def _hf_named(layer: Any, names: tuple[str, ...], fused: bool, params: set[str])
             "embed_dim": h * d,
             "inner_dim": h * d,
             "split_size": h * d,
+            "rotary_ndims": int(d * rotary_share),
         }
         for attr, value in sizes.items():
             if hasattr(m, attr):
@@ -384,21 +394,31 @@ def _hf_named(layer: Any, names: tuple[str, ...], fused: bool, params: set[str])
         b, h, n_q, d = q.shape
         n_k = k.shape[-2]
         m = cache.get(h, k.shape[1], d, q.dtype)
-        if fused:
+        if packing == "features":
             m.c_attn.value = torch.cat([_heads_first(x) for x in (q, k, v)], dim=2)
+        elif packing == "per-head":
+            m.query_key_value.value = torch.cat([q, k, v], dim=-1).transpose(1, 2).reshape(b, n_q, 3 * h * d)
         else:
             for n, x in zip(names[:3], (q, k, v), strict=True):
                 getattr(m, n).value = _heads_first(x)
         kwargs = {mask_param: _additive(torch, mask, (b, 1, n_q, n_k), q.dtype)}
         if n_k != n_q:
             kwargs["key_value_states"] = q.new_zeros(b, n_k, k.shape[1] * d)
+        if rotary:  # cos = 1, sin = 0 on the rotated share: the identity rotation
+            r = int(d * rotary_share)
+            kwargs["position_embeddings"] = (q.new_ones(b, n_q, r), q.new_zeros(b, n_q, r))
         with torch.no_grad():
             out = m(q.new_zeros(b, n_q, h * d), **kwargs)
         return _heads_back(out[0] if isinstance(out, tuple) else out, h)
 
     impl = getattr(layer.config, "_attn_implementation", None) or "eager"
-    fed = "c_attn returns the checker's [q | k | v]" if fused else f"{'/'.join(names[:3])} return the checker's q, k, v"
+    fed = {
+        "features": "c_attn returns the checker's [q | k | v]",
+        "per-head": "query_key_value returns the checker's [q_h | k_h | v_h] per head",
+    }.get(packing, f"{'/'.join(names[:3])} return the checker's q, k, v")
     family = f"Hugging Face {type(layer).__name__} ({impl}): {fed}, {names[-1]} identity, a 4-D additive {mask_param}"
+    if rotary:
+        family += ", rotary cos = 1 and sin = 0"
     if not standard:
         family += (
             f"; the layer scales the scores by {float(old_scale):.6g}, not 1/sqrt(head_dim = {old_d}) (T5 folds "
@@ -430,7 +450,8 @@ def unknown_layer(layer: Any) -> str | None:
     return (
         f"fn: {type(layer).__name__}.forward takes hidden states ({names[0]}, ...), not q, k, v, and module mode does "
         "not know this layer family (it knows nn.MultiheadAttention, Hugging Face attention layers with q_proj/k_proj/"
-        "v_proj, query/key/value, q/k/v/o or c_attn projections, timm's Attention and nanoGPT's CausalSelfAttention); "
+        "v_proj, query/key/value, q/k/v/o, c_attn or query_key_value projections, timm's Attention and nanoGPT's "
+        "CausalSelfAttention); "
         "check the attention function the layer calls, or wrap it: def attention(q, k, v, mask=None): ... with q, k, "
         "v of shape [B, h, n, d] (docs/checker.md, 'Module mode')"
     )

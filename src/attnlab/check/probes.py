@@ -465,36 +465,76 @@ class Battery:
             else f"; max |out - reference| = {cmp.max_error:.3g} at {cmp.where} (tolerance {cmp.bound:.2g})"
         )
         evidence += what
-        for align in self.own_alignments(case):
-            seen = case if align == case.causal else replace(case, causal=align)
-            ctx = Context.build(
-                seen,
-                out,
-                self.allowed(seen),
-                causal_in_mask=self.causal_in_mask(seen) and not as_flag,
-                alignment_received=(self.causal_in_mask(seen) and not as_flag) or self.spec.causal_value == "align",
-                inverted_text=self._inverted_text(),
-                gqa_map=self.gqa_map,
+        bounds = [(cmp, "")]
+        if self.compute == "auto" and case.dtype == "float64" and cmp.nonfinite == 0:
+            # undeclared, float64 inputs may be computed in float32 (a note): a bug is then seen to float32's rule
+            naive32 = naive_output(
+                case.q, case.k, case.v, self.allowed(case), dtype="float32", scale=case.scale, gqa=self.gqa_map
             )
-            for code, message, alt in outputs(ctx):
-                if alt.shape != out.shape:
-                    continue
-                c = _explains(out, alt, cmp, rows)
-                if c is not None:
-                    matched = evidence + f"; the output matches that explanation to {c:.2g}"
-                    if align != case.causal:
-                        matched += f" (with the function's own causal alignment, {align.replace('_', '-')})"
-                    if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
-                        for i, part in enumerate(code.split("+")):
-                            self.bug(part, _single(i, message), matched + f" ({message})")
-                        return
-                    self.bug(code, message, matched)
+            golden, _, _ = self.expected(case)
+            b32 = bound("float32", golden, naive32)
+            if b32 > cmp.bound:
+                bounds.append((replace(cmp, bound=b32), " (to float32's tolerance rule: computed in float32)"))
+        for held, rule in bounds:
+            for align in self.own_alignments(case):
+                if self.name_by_hypotheses(case, align, out, held, rows, evidence, rule, as_flag=as_flag):
                     return
         if self.lower_precision(case, out, rows, evidence):
             return
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
         if not as_flag:
             self.experiments(case, out)
+
+    def name_by_hypotheses(
+        self,
+        case: Case,
+        align: str | None,
+        out: np.ndarray,
+        cmp: Comparison,
+        rows: np.ndarray,
+        evidence: str,
+        rule: str,
+        *,
+        as_flag: bool,
+    ) -> bool:
+        """Name the first registered hypothesis that explains ``out`` (to ``cmp``'s bound) under the causal
+        alignment ``align``; False when none does."""
+        seen = case if align == case.causal else replace(case, causal=align)
+        in_mask = self.causal_in_mask(seen) and not as_flag
+        ctx = Context.build(
+            seen,
+            out,
+            self.allowed(seen),
+            causal_in_mask=in_mask,
+            alignment_received=in_mask or self.spec.causal_value == "align",
+            inverted_text=self._inverted_text(),
+            gqa_map=self.gqa_map,
+        )
+        for code, message, alt in outputs(ctx):
+            if alt.shape != out.shape:
+                continue
+            c = _explains(out, alt, cmp, rows)
+            if c is None:
+                continue
+            matched = evidence + f"; the output matches that explanation to {c:.2g}{rule}"
+            if align != case.causal:
+                matched += f" (with the function's own causal alignment, {align.replace('_', '-')})"
+            if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
+                for i, part in enumerate(code.split("+")):
+                    self.bug(part, _single(i, message), matched + f" ({message})")
+                return True
+            self.bug(code, message, matched)
+            return True
+        return False
+
+    def ones_tolerance(self, case: Case, out: Outcome) -> float:
+        """How far from 1 an output with V = ones may be: the coarser of the case's working precision and the
+        returned dtype, and float32's for float64 inputs unless a compute dtype is declared (an undeclared float32
+        computation of float64 inputs is the ``lower-precision`` note, never a normalization bug)."""
+        coarse = max(FLOORS[self.work_dtype(case.dtype)], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
+        if self.compute == "auto" and case.dtype == "float64":
+            coarse = max(coarse, FLOORS["float32"])
+        return coarse * 4
 
     def own_alignments(self, case: Case) -> tuple[str | None, ...]:
         """The causal alignments a mismatching ``case`` is diagnosed under: its own, and the other one too when the
@@ -609,8 +649,7 @@ class Battery:
         )
         res = self.call(ones)
         if res.ok and res.out.shape == out.shape:
-            coarse = max(FLOORS[self.work_dtype(case.dtype)], FLOORS.get(res.returned.out_dtype or case.dtype, 0.0))
-            cmp = compare(res.out, np.ones(res.out.shape), coarse * 4, rows)
+            cmp = compare(res.out, np.ones(res.out.shape), self.ones_tolerance(case, res), rows)
             if not cmp.ok and not cmp.nonfinite:  # NaN says nothing about the normalization
                 self.bug(
                     "not-normalized",
@@ -883,8 +922,7 @@ class Battery:
             return
         self.compare_case(out)
         rows = self.allowed(case).any(axis=-1)
-        coarse = max(FLOORS[self.work_dtype(case.dtype)], FLOORS.get(out.returned.out_dtype or case.dtype, 0.0))
-        cmp = compare(out.out, np.ones(out.out.shape), coarse * 4, rows)
+        cmp = compare(out.out, np.ones(out.out.shape), self.ones_tolerance(case, out), rows)
         if not cmp.ok and out.out.shape == (*case.q.shape[:-1], case.v.shape[-1]):
             sums = out.out[..., 0]
             self.bug(
