@@ -66,7 +66,7 @@ from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dty
 from .callables import signature_of
 from .cases import LENGTH_FORMS
 from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
-from .probes import FIXES, Battery, ProbeAbort, ProbeSkip
+from .probes import FIXES, Battery, ProbeSkip
 from .report import Finding, ProbeResult, Report, Unsupported
 from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
 from .tolerance import bound, compare, expand_kv, golden_output, naive_output
@@ -732,45 +732,11 @@ class GradBattery(Battery):
         """Call the backward on ``case`` (a random ``d_out`` is drawn for a forward case) and check what every call
         must satisfy; the gradients' dtypes are checked here."""
         g = self.grad_case(case)
-        passed = g
-        if self.causal_in_mask(g):
-            passed = replace(g, mask=self.allowed(g), causal=None)
-        flag: bool | str = passed.causal is not None or g.flag
-        if flag and self.spec.causal_value == "align":
-            flag = passed.causal or "top_left"
+        passed, flag = self.as_passed(g, "top_left")
         out = self.runner.call(passed, causal_flag=flag, gqa=g.gqa)
         out.case = g
-        if out.skipped:
-            raise ProbeAbort
-        if out.timed_out:
-            self.bug(
-                "timeout",
-                f"the function did not return within {self.runner.timeout:g} s",
-                f"case {g.label}: {out.call}; no further calls were made ("
-                + (
-                    "the worker process was killed (with its threads and child processes))"
-                    if self.backend.isolated
-                    else "a Python thread cannot be killed; it may still be running)"
-                ),
-            )
-            raise ProbeAbort
-        if out.error is not None and out.error.died:
-            self.crash(out)
-            if self.runner.stopped is not None:
-                raise ProbeAbort
-        if out.mutated:
-            self.bug(
-                "mutates-input",
-                f"your function writes into its input{'s' if len(out.mutated) > 1 else ''} {', '.join(out.mutated)}",
-                f"case {g.label}: {g.shapes()}; {', '.join(out.mutated)} differ after the call",
-            )
-        if out.returned.problem is not None:
-            self.bug("crash", f"your function {out.returned.problem}", f"case {g.label}: {out.call}")
+        self.every_call(g, out)
         ret = out.returned
-        if out.ok and ret.wrong_type is not None:
-            self.bug(
-                "output-type", f"your function returns the wrong kind of array: {ret.wrong_type}", f"case {g.label}"
-            )
         if out.ok and isinstance(ret, GradReturned):
             for name, dt in ret.dtypes.items():
                 if dt != g.dtype:

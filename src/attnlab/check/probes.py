@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -274,17 +274,19 @@ class Battery:
             self.causal_mode == "mask" or (self.causal_mode == "flag" and case.mask is not None)
         )
 
-    def call(self, case: Case) -> Outcome:
-        """Call the function on ``case`` and check what every call must satisfy (crash, timeout, dtype, writes)."""
-        passed = case
-        if self.causal_in_mask(case):
-            # no causal flag, or a flag and a mask (PyTorch SDPA refuses both): the causal part goes in the mask
-            passed = Case(case.q, case.k, case.v, case.dtype, self.allowed(case), None, case.scale, case.label)
+    def as_passed(self, case: Case, default_align: str) -> tuple[Case, bool | str]:
+        """``case`` as the function is given it, and its causal argument: the causal part goes in the mask when the
+        function has no flag, or has one and gets a mask (PyTorch SDPA refuses both); an alignment string (or
+        ``default_align``) for ``causal_value="align"``."""
+        passed = replace(case, mask=self.allowed(case), causal=None, flag=False) if self.causal_in_mask(case) else case
         flag: bool | str = passed.causal is not None or case.flag
         if flag and self.spec.causal_value == "align":
-            flag = passed.causal or "bottom_right"
-        out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
-        out.case = case
+            flag = passed.causal or default_align
+        return passed, flag
+
+    def every_call(self, case: Case, out: Outcome) -> None:
+        """What every call must satisfy, whatever the battery: no timeout, no dead worker, no write into its
+        inputs, a readable result of the right kind. Raises :class:`ProbeAbort` when nothing more can be called."""
         if out.skipped:
             raise ProbeAbort
         if out.timed_out:
@@ -317,6 +319,13 @@ class Battery:
                 f"your function returns the wrong kind of array: {out.returned.wrong_type}",
                 f"case {case.label}: {out.call}",
             )
+
+    def call(self, case: Case) -> Outcome:
+        """Call the function on ``case`` and check what every call must satisfy (crash, timeout, dtype, writes)."""
+        passed, flag = self.as_passed(case, "bottom_right")
+        out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
+        out.case = case
+        self.every_call(case, out)
         if (
             out.ok
             and out.returned.out_dtype == "float32"
@@ -465,17 +474,7 @@ class Battery:
             else f"; max |out - reference| = {cmp.max_error:.3g} at {cmp.where} (tolerance {cmp.bound:.2g})"
         )
         evidence += what
-        bounds = [(cmp, "")]
-        if self.compute == "auto" and case.dtype == "float64" and cmp.nonfinite == 0:
-            # undeclared, float64 inputs may be computed in float32 (a note): a bug is then seen to float32's rule
-            naive32 = naive_output(
-                case.q, case.k, case.v, self.allowed(case), dtype="float32", scale=case.scale, gqa=self.gqa_map
-            )
-            golden, _, _ = self.expected(case)
-            b32 = bound("float32", golden, naive32)
-            if b32 > cmp.bound:
-                bounds.append((replace(cmp, bound=b32), " (to float32's tolerance rule: computed in float32)"))
-        for held, rule in bounds:
+        for held, rule in self.diagnosis_bounds(case, cmp):
             for align in self.own_alignments(case):
                 if self.name_by_hypotheses(case, align, out, held, rows, evidence, rule, as_flag=as_flag):
                     return
@@ -484,6 +483,19 @@ class Battery:
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
         if not as_flag:
             self.experiments(case, out)
+
+    def diagnosis_bounds(self, case: Case, cmp: Comparison) -> Iterator[tuple[Comparison, str]]:
+        """The bounds a hypothesis must explain a mismatch to, tried in turn: the case's own, then (for float64
+        inputs, no compute dtype declared: a float32 computation is only a note) float32's rule, computed only
+        when the first found nothing."""
+        yield cmp, ""
+        if self.compute == "auto" and case.dtype == "float64" and cmp.nonfinite == 0:
+            naive32 = naive_output(
+                case.q, case.k, case.v, self.allowed(case), dtype="float32", scale=case.scale, gqa=self.gqa_map
+            )
+            b32 = bound("float32", self.expected(case)[0], naive32)
+            if b32 > cmp.bound:
+                yield replace(cmp, bound=b32), " (to float32's tolerance rule: computed in float32)"
 
     def name_by_hypotheses(
         self,
@@ -984,7 +996,8 @@ class Battery:
         bound taken from the padded cache size instead of each sequence's length leaks exactly there."""
         g = Geom(2, 2, 4, 9, 4, 4) if "cross" in self.caps else Geom(2, 2, 8, 8, 4, 4)
         case = self.make(g, self.primary, label="future, with a mask", causal=True, mask=True)
-        allowed = self.allowed(case)
+        own = self.allowed(case)
+        allowed = own
         for align in self.own_alignments(case)[1:]:  # the function's alignment is its own: the looser one counts
             allowed = allowed | self.allowed(case, causal=align)
         base = self.base_call(case, "causal: future tokens, with a mask")
@@ -995,15 +1008,11 @@ class Battery:
             later = allowed[..., t + 1 :, :].any(axis=-2) & ~allowed[..., : t + 1, :].any(axis=-2)  # [B, h, n_k]
             future = later.all(axis=1)  # [B, n_k]: keys no head's first queries may see (K/V heads are shared)
             for b in np.nonzero(future.any(axis=-1))[0]:  # one batch element at a time, its own rows watched
-                k, v = case.k.copy(), case.v.copy()
-                for arr in (k, v):
-                    arr[b, :, future[b], :] = round_to(self.rng.normal(0, 3, arr[b, :, future[b], :].shape), case.dtype)
-                pert = Case(case.q, k, v, case.dtype, case.mask, case.causal, case.scale, case.label, flag=case.flag)
-                out = self.call(pert)
+                out = self.call(self._perturbed(case, (b, slice(None), future[b], slice(None)), what="kv"))
                 if not out.ok or out.out.shape != base.out.shape:
                     continue
                 diff = _change(out.out[b, :, : t + 1, :], base.out[b, :, : t + 1, :])
-                diff = np.where(self.allowed(case)[b, :, : t + 1, :].any(axis=-1)[..., None], diff, 0.0)
+                diff = np.where(own[b, :, : t + 1, :].any(axis=-1)[..., None], diff, 0.0)
                 if not np.all(diff <= tol):
                     idx = np.argwhere(~(diff <= tol))[0]
                     lengths = case.mask.any(axis=-2)[:, 0].sum(axis=-1) if case.mask is not None else None
@@ -1023,8 +1032,7 @@ class Battery:
         function must apply both, or refuse the pair (PyTorch SDPA raises); silently dropping one is a leak."""
         if self.causal_mode != "flag" or self.mask_form != "full":
             return
-        n = 8
-        g = Geom(2, 2, n, n, 4, 4)
+        g = Geom(2, 2, 8, 8, 4, 4)
         logical = self.make(g, self.primary, label="mask and causal flag together", causal=True, mask=True)
         self.case_key = "causal: mask and causal flag together"
         out = self.call(replace(logical, causal=None, flag=True))  # square: both alignments are the same
@@ -1277,7 +1285,7 @@ class Battery:
             if dtype == first.dtype:
                 continue
             q, k, v = (round_to(x, dtype).astype(np.float64) for x in (first.q, first.k, first.v))
-            case = Case(q, k, v, dtype, first.mask, first.causal, None, f"{first.label} {dtype}", flag=first.flag)
+            case = replace(first, q=q, k=k, v=v, dtype=dtype, label=f"{first.label} {dtype}")
             self.case_key = f"masked-rows: fully masked row ({dtype})"
             out = self.call(case)
             if not out.ok or out.out.shape != (*first.q.shape[:-1], first.v.shape[-1]):
