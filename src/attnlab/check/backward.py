@@ -156,14 +156,6 @@ _GRADS = ("dq", "dk", "dv", "dbias")
 GRAD_CAPABILITIES = ("dropout", "bias")
 
 
-@dataclass(frozen=True)
-class _Obs:
-    """One bug seen: the finding and the case it was seen in."""
-
-    finding: Finding
-    case: str
-
-
 #: Mismatching cases diagnosed (the hypotheses are recomputed for each), at most.
 DIAGNOSED_CASES = 16
 
@@ -630,6 +622,8 @@ class GradBattery(Battery):
     """The gradient probes on one function (a subclass of the forward's :class:`~attnlab.check.probes.Battery`:
     the same preflight, cases, masks, refusal rules and findings bookkeeping)."""
 
+    fixes = GRAD_FIXES
+
     def __init__(
         self,
         backend: Any,
@@ -662,13 +656,6 @@ class GradBattery(Battery):
         self.lse_units = lse_units
 
     # -- findings ---------------------------------------------------------------------------------------------
-    def bug(self, code: str, message: str, evidence: str, *, case: str | None = None) -> None:
-        f = Finding(code, message, evidence, GRAD_FIXES[code], self.current)
-        self.obs.append(_Obs(f, case or self.case_key or self.current))
-        self.findings.setdefault(code, f)
-        if code not in self.probe_codes:
-            self.probe_codes.append(code)
-
     def findings_list(self) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
         """Bugs in a stable order, and the explained ones: ``grad-mismatch`` seen in a case where a named code is
         seen too, and (``explained_by="reference-mismatch"``) any gradient code in a case whose forward output was

@@ -125,6 +125,9 @@ class _Obs:
 class Battery:
     """One run of the probes on one function, called through ``backend`` (in-process or a worker process)."""
 
+    #: The fix line of each finding code this battery reports.
+    fixes: dict[str, str] = FIXES
+
     def __init__(self, backend: Any, spec: Any, *, timeout: float, seed: int, probes: tuple[str, ...]):
         self.backend = backend
         self.spec = spec
@@ -168,7 +171,7 @@ class Battery:
     # ------------------------------------------------------------------------------------------------ findings
     def bug(self, code: str, message: str, evidence: str, *, case: str | None = None) -> None:
         """Record that ``code`` was seen in ``case`` (default: the case being worked on)."""
-        f = Finding(code, message, evidence, FIXES[code], self.current)
+        f = Finding(code, message, evidence, self.fixes[code], self.current)
         self.obs.append(_Obs(f, case or self.case_key or self.current))
         self.findings.setdefault(code, f)
         if code not in self.probe_codes:
