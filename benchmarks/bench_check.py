@@ -57,7 +57,7 @@ TORCH = "from torch.nn.functional import scaled_dot_product_attention as attenti
 MEASURE = textwrap.dedent(
     """
     import json, sys, time
-    from attnlab.check import check
+    from attnlab.checker import check
     options = json.loads(sys.argv[2])
     mode = sys.argv[3]
     if mode == "in-process":
@@ -155,7 +155,7 @@ MEASURE_BWD = textwrap.dedent(
     import json, sys, time
     sys.path.insert(0, ".")
     import importlib
-    from attnlab.check import check_backward
+    from attnlab.checker import check_backward
     mod, name = sys.argv[1].split(".py:")
     fn = getattr(importlib.import_module(mod), name)
     options = json.loads(sys.argv[2])

@@ -1,4 +1,4 @@
-"""attnlab.check: options, adapters, report rendering and JSON, timeouts, properties."""
+"""attnlab.check (attnlab.checker): options, adapters, report rendering and JSON, timeouts, properties."""
 
 from __future__ import annotations
 
@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 from zoo import numpy_zoo as npz
 
 import attnlab
-from attnlab.check import CODES, FIXES, PROBES, Finding, Report, UsageError, check
-from attnlab.check.adapters import Spec, bfloat16_round, detect_framework
-from attnlab.check.tolerance import bound, golden_output, naive_output
+from attnlab.checker import CODES, FIXES, PROBES, Finding, Report, UsageError, check
+from attnlab.checker.adapters import Spec, bfloat16_round, detect_framework
+from attnlab.checker.tolerance import bound, golden_output, naive_output
 
 
 def test_check_is_exported_from_attnlab():
-    assert callable(attnlab.check) and attnlab.check.check is check
+    import attnlab.checker
+
+    assert callable(attnlab.check) and attnlab.check is check
+    assert attnlab.checker.check is check  # importing the subpackage leaves the function in place
     assert attnlab.check(npz.scale_missing, probes=("reference",)).codes == ("scale-missing",)
     assert attnlab.Report is Report and attnlab.Finding is Finding
 
@@ -130,7 +133,7 @@ def test_bad_options_are_usage_errors(options, message):
 def test_check_keywords_are_specs_fields_with_their_defaults_and_docs():
     import inspect
 
-    from attnlab.check.spec import options
+    from attnlab.checker.spec import options
 
     params = list(inspect.signature(check).parameters.values())
     assert params[0].name == "fn"
@@ -275,7 +278,7 @@ def test_diagnoses_do_not_depend_on_the_seed(seed):
 
 
 def test_probe_list_is_documented():
-    import attnlab.check.probes as probes_mod
+    import attnlab.checker.probes as probes_mod
 
     for name in PROBES:
         assert f"``{name}``" in probes_mod.__doc__
@@ -286,7 +289,7 @@ def test_import_attnlab_stays_light():
     import sys
 
     code = (
-        "import sys, attnlab, attnlab.check, attnlab.testing; "
+        "import sys, attnlab, attnlab.checker, attnlab.testing; "
         "print(sorted(m for m in ('rich', 'torch', 'jax', 'matplotlib', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

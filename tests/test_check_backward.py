@@ -15,9 +15,9 @@ import torch
 
 import attnlab
 from attnlab import attention_trace
-from attnlab.check import UsageError, check, check_backward
-from attnlab.check.backward import BACKWARD_CODES, GRAD_FIXES, GRAD_PROBES, GradCase, golden_grads
-from attnlab.check.grad_hypotheses import Variant, attention_grads, hypotheses
+from attnlab.checker import UsageError, check, check_backward
+from attnlab.checker.backward import BACKWARD_CODES, GRAD_FIXES, GRAD_PROBES, GradCase, golden_grads
+from attnlab.checker.grad_hypotheses import Variant, attention_grads, hypotheses
 from attnlab.core.backward import attention_backward
 from attnlab.core.dropout import Dropout
 from attnlab.testing import assert_attention_grads_correct, assert_grads_close

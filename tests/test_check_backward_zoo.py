@@ -11,7 +11,7 @@ import pytest
 from zoo.backward_zoo import BROKEN, CORRECT, ENTRIES, fa2_backward, fa2_forward, np_jacobian_missing, run_check
 
 import attnlab
-from attnlab.check import CODES
+from attnlab.checker import CODES
 
 BACKWARD_CODES = (
     "grad-mismatch",
@@ -32,7 +32,7 @@ BACKWARD_CODES = (
 
 def test_every_backward_code_is_registered():
     """Each code has a meaning (in the forward's CODES or the backward's own registry) and a fix line."""
-    from attnlab.check import backward as grad
+    from attnlab.checker import backward as grad
 
     known = {**CODES, **getattr(grad, "BACKWARD_CODES", {})}
     for code in (*BACKWARD_CODES, "dtype", "mutates-input", "crash", "timeout", "output-type"):

@@ -11,8 +11,8 @@ import pytest
 import torch
 from zoo import numpy_zoo as npz
 
-from attnlab.check import check
-from attnlab.check.callables import detect_framework
+from attnlab.checker import check
+from attnlab.checker.callables import detect_framework
 
 F = torch.nn.functional
 
@@ -107,7 +107,7 @@ def test_jax_jit_function():
 
 
 def test_a_class_that_needs_arguments_is_a_usage_error():
-    from attnlab.check import UsageError
+    from attnlab.checker import UsageError
 
     class Needs:
         def __init__(self, dim):
@@ -121,7 +121,7 @@ def test_a_class_that_needs_arguments_is_a_usage_error():
 
 
 def test_check_causal_lm_gives_a_torch_callable_torch_token_ids():
-    from attnlab.check.model import check_causal_lm
+    from attnlab.checker.model import check_causal_lm
 
     emb = torch.nn.Embedding(50, 8)
 

@@ -232,8 +232,8 @@ def test_contract_options_reach_the_check(tmp_path):
 def test_flags_are_generated_from_spec_options():
     import argparse
 
-    from attnlab.check import Spec
-    from attnlab.check.spec import options
+    from attnlab.checker import Spec
+    from attnlab.checker.spec import options
     from attnlab.commands import check as command
 
     parser = argparse.ArgumentParser()

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from zoo import numpy_zoo as npz
 from zoo.torch_zoo import correct as torch_correct
 
-from attnlab.check import UsageError, check
-from attnlab.check.adapters import Adapter, Spec, TorchFramework
+from attnlab.checker import UsageError, check
+from attnlab.checker.adapters import Adapter, Spec, TorchFramework
 from attnlab.cli import main
 
 CUDA = torch.cuda.is_available()

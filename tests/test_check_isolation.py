@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 import attnlab
-from attnlab.check import ExitStatus, check
-from attnlab.check.adapters import Spec
-from attnlab.check.isolation import WorkerBackend, fork_is_safe
+from attnlab.checker import ExitStatus, check
+from attnlab.checker.adapters import Spec
+from attnlab.checker.isolation import WorkerBackend, fork_is_safe
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="worker isolation is POSIX-only")
 
@@ -323,7 +323,7 @@ def test_the_worker_dies_with_the_checker(tmp_path):
 
 
 def test_a_checker_failure_has_its_own_status_and_valid_json(tmp_path, monkeypatch, capsys):
-    import attnlab.check as check_module
+    import attnlab.checker as check_module
     from attnlab.cli import main
 
     def broken(*args, **kwargs):
@@ -388,7 +388,7 @@ def test_api_in_process_captures_prints_at_the_fd_level(capfd):
 
 
 def test_api_isolate_true_needs_an_importable_function():
-    from attnlab.check import UsageError
+    from attnlab.checker import UsageError
 
     with pytest.raises(UsageError, match="isolate=True: a worker process imports the function by name"):
         check(lambda q, k, v: q, isolate=True)
@@ -400,8 +400,9 @@ def test_both_ways_of_starting_the_worker_call_the_function(tmp_path, start):
         # torch is loaded in this test process: forking is refused by "auto"; forced here on a NumPy-only target,
         # in a fresh interpreter so that the fork is the one attnlab check makes
         code = (
-            "import sys; from attnlab.check.isolation import WorkerBackend; from attnlab.check.adapters import Spec;"
-            "from attnlab.check.runner import CallRequest; import numpy as np;"
+            "import sys; from attnlab.checker.isolation import WorkerBackend; "
+            "from attnlab.checker.adapters import Spec;"
+            "from attnlab.checker.runner import CallRequest; import numpy as np;"
             "b = WorkerBackend(sys.argv[1], Spec(), start='fork'); q = np.ones((1, 1, 2, 2));"
             "r = b.call(CallRequest(q, q, q, 'float64', None, False, None, False), 10); b.close();"
             "print(b.start_used, r.error, r.returned.out.shape)"
@@ -415,7 +416,7 @@ def test_both_ways_of_starting_the_worker_call_the_function(tmp_path, start):
         return
     import numpy as np
 
-    from attnlab.check.runner import CallRequest
+    from attnlab.checker.runner import CallRequest
 
     target = str(tmp_path / _module(tmp_path, "attention = _attention\n")) + ":attention"
     b = WorkerBackend(target, Spec(), start=start)

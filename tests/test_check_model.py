@@ -8,7 +8,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from attnlab.check.model import (
+from attnlab.checker.model import (
     check_causal_lm,
     check_encoder,
     check_model,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from zoo import numpy_zoo as npz
 
-from attnlab.check import check
+from attnlab.checker import check
 
 
 def _clean(r):
@@ -151,7 +151,7 @@ def test_a_layer_of_hidden_states_from_an_unknown_family_is_a_usage_error_not_a_
     import transformers
     from transformers.models.falcon.modeling_falcon import FalconAttention
 
-    from attnlab.check import UsageError
+    from attnlab.checker import UsageError
 
     class Block(torch.nn.Module):
         def forward(self, x, attention_mask=None):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from zoo.torch_zoo import MHAWrapper, sdpa_math
 
 import attnlab
-from attnlab.check import PROBES, check
+from attnlab.checker import PROBES, check
 from attnlab.kernels.tiled import flash_attention
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from zoo import numpy_zoo as npz
 
-from attnlab.check import CORE_PROBES, ExitStatus, check
+from attnlab.checker import CORE_PROBES, ExitStatus, check
 
 
 def reference_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -201,9 +201,9 @@ def test_a_crash_seen_again_later_still_fails_that_probe():
 
 # ------------------------------------------------------------------------------------------- issue 13 §5 diagnoses
 def test_registries_keep_the_public_names_and_every_code_has_a_fix():
-    from attnlab.check import FIXES, PROBES
-    from attnlab.check.hypotheses import HYPOTHESES
-    from attnlab.check.probes import PROBE_FUNCTIONS
+    from attnlab.checker import FIXES, PROBES
+    from attnlab.checker.hypotheses import HYPOTHESES
+    from attnlab.checker.probes import PROBE_FUNCTIONS
 
     assert PROBES == tuple(PROBE_FUNCTIONS) and PROBES[0] == "reference" and PROBES[-1] == "determinism"
     codes = {part for h in HYPOTHESES for part in h.code.split("+")}

@@ -7,7 +7,7 @@ import pytest
 from zoo import all_entries
 
 from attnlab import attention_trace
-from attnlab.check import CODES, check
+from attnlab.checker import CODES, check
 
 ENTRIES = all_entries()
 BROKEN = [e for e in ENTRIES if e.expected]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from heldout2_backward import CASES
 from heldout2_backward.verify_set import CLAIMS, verify_all
 
-from attnlab.check.backward import GRAD_FIXES
-from attnlab.check.probes import FIXES
+from attnlab.checker.backward import GRAD_FIXES
+from attnlab.checker.probes import FIXES
 
 
 def test_the_set_has_its_shape():

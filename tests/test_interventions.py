@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnlab.check.model import check_causal_lm
+from attnlab.checker.model import check_causal_lm
 from attnlab.core.softmax import log_softmax
 from attnlab.errors import OptionError, ShapeError
 from attnlab.models.interventions import (

@@ -498,7 +498,7 @@ def test_report_bad_values():
 
 
 def test_report_check_model_seq_len_beyond_the_model_is_a_usage_error(monkeypatch):
-    from attnlab.check import model as check_model_module
+    from attnlab.checker import model as check_model_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was checked before --seq-len was")

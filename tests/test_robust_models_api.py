@@ -514,7 +514,7 @@ def test_check_backward_names_what_a_hostile_backward_does(bwd, codes):
     ],
 )
 def test_check_backward_option_errors_name_the_argument(args, kwargs, message):
-    from attnlab.check import UsageError
+    from attnlab.checker import UsageError
 
     with pytest.raises(UsageError, match=message):
         attnlab.check_backward(*args, **kwargs)

@@ -11,8 +11,9 @@ Shapes follow one legend everywhere: ``q [..., n_q, d_k]``, ``k [..., n_k, d_k]`
 True means "may attend"; :mod:`attnlab.masks` converts every other convention.
 """
 
-from . import check, cost, invariants, masks, weights_io
-from .check import Finding, Report, check_backward
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from . import cost, invariants, masks, weights_io
 from .core import (
     AttentionTrace,
     attention_trace,
@@ -73,6 +74,7 @@ __all__ = [
     "MultiHeadWeights",
     "NonFiniteError",
     "OptionError",
+    "PermutationDemo",
     "RangeError",
     "Report",
     "ShapeError",
@@ -105,12 +107,33 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """``attnlab.permutation_demo`` (and its result, ``PermutationDemo``): the teaching demo lives in
-    :mod:`attnlab.explain.permutation`, imported on first use so that ``import attnlab`` does not load
-    :mod:`attnlab.explain`."""
-    if name in ("PermutationDemo", "permutation_demo"):
-        from .explain import permutation
+if _TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
+    from .checker import Finding, Report, check, check_backward
+    from .explain.permutation import PermutationDemo, permutation_demo
 
-        return getattr(permutation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: Public names that live in a heavier subpackage, imported on first use (PEP 562) so that ``import attnlab``
+#: loads the core only: the checker (:mod:`attnlab.checker`) and the teaching demo (:mod:`attnlab.explain`).
+_LAZY = {
+    "Finding": "checker",
+    "Report": "checker",
+    "check": "checker",
+    "check_backward": "checker",
+    "PermutationDemo": "explain.permutation",
+    "permutation_demo": "explain.permutation",
+}
+
+
+def __getattr__(name: str) -> object:
+    """``attnlab.check``, ``attnlab.check_backward``, ``attnlab.Report``, ... loaded on first use (see ``_LAZY``)."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

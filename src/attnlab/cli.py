@@ -4,7 +4,7 @@ Each subcommand lives in its own module of :mod:`attnlab.commands`; this file on
 
 Exit status: 0 on success (for ``check`` and ``check-model``: no bug found), 1 when ``check``/``check-model`` find a
 bug, 2 for a usage error; ``check`` also exits 3 when a core probe could not run and 4 when the checker itself failed
-(:class:`attnlab.check.ExitStatus`). A usage error is one line on stderr, ``attnlab COMMAND: error: --flag: what was
+(:class:`attnlab.checker.ExitStatus`). A usage error is one line on stderr, ``attnlab COMMAND: error: --flag: what was
 expected, got what``: a bad value (checked by the option's ``type=`` before anything runs), options that do not
 fit together (the command's ``check_args(args)``, also before anything runs), a value outside a range that is
 only known once a model or an example is loaded, or an :class:`~attnlab.errors.AttnlabError` raised by the work

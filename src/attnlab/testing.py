@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ._arrays import to_numpy
-from .check.tolerance import FLOORS
+from .checker.tolerance import FLOORS
 
 __all__ = [
     "assert_attention_close",
@@ -54,7 +54,7 @@ def assert_attention_close(
         actual: the output under test ``[..., n_q, d_v]`` (any array library).
         expected: the float64 golden output, same shape.
         reference: a naive implementation's output in ``actual``'s precision (e.g. PyTorch's math backend, or
-            :func:`attnlab.check.tolerance.naive_output`). Without it the bound is the floor alone.
+            :func:`attnlab.checker.tolerance.naive_output`). Without it the bound is the floor alone.
         dtype: the precision of ``actual`` (default: its dtype), choosing the floor.
         factor: the multiple of the reference's error allowed (2 for outputs, 3 for gradients).
         floor: the absolute floor (default per dtype: float64 1e-10, float32 1e-5, float16 1e-3, bfloat16 1e-2).
@@ -97,15 +97,15 @@ def assert_attention_close(
 
 
 def assert_attention_correct(fn: Callable[..., Any], **options: Any) -> Any:
-    """Run :func:`attnlab.check.check` on ``fn`` and raise ``AssertionError`` with the report unless the verdict
+    """Run :func:`attnlab.checker.check` on ``fn`` and raise ``AssertionError`` with the report unless the verdict
     is clean: a bug found, or an incomplete battery (a core probe that could not run, e.g. left out with
     ``probes=``) both fail, since neither shows the function correct.
 
     ``fn`` may also be a target string ``"path/to/file.py:func"`` (checked in a worker process).
-    ``options`` are :func:`~attnlab.check.check`'s keyword arguments (framework, signature, mask_convention, ...).
-    Returns the :class:`~attnlab.check.Report` when ``fn`` is clean, so tests can look at its notes.
+    ``options`` are :func:`~attnlab.checker.check`'s keyword arguments (framework, signature, mask_convention, ...).
+    Returns the :class:`~attnlab.checker.Report` when ``fn`` is clean, so tests can look at its notes.
     """
-    from .check import check
+    from .checker import check
 
     report = check(fn, **options)
     if not report.ok:
@@ -130,7 +130,7 @@ def assert_grads_close(
     array) is within ``factor`` (3) times the error of a same-precision naive backward (``reference``, same
     structure) plus the per-dtype floor of the float64 ``expected``.
 
-    ``reference`` may come from :func:`attnlab.check.grad_hypotheses.attention_grads` with ``dtype=``; without it
+    ``reference`` may come from :func:`attnlab.checker.grad_hypotheses.attention_grads` with ``dtype=``; without it
     the bound is the floor alone. ``dtype`` chooses the floor (default: each gradient's dtype).
 
     >>> import numpy as np
@@ -167,18 +167,18 @@ def assert_attention_grads_correct(fn_or_bwd: Callable[..., Any] | str, **option
     ``fn_or_bwd`` is a forward (PyTorch or JAX: its own gradients are checked, forward battery first), a
     hand-written backward ``bwd(q, k, v, d_out, ...)`` or ``bwd(q, k, v, out, lse, d_out, ...)`` (detected from
     its parameter names; checked alone, or with ``forward=fwd``), or a target string. ``options`` are those of
-    :func:`attnlab.check.check` / :func:`attnlab.check.backward.check_backward` (``backward=bwd`` checks ``fn``
-    as the forward of ``bwd``). Returns the :class:`~attnlab.check.Report` when clean.
+    :func:`attnlab.checker.check` / :func:`attnlab.checker.backward.check_backward` (``backward=bwd`` checks ``fn``
+    as the forward of ``bwd``). Returns the :class:`~attnlab.checker.Report` when clean.
     """
-    from .check import check
-    from .check.backward import check_backward, detect_kind
+    from .checker import check
+    from .checker.backward import check_backward, detect_kind
 
     if "backward" in options:
         report = check(fn_or_bwd, **options)
     else:
         fn = fn_or_bwd
         if isinstance(fn, str):
-            from .check.backward import load_callable
+            from .checker.backward import load_callable
 
             fn = load_callable(fn)
         if detect_kind(fn) == "autograd" and "forward" not in options and options.get("kind") in (None, "autograd"):

@@ -4,7 +4,7 @@ Each :class:`Case` is one attention implementation, transcribed from public code
 repository, path and commit, or the URL) with at most one or two planted bugs, or left correct. ``expected`` is the
 primary finding code the checker must name (None: a correct implementation, on which it must find nothing);
 ``second`` is the code of a second, independent bug where a case plants two. ``options`` are the keyword arguments
-for :func:`attnlab.check.check` that describe the function (what a user would declare, never what hides a bug).
+for :func:`attnlab.checker.check` that describe the function (what a user would declare, never what hides a bug).
 
 The acceptance rule (issue 13) is measured by ``tests/test_check_heldout.py`` and printed by
 ``benchmarks/check_acceptance.py``: at least 90 % of the buggy cases named by their primary code, no finding on any
@@ -24,9 +24,9 @@ class Case:
 
     Attributes:
         name: a unique short name.
-        fn: what is passed to :func:`attnlab.check.check` (a function, lambda, partial, class, instance or
+        fn: what is passed to :func:`attnlab.checker.check` (a function, lambda, partial, class, instance or
             ``torch.nn.Module``).
-        options: keyword arguments for :func:`attnlab.check.check` (``isolate=False`` is added by the runner).
+        options: keyword arguments for :func:`attnlab.checker.check` (``isolate=False`` is added by the runner).
         expected: the primary finding code of the planted bug, or None for a correct implementation.
         source: where the code comes from (repository, path, commit or URL) and what was planted.
         second: the code of a second, independent planted bug (reported as a second finding), or None.
@@ -61,7 +61,7 @@ def all_cases() -> list[Case]:
 
 def run_case(case: Case) -> Any:
     """``attnlab.check`` on one case, in-process (the acceptance run checks ~60 functions; a worker each is slow)."""
-    from attnlab.check import check
+    from attnlab.checker import check
 
     return check(case.fn, isolate=False, name=case.name, **case.options)
 

@@ -5,7 +5,7 @@ attention implementation transcribed from public code (its ``source`` names the 
 the URL, and what was planted) or a correct one.
 
 Information rule followed while writing it: only ``tests/heldout/__init__.py`` (the Case type and the runner),
-``docs/checker.md`` and ``README.md`` were read; nothing under ``src/attnlab/check/``, ``tests/zoo/``, the other
+``docs/checker.md`` and ``README.md`` were read; nothing under ``src/attnlab/checker/``, ``tests/zoo/``, the other
 files of ``tests/heldout/`` or ``tests/test_check*.py``, and the checker was never run on these cases. The
 sources and bug writings of the first set (its case list) were avoided. ``expected`` was chosen from the
 definitions of the finding codes in docs/checker.md.

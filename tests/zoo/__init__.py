@@ -1,6 +1,6 @@
 """The bug zoo: deliberately broken attention implementations (and correct ones) the checker must diagnose.
 
-Each :class:`Entry` names a function, the options that describe it to :func:`attnlab.check.check`, the finding
+Each :class:`Entry` names a function, the options that describe it to :func:`attnlab.checker.check`, the finding
 codes it must produce (empty for correct implementations) and other codes its bug legitimately also causes.
 The zoo lives in the tests, not in the installed package.
 """

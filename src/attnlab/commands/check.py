@@ -1,9 +1,9 @@
 """``attnlab check``: run an attention function through the articles' tests and name the bug.
 
-The target's module is imported, and the function called, in a worker process (:mod:`attnlab.check.isolation`):
+The target's module is imported, and the function called, in a worker process (:mod:`attnlab.checker.isolation`):
 what it prints, how it exits and whatever it leaves running cannot reach this process's output or outlive it.
 
-Exit status (:class:`attnlab.check.ExitStatus`): 0 clean, 1 bug found, 2 usage error (bad target or option),
+Exit status (:class:`attnlab.checker.ExitStatus`): 0 clean, 1 bug found, 2 usage error (bad target or option),
 3 incomplete (no bug, but a core probe could not run), 4 checker failure (a bug in attnlab).
 """
 
@@ -15,9 +15,9 @@ import sys
 from typing import Any
 
 from ..argtypes import float_type, int_type
-from ..check.spec import MAX_TIMEOUT, options
-from ..check.target import TargetError
-from ..check.target import load_target as _load
+from ..checker.spec import MAX_TIMEOUT, options
+from ..checker.target import TargetError
+from ..checker.target import load_target as _load
 from ..cli import one_line
 
 NAME = "check"
@@ -41,7 +41,7 @@ def _csv(value: str) -> tuple[str, ...]:
 
 
 def _flag_kwargs(name: str, default: Any, opt: Any) -> dict[str, Any]:
-    """``argparse.add_argument`` keywords of one :class:`~attnlab.check.Spec` option, from its declaration."""
+    """``argparse.add_argument`` keywords of one :class:`~attnlab.checker.Spec` option, from its declaration."""
     help_text = opt.doc.replace("``", "").replace("%", "%%")
     kw: dict[str, Any] = {"dest": name, "help": help_text}
     if isinstance(opt.cli, dict):
@@ -64,7 +64,7 @@ def _flag_kwargs(name: str, default: Any, opt: Any) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The target, one flag per :class:`~attnlab.check.Spec` option (``mask_form`` -> ``--mask-form``; generated
+    """The target, one flag per :class:`~attnlab.checker.Spec` option (``mask_form`` -> ``--mask-form``; generated
     from the options' declarations, with their documentation as help), and how the report is printed."""
     parser.add_argument("target", help="path/to/file.py:func or package.module:func")
     for name, default, opt in options():
@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..check import ExitStatus, UsageError, check
+    from ..checker import ExitStatus, UsageError, check
 
     chosen = {name: getattr(args, name) for name, _, opt in options() if opt.cli is not False}
     try:
@@ -133,7 +133,7 @@ def _write(text: str) -> bool:
 def _failure_json(target: str, err: BaseException) -> str:
     import json
 
-    from ..check import ExitStatus
+    from ..checker import ExitStatus
 
     return json.dumps(
         {

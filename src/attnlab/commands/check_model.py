@@ -87,7 +87,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..check.model import check_causal_lm, check_encoder, check_model, load_local, minilm, tiny_model
+    from ..checker.model import check_causal_lm, check_encoder, check_model, load_local, minilm, tiny_model
     from ..errors import OptionError
     from .check import TargetError, load_target
 

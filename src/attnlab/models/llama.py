@@ -451,7 +451,7 @@ def llama_forward(
 
 
 def logits_fn(model: LlamaModel, *, break_causal: bool = False) -> Callable[[np.ndarray], np.ndarray]:
-    """``token_ids [B, n] -> logits [B, n, vocab]`` for :func:`attnlab.check.model.check_causal_lm`.
+    """``token_ids [B, n] -> logits [B, n, vocab]`` for :func:`attnlab.checker.model.check_causal_lm`.
 
     ``break_causal=True`` is a deliberately broken model (every token sees the future): a checker must name the
     leak.

@@ -2,7 +2,7 @@
 arguments and the return value becomes the canonical output.
 
 The checker's cases are canonical (``q [B, h, n_q, d_k]``, a boolean mask ``[B, h, n_q, n_k]``, True = may
-attend); the probes draw masks the interface can express (:meth:`attnlab.check.probes.Battery.random_mask`), and
+attend); the probes draw masks the interface can express (:meth:`attnlab.checker.probes.Battery.random_mask`), and
 an :class:`Interface` turns them into what the function takes (:meth:`Interface.inputs`):
 
 * :class:`Full` ``[B, h, n_q, n_k]`` and :class:`PerBatch` ``[B, 1, n_q, n_k]`` (Hugging Face's 4-D masks), in
@@ -11,7 +11,7 @@ an :class:`Interface` turns them into what the function takes (:meth:`Interface.
 * :class:`Lengths` ``[B]`` int: valid key lengths (``valid_lens``) or a KV cache's lengths (``kv_cache``);
 * :class:`Varlen`: packed sequences, ``q [total_q, h, d]`` with ``cu_seqlens_q/k`` and ``max_seqlen_q/k``.
 
-Arrays are made by the framework strategy (:class:`attnlab.check.adapters.Framework`): on its library and device.
+Arrays are made by the framework strategy (:class:`attnlab.checker.adapters.Framework`): on its library and device.
 
 >>> import numpy as np
 >>> Lengths("valid_lens").reduce(np.tril(np.ones((1, 1, 3, 3), bool)))
@@ -245,5 +245,5 @@ INTERFACES: dict[str, Callable[[], Interface]] = {
 
 
 def interface(name: str) -> Interface:
-    """The strategy of mask form ``name`` (one of :data:`attnlab.check.spec.MASK_FORMS`)."""
+    """The strategy of mask form ``name`` (one of :data:`attnlab.checker.spec.MASK_FORMS`)."""
     return INTERFACES[name]()

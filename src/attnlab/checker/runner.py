@@ -7,11 +7,11 @@ A :class:`Runner` calls the function through a *backend*:
   in the background until the process exits, so after the first timeout the runner makes no further calls.
   While a call runs, file descriptors 1 and 2 (and ``sys.stdout``/``sys.stderr``) point at capture files, so
   what the function prints, from Python or C, becomes evidence instead of output.
-* :class:`~attnlab.check.isolation.WorkerBackend` (``attnlab check file.py:NAME`` and ``check("file.py:NAME")``):
+* :class:`~attnlab.checker.isolation.WorkerBackend` (``attnlab check file.py:NAME`` and ``check("file.py:NAME")``):
   the function lives in its own worker process, which is killed on a timeout.
 
 Both run :func:`execute_call`, which converts one canonical case into the function's call and its return value
-back (:class:`~attnlab.check.adapters.Adapter`).
+back (:class:`~attnlab.checker.adapters.Adapter`).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def execute_call(adapter: Adapter, req: CallRequest) -> CallResult:
     """Build the call, call the function in this thread, translate its return value and look for input writes."""
     try:
         build = getattr(adapter, "build_request", None)
-        if build is not None:  # the gradient battery's adapter (attnlab.check.backward) reads the whole request
+        if build is not None:  # the gradient battery's adapter (attnlab.checker.backward) reads the whole request
             args, kwargs = build(req)
         else:
             args, kwargs = adapter.build_call(

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -99,7 +97,7 @@ def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
         fn: the attention function, ``fn(q, k, v, ...)`` over NumPy arrays, PyTorch tensors or JAX arrays (a
             function, lambda, ``functools.partial``, bound method, ``jax.jit`` function, instance with ``__call__``,
             class instantiable without arguments, or ``torch.nn.Module``; layers taking hidden states are checked
-            in module mode, see :mod:`attnlab.check.modules`); or a target string ``"path/to/file.py:NAME"`` /
+            in module mode, see :mod:`attnlab.checker.modules`); or a target string ``"path/to/file.py:NAME"`` /
             ``"package.module:NAME"``, imported in a worker process.
         OPTIONS
 
@@ -228,7 +226,7 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
         kind=r.kind,
         mode=r.mode,
     )
-    backward = spec.backward  # the gradient battery after the forward's (attnlab.check.backward)
+    backward = spec.backward  # the gradient battery after the forward's (attnlab.checker.backward)
     if backward is not None:
         from .backward import with_backward
 
@@ -247,7 +245,7 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
 
 
 def check_backward(bwd: Callable[..., Any] | str, forward: Any = None, **options: Any) -> Report:
-    """Check a hand-written attention backward alone (see :func:`attnlab.check.backward.check_backward`)."""
+    """Check a hand-written attention backward alone (see :func:`attnlab.checker.backward.check_backward`)."""
     from .backward import check_backward as _check_backward
 
     return _check_backward(bwd, forward, **options)
@@ -332,12 +330,3 @@ def _import_report(
         spec=spec.as_dict(),
         isolation=backend.description,
     )
-
-
-class _CallableModule(types.ModuleType):
-    """``attnlab.check`` is both this package and the function: ``attnlab.check(fn)`` runs :func:`check`."""
-
-    __call__ = staticmethod(check)
-
-
-sys.modules[__name__].__class__ = _CallableModule

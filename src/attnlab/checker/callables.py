@@ -3,7 +3,7 @@
 :func:`prepare` turns what the user passed (a function, a lambda, a ``functools.partial``, a bound method, a
 ``jax.jit`` function, an instance with ``__call__``, a class, a ``torch.nn.Module``) into the callable the checker
 calls, with the signature to read; attention *layers* that take hidden states instead of q, k, v go through
-:mod:`attnlab.check.modules`. :func:`detect_framework` says which library a callable works on and why, from what
+:mod:`attnlab.checker.modules`. :func:`detect_framework` says which library a callable works on and why, from what
 it is (a torch module, a jit function), what its parameters are annotated with, the values bound to it (partial
 arguments, closure cells, an instance's attributes), the names its code and its helpers use, and what its module
 imports.
@@ -43,7 +43,7 @@ class Prepared:
 
     fn: Any
     kind: str
-    module: Any = None  #: a :class:`attnlab.check.modules.ModuleMode`, or None
+    module: Any = None  #: a :class:`attnlab.checker.modules.ModuleMode`, or None
 
 
 def _root(name: str | None) -> str:
@@ -242,7 +242,7 @@ def prepare(fn: Any) -> Prepared:
 
     A class is instantiated with no arguments (``Attend``, a layer with defaults); a layer taking hidden states
     (``nn.MultiheadAttention``, Hugging Face attention, timm's ``Attention``, nanoGPT's ``CausalSelfAttention``)
-    gets a module mode (:func:`attnlab.check.modules.module_mode`).
+    gets a module mode (:func:`attnlab.checker.modules.module_mode`).
 
     Raises:
         OptionError: a class that cannot be instantiated without arguments (pass an instance).

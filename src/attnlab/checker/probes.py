@@ -1,8 +1,8 @@
 """The probes: small experiments on the function under test, each diagnosing one class of bug by its code.
 
 Every probe builds canonical cases (float64 NumPy, heads before the sequence axis, True = may attend), calls the
-function through the :class:`~attnlab.check.adapters.Adapter` and compares with attnlab's float64 reference under
-the tolerance rule of :mod:`attnlab.check.tolerance`. When an output is wrong, the probe tests hypotheses (scale
+function through the :class:`~attnlab.checker.adapters.Adapter` and compares with attnlab's float64 reference under
+the tolerance rule of :mod:`attnlab.checker.tolerance`. When an output is wrong, the probe tests hypotheses (scale
 missing, softmax over the wrong axis, mask inverted, ...) and names the one that explains it.
 
 The probes, in the order they run (``probes=`` selects a subset):
@@ -12,7 +12,7 @@ probe                     experiment                                            
 ========================  ===========================================================================  ===========
 ``reference``             a grid of shapes (n_q != n_k, d_v != d_k, odd sizes, rank 2-4, GQA, B and h  --
                           above 1) and dtypes, compared with the float64 reference; mismatches are
-                          diagnosed by the hypotheses of :mod:`attnlab.check.hypotheses`
+                          diagnosed by the hypotheses of :mod:`attnlab.checker.hypotheses`
 ``invariants``            the §21 invariants on returned weights (rows sum to 1, masked weights 0)     weights
 ``normalization``         V = ones: every output must be exactly a convex combination, i.e. 1          --
 ``causal``                change future tokens; earlier outputs must not move                          causal
@@ -226,7 +226,7 @@ class Battery:
         return Case(q, k, v, dtype=dtype, mask=m, causal=align, scale=scale, label=label)
 
     def random_mask(self, g: Geom) -> np.ndarray:
-        """A random mask the function's mask form can express (see :func:`~attnlab.check.cases.random_mask`)."""
+        """A random mask the function's mask form can express (see :func:`~attnlab.checker.cases.random_mask`)."""
         return random_mask(self.rng, g, self.mask_form if g.b is not None else "full")
 
     @staticmethod

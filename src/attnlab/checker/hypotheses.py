@@ -1,6 +1,6 @@
 """The hypotheses: plausible wrong implementations, each recomputing the golden output the way that bug would.
 
-When an output differs from the float64 reference, :meth:`~attnlab.check.probes.Battery.diagnose` recomputes the
+When an output differs from the float64 reference, :meth:`~attnlab.checker.probes.Battery.diagnose` recomputes the
 case under every registered hypothesis, in registration order, and names the first one the output matches (to the
 case's tolerance, and at least 10x closer than to the reference). A hypothesis is a small function of a
 :class:`Context` (the case, its scores, its allowed mask and the function's own output, from which a free
@@ -11,7 +11,7 @@ and the words the function returns).
 Two bugs at once (a wrong scale, a softmax over the queries or a scale after the softmax, together with a mask
 read wrongly, ignored or applied after the softmax) are hypotheses of their own, coded ``"a+b"``: each of the two
 is then reported as a finding. ``precision`` is not a hypothesis here: it is the tolerance rule of a lower
-precision, tried by :meth:`~attnlab.check.probes.Battery.lower_precision` when no hypothesis explains the output.
+precision, tried by :meth:`~attnlab.checker.probes.Battery.lower_precision` when no hypothesis explains the output.
 
 >>> [h.code for h in HYPOTHESES][:3]
 ['scale-missing', 'scale-wrong', 'scale-wrong']

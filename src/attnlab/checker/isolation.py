@@ -1,8 +1,8 @@
 """Running the user's function in its own worker process, so nothing it does can break the report.
 
 :class:`WorkerBackend` starts one long-lived worker per check (``python -c`` running
-:mod:`attnlab.check.worker`), in its own session and process group, with its stdin on ``/dev/null`` and its
-stdout and stderr on pipes the parent drains (the first and last :data:`~attnlab.check.runner.CAPTURE_KEEP`
+:mod:`attnlab.checker.worker`), in its own session and process group, with its stdin on ``/dev/null`` and its
+stdout and stderr on pipes the parent drains (the first and last :data:`~attnlab.checker.runner.CAPTURE_KEEP`
 bytes of each are kept as evidence; the rest is counted). The worker imports the target under
 ``import_timeout`` and answers one call at a time under ``timeout``. On a timeout, and at the end, the parent
 kills the worker's whole process group (SIGKILL), so threads and child processes it left behind end with it;

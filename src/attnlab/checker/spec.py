@@ -14,7 +14,7 @@ field when it is built (a bad value is a :class:`UsageError` naming the option),
 >>> Spec(layout="nhd")
 Traceback (most recent call last):
 ...
-attnlab.check.spec.UsageError: layout: expected one of 'bhnd', 'bnhd', got 'nhd'
+attnlab.checker.spec.UsageError: layout: expected one of 'bhnd', 'bnhd', got 'nhd'
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ RETURNS = ("auto", "output", "output+weights", "output+lse")
 ALIGNS = (None, "top_left", "bottom_right")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 GQA_MAPPINGS = ("interleave", "tile")
-#: The mask interfaces (one strategy each in :mod:`attnlab.check.interfaces`): ``full`` ``[B, h, n_q, n_k]``;
+#: The mask interfaces (one strategy each in :mod:`attnlab.checker.interfaces`): ``full`` ``[B, h, n_q, n_k]``;
 #: ``batch`` ``[B, 1, n_q, n_k]`` (broadcast over heads, as Hugging Face's 4-D masks); ``key_padding`` ``[B, n_k]``
 #: (in ``mask_convention``: ``allow`` True = real key, ``block`` True = padding, as ``nn.MultiheadAttention``'s
 #: ``key_padding_mask``); ``valid_lens`` ``[B]`` int valid key lengths (d2l's ``masked_softmax``); ``kv_cache``
@@ -401,7 +401,7 @@ class Spec:
     )
     backward: object = option(  # True, a callable, a target string or None
         None,
-        "also run the gradient battery (``attnlab.check.backward``): True differentiates the function itself "
+        "also run the gradient battery (``attnlab.checker.backward``): True differentiates the function itself "
         "(PyTorch autograd, ``jax.vjp``; a NumPy function has none: UsageError); a callable or target string is "
         "a hand-written backward ``bwd(q, k, v, d_out, ...)`` or ``bwd(q, k, v, out, lse, d_out, ...)`` checked "
         "with the function as its forward (see ``check_backward``). On the command line ``--backward`` alone, or "

@@ -1,15 +1,15 @@
 """The checker's worker process: imports the user's function and calls it on the cases the parent sends.
 
-Started by :class:`attnlab.check.isolation.WorkerBackend`, forked (:func:`forked`) or as a new interpreter
+Started by :class:`attnlab.checker.isolation.WorkerBackend`, forked (:func:`forked`) or as a new interpreter
 (``python -c BOOT FD PARENT_PID SRC``, :func:`main`), in its own session (so its children can be killed with
 it), with fd 0 on ``/dev/null`` and fds 1 and 2 on pipes the parent drains into the report's evidence. It first
 asks Linux to kill it when the parent dies (``PR_SET_PDEATHSIG``), then talks to the parent over the socket FD
 with :mod:`multiprocessing.connection` messages:
 
-* parent -> worker: ``{"target", "spec", "sys_path"}``, then one :class:`~attnlab.check.runner.CallRequest` per
+* parent -> worker: ``{"target", "spec", "sys_path"}``, then one :class:`~attnlab.checker.runner.CallRequest` per
   call, then ``None`` (or nothing: the parent kills the worker's process group when the battery is done);
 * worker -> parent: ``("ready", info)``, ``("usage", message)`` (a bad target or option) or
-  ``("import-error", CallError)``; then one :class:`~attnlab.check.runner.CallResult` per call.
+  ``("import-error", CallError)``; then one :class:`~attnlab.checker.runner.CallResult` per call.
 
 Nothing here is imported by ``attnlab`` itself; it runs only in the worker.
 """
@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 #: Started with ``python -c BOOT FD PARENT_PID SRC``: SRC is the folder holding the ``attnlab`` package.
-BOOT = "import sys; sys.path.insert(0, sys.argv[3]); from attnlab.check.worker import main; main()"
+BOOT = "import sys; sys.path.insert(0, sys.argv[3]); from attnlab.checker.worker import main; main()"
 
 _PR_SET_PDEATHSIG = 1
 
@@ -106,7 +106,7 @@ def serve(fd: int) -> None:
         conn.send(("import-error", CallError.from_exception(err, tb=traceback.format_exc(limit=-5))))
         return
     try:
-        make = getattr(init["spec"], "make_adapter", None)  # the gradient battery's (attnlab.check.backward)
+        make = getattr(init["spec"], "make_adapter", None)  # the gradient battery's (attnlab.checker.backward)
         adapter = make(fn) if make is not None else Adapter(fn, init["spec"])
     except UsageError as err:
         conn.send(("usage", str(err)))

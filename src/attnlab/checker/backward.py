@@ -15,7 +15,7 @@ the fourth output). The gradients are compared with attnlab's analytic backward
 (:func:`attnlab.core.backward.attention_backward` on an :func:`attnlab.attention_trace` in float64) under
 FlashAttention's rule for gradients: ``max|g - golden| <= 3 · max|naive_p - golden| + floor(p) · max(1, |golden|)``
 with ``naive_p`` the same steps rounded to the input precision ``p``. A mismatch is diagnosed by recomputing the
-golden gradient under each named mistake of :mod:`attnlab.check.grad_hypotheses`.
+golden gradient under each named mistake of :mod:`attnlab.checker.grad_hypotheses`.
 
 The gradient probes (``GRAD_PROBES``), after the forward's preflight finds the dtypes and capabilities:
 
@@ -177,7 +177,7 @@ class GradCase(Case):
 
 @dataclass(frozen=True)
 class GradRequest(CallRequest):
-    """A :class:`~attnlab.check.runner.CallRequest` with what a backward also takes: ``d_out``, dropout, bias, and
+    """A :class:`~attnlab.checker.runner.CallRequest` with what a backward also takes: ``d_out``, dropout, bias, and
     (flash backwards without a forward) the golden ``out`` and ``lse`` in the declared units."""
 
     d_out: np.ndarray | None = None
@@ -236,7 +236,7 @@ def _first(params: dict[str, Any], names: tuple[str, ...], override: str | None 
 class GradAdapter(Adapter):
     """Translate gradient cases into calls of a backward (or of a forward, through autograd), and back.
 
-    Conversions (dtypes, layouts, mask conventions, library types) are :class:`~attnlab.check.adapters.Adapter`'s.
+    Conversions (dtypes, layouts, mask conventions, library types) are :class:`~attnlab.checker.adapters.Adapter`'s.
     """
 
     def __init__(
@@ -489,7 +489,7 @@ def _what(x: Any) -> str:
 
 
 class GradRunner(Runner):
-    """The forward's :class:`~attnlab.check.runner.Runner`, sending :class:`GradRequest` s."""
+    """The forward's :class:`~attnlab.checker.runner.Runner`, sending :class:`GradRequest` s."""
 
     def __init__(self, backend: Any, *, timeout: float, lse_units: str, gqa_map: str, golden_lse: bool):
         super().__init__(backend, timeout=timeout)
@@ -619,7 +619,7 @@ _COMBOS = [
 
 
 class GradBattery(Battery):
-    """The gradient probes on one function (a subclass of the forward's :class:`~attnlab.check.probes.Battery`:
+    """The gradient probes on one function (a subclass of the forward's :class:`~attnlab.checker.probes.Battery`:
     the same preflight, cases, masks, refusal rules and findings bookkeeping)."""
 
     fixes = GRAD_FIXES
@@ -1369,7 +1369,7 @@ def _grad_spec(spec: Spec) -> Spec:
 @dataclass(frozen=True)
 class GradTarget:
     """What a worker process needs to build the :class:`GradAdapter` (sent in place of the forward's
-    :class:`~attnlab.check.Spec`; the worker calls :meth:`make_adapter` on the imported function)."""
+    :class:`~attnlab.checker.Spec`; the worker calls :meth:`make_adapter` on the imported function)."""
 
     spec: Spec
     kind: str
@@ -1425,10 +1425,10 @@ def run_gradients(
     forward_checked: bool | str = False,
     import_timeout: float = 60.0,
 ) -> Report:
-    """Run the gradient battery on ``fn`` and return its :class:`~attnlab.check.Report`.
+    """Run the gradient battery on ``fn`` and return its :class:`~attnlab.checker.Report`.
 
     ``fn`` (and ``forward``) may be target strings ``"file.py:NAME"``: the function is then imported and called in
-    a worker process (:mod:`attnlab.check.isolation`), killed on a timeout, as the forward's; a callable runs in
+    a worker process (:mod:`attnlab.checker.isolation`), killed on a timeout, as the forward's; a callable runs in
     this process. ``align``: the causal alignment of ``causal=True`` when n_q != n_k and none is declared (default
     top-left); ``extra_unsupported``: gradient-only capabilities declared unsupported (``"dropout"``, ``"bias"``);
     ``forward_checked``: the forward battery ran on the same function (a wrong forward output is its finding, and
@@ -1591,7 +1591,7 @@ def check_backward(
     name: str | None = None,
     **options: Any,
 ) -> Report:
-    """Check a hand-written attention backward alone and return a :class:`~attnlab.check.Report`.
+    """Check a hand-written attention backward alone and return a :class:`~attnlab.checker.Report`.
 
     Args:
         bwd: ``bwd(q, k, v, d_out, mask=None, scale=None) -> (dq, dk, dv)`` (plain) or FlashAttention-2's
@@ -1643,7 +1643,7 @@ def spec_from_options(
     ranks: Iterable[int] = (4,),
     **options: Any,
 ) -> Spec:
-    """A :class:`~attnlab.check.Spec` from :func:`attnlab.check`'s keyword options."""
+    """A :class:`~attnlab.checker.Spec` from :func:`attnlab.check`'s keyword options."""
     unsup = frozenset(u for u in unsupported if u not in GRAD_CAPABILITIES)
     try:
         return Spec(

@@ -8,7 +8,7 @@ two strategies the adapter combines:
 * a :class:`Framework` per array library (:class:`NumpyFramework`, :class:`TorchFramework`,
   :class:`JaxFramework`): arrays to and from the library, on its device, dtype names, what the library cannot
   hold, whether a returned value is the library's own array on the inputs' device;
-* an :class:`~attnlab.check.interfaces.Interface` per mask interface (full, per-batch, key padding, valid lengths,
+* an :class:`~attnlab.checker.interfaces.Interface` per mask interface (full, per-batch, key padding, valid lengths,
   KV cache, varlen): which arrays one call takes and how its output becomes canonical again.
 
 >>> spec = Spec(mask_convention="block")
@@ -102,7 +102,7 @@ def _module_root(obj: Any) -> str:
 
 
 def detect_framework(fn: Any) -> str:
-    """Guess the array library ``fn`` works on (see :func:`attnlab.check.callables.detect_framework`, which also
+    """Guess the array library ``fn`` works on (see :func:`attnlab.checker.callables.detect_framework`, which also
     says why)."""
     return _detect(fn).framework
 
@@ -440,7 +440,7 @@ class Returned:
 
 class Adapter:
     """Translate canonical float64 cases into the calls ``fn`` expects, and its results back: a
-    :class:`Framework` strategy for the arrays and an :class:`~attnlab.check.interfaces.Interface` for the mask."""
+    :class:`Framework` strategy for the arrays and an :class:`~attnlab.checker.interfaces.Interface` for the mask."""
 
     def __init__(self, fn: Any, spec: Spec):
         self.original = fn
