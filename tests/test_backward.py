@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from test_multihead import random_weights
 
 from attnlab import attention_trace, masks
-from attnlab.core.backward import AttentionGrads, attention_backward
 from attnlab.core.dropout import apply_dropout, make_dropout
+from attnlab.core.gradients import AttentionGrads, attention_backward
 from attnlab.core.multihead import MultiHeadWeights, multi_head_attention, multi_head_backward
 from attnlab.errors import DTypeError, MaskedRowError, RangeError, ShapeError
 

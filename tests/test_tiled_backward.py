@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import attnlab
 from attnlab import masks
-from attnlab.core.backward import attention_backward
+from attnlab.core.gradients import attention_backward
 from attnlab.errors import MaskedRowError, NonFiniteError, OptionError, ShapeError
 from attnlab.kernels.tiled import flash_attention, flash_attention_backward
 

@@ -22,8 +22,8 @@ from .core import (
     scaled_dot_product_attention,
     softmax,
 )
-from .core.backward import AttentionGrads, attention_backward
 from .core.dropout import Dropout, DropoutResult, dropout
+from .core.gradients import AttentionGrads, attention_backward
 from .core.multihead import (
     MultiHeadGrads,
     MultiHeadResult,

@@ -10,7 +10,7 @@ PyTorch's attention does not gain as much, so every result names the CPU, its in
 library picked (:func:`cpu_report`, :func:`~attnlab.kernels.threads.blas_report`). Methods:
 
 * ``naive``: :func:`attnlab.scaled_dot_product_attention` (the whole ``[B, h, n, n]`` score matrix; skipped when
-  its estimated memory exceeds ``naive_max_gb``); backward: :func:`attnlab.core.backward.attention_backward`;
+  its estimated memory exceeds ``naive_max_gb``); backward: :func:`attnlab.core.gradients.attention_backward`;
 * ``tiled``: :func:`attnlab.kernels.tiled.flash_attention` / ``flash_attention_backward``;
 * ``floor``: :func:`gemm_floor`, the tiled kernel's matrix products with no softmax — the
   physical limit of the design;
@@ -481,7 +481,7 @@ def _make_methods(
             elif not backward:
                 out[name] = lambda: scaled_dot_product_attention(q, k, v, causal=causal)
             else:
-                from .core.backward import attention_backward
+                from .core.gradients import attention_backward
 
                 trace = attention_trace(q, k, v, causal=causal)
                 out[name] = lambda trace=trace: attention_backward(trace, d_o)

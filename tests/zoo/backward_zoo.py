@@ -833,10 +833,10 @@ def fa2_bwd_gqa_tiled_fold(q, k, v, out, lse, d_out, mask=None, scale=None, caus
 
 
 def attnlab_core_backward(q, k, v, d_out, mask=None, scale=None, causal=False):
-    """Correct: ``attnlab.attention_trace`` (masked_rows="zero") + ``attnlab.core.backward.attention_backward``
+    """Correct: ``attnlab.attention_trace`` (masked_rows="zero") + ``attnlab.core.gradients.attention_backward``
     (K/V repeated over the query heads for GQA, their gradients summed back)."""
     from attnlab import attention_trace
-    from attnlab.core.backward import attention_backward
+    from attnlab.core.gradients import attention_backward
 
     h = _heads(q)
     trace = attention_trace(q, _expand(k, h), _expand(v, h), mask, causal=causal, scale=scale, masked_rows="zero")

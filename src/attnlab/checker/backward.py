@@ -12,7 +12,7 @@ Three kinds of function are checked (``kind``):
 Optional keywords are passed when the function has them: ``mask=`` (True = may attend), ``scale=``, ``causal=``,
 ``dropout_mask=`` (bool ``[B, h, n_q, n_k]``, True = kept) with ``dropout_p=``, and ``bias=`` (then ``d_bias`` is
 the fourth output). The gradients are compared with attnlab's analytic backward
-(:func:`attnlab.core.backward.attention_backward` on an :func:`attnlab.attention_trace` in float64) under
+(:func:`attnlab.core.gradients.attention_backward` on an :func:`attnlab.attention_trace` in float64) under
 FlashAttention's rule for gradients: ``max|g - golden| <= 3 · max|naive_p - golden| + floor(p) · max(1, |golden|)``
 with ``naive_p`` the same steps rounded to the input precision ``p``. A mismatch is diagnosed by recomputing the
 golden gradient under each named mistake of :mod:`attnlab.checker.grad_hypotheses`.
@@ -38,7 +38,7 @@ Every call is also checked for ``crash``, ``timeout``, ``mutates-input`` (q, k, 
 ``dtype`` (each gradient in its input's dtype) and ``output-type``.
 
 >>> import numpy as np
->>> from attnlab.core.backward import attention_backward
+>>> from attnlab.core.gradients import attention_backward
 >>> from attnlab import attention_trace
 >>> def bwd(q, k, v, d_out, mask=None, scale=None):
 ...     t = attention_trace(q, k, v, mask, scale=scale, masked_rows="zero")
@@ -60,8 +60,8 @@ import numpy as np
 
 from .. import masks as _masks
 from ..core import attention_trace
-from ..core.backward import attention_backward
 from ..core.dropout import Dropout
+from ..core.gradients import attention_backward
 from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dtype_name, round_to
 from .callables import signature_of
 from .cases import LENGTH_FORMS
@@ -135,7 +135,7 @@ GRAD_FIXES: dict[str, str] = {
     "dO and dP = (dO Vᵀ) ∘ keep/(1-p)",
     "grad-batch-leak": "keep batch and head axes separate in the backward (no reshape across them, no sums over "
     "them except GQA's group sum)",
-    "grad-mismatch": "compare one failing case step by step with attnlab.core.backward.attention_backward (dV, dP, "
+    "grad-mismatch": "compare one failing case step by step with attnlab.core.gradients.attention_backward (dV, dP, "
     "delta, dS, dQ, dK)",
 }
 for _code in ("crash", "timeout", "dtype", "mutates-input", "output-type", "reference-mismatch"):
@@ -550,7 +550,7 @@ def golden_out_lse(case: GradCase, mapping: str = "interleave") -> tuple[np.ndar
 
 
 def golden_grads(case: GradCase, mapping: str = "interleave") -> dict[str, np.ndarray | None]:
-    """attnlab's analytic float64 gradients of ``case`` (:func:`attnlab.core.backward.attention_backward`), K/V
+    """attnlab's analytic float64 gradients of ``case`` (:func:`attnlab.core.gradients.attention_backward`), K/V
     gradients summed over GQA groups; fully masked rows give zero gradient."""
     q = case.q
     h, h_kv = q.shape[-3], case.k.shape[-3]

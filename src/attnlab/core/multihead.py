@@ -25,8 +25,8 @@ from .._arrays import compute_dtypes, namespace, shape_of
 from ..errors import DTypeError, OptionError, RangeError, ShapeError
 from ..validate import check_choice, check_float, check_int
 from .attention import DEFAULT_MAX_BYTES, AttentionTrace, attention_trace
-from .backward import attention_backward, upstream_gradient
 from .dropout import Dropout, apply_dropout, check_p, make_dropout
+from .gradients import attention_backward, upstream_gradient
 from .inputs import Causal, MaskedRows, as_array, cast_checked, check_finite, max_abs
 
 __all__ = [
@@ -622,7 +622,7 @@ class MultiHeadGrads:
           a bias gradient is ``None`` where the layer has no bias);
         * ``dbias``: as the forward's ``bias`` (``None`` without one; also readable as ``dattn_bias``, its old
           name);
-        * ``heads``: the core's :class:`~attnlab.core.backward.AttentionGrads` of the heads
+        * ``heads``: the core's :class:`~attnlab.core.gradients.AttentionGrads` of the heads
           (``dq [B, h, n_q, d]``, ``dk, dv [B, h, n_k, d]`` before the kv groups are summed).
     """
 
@@ -647,7 +647,7 @@ def multi_head_backward(result: MultiHeadResult, d_out: Any) -> MultiHeadGrads:
     """Backward pass of :func:`multi_head_attention`: gradients for the inputs, every weight and bias.
 
     Uses the forward's trace and dropout mask: ``dW_O = Hᵀ dO``, ``dH = dO W_Oᵀ``, the core's
-    :func:`~attnlab.core.backward.attention_backward` per head, the kv-group sums of GQA, then
+    :func:`~attnlab.core.gradients.attention_backward` per head, the kv-group sums of GQA, then
     ``dW_Q = X_qᵀ dQ``, ``dX_q = dQ W_Qᵀ`` (and likewise for K and V from ``X_kv``).
 
     Args:

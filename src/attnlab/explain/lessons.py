@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import masks as _masks
 from ..core import attention_trace
-from ..core.backward import attention_backward
+from ..core.gradients import attention_backward
 from ..errors import ShapeError
 from ..i18n import localized
 from .fmt import num, vec
