@@ -68,7 +68,7 @@ def _flash_class() -> Any:
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx: Any, d_out: Any, d_lse: Any) -> Any:
-            from .tiled.backward import backward
+            from .tiled.gradients import backward
             from .tiled.plan import make_plan
 
             q, k, v, bias, out, lse = ctx.saved_tensors
