@@ -16,8 +16,8 @@ import torch
 import attnlab
 from attnlab import attention_trace
 from attnlab.checker import UsageError, check, check_backward
-from attnlab.checker.backward import BACKWARD_CODES, GRAD_FIXES, GRAD_PROBES, GradCase, golden_grads
 from attnlab.checker.grad_hypotheses import Variant, attention_grads, hypotheses
+from attnlab.checker.gradient_oracle import BACKWARD_CODES, GRAD_FIXES, GRAD_PROBES, GradCase, golden_grads
 from attnlab.core.dropout import Dropout
 from attnlab.core.gradients import attention_backward
 from attnlab.testing import assert_attention_grads_correct, assert_grads_close

@@ -6,7 +6,7 @@ from __future__ import annotations
 from heldout2_backward import CASES
 from heldout2_backward.verify_set import CLAIMS, verify_all
 
-from attnlab.checker.backward import GRAD_FIXES
+from attnlab.checker.gradient_oracle import GRAD_FIXES
 from attnlab.checker.probes import FIXES
 
 

@@ -167,18 +167,18 @@ def assert_attention_grads_correct(fn_or_bwd: Callable[..., Any] | str, **option
     ``fn_or_bwd`` is a forward (PyTorch or JAX: its own gradients are checked, forward battery first), a
     hand-written backward ``bwd(q, k, v, d_out, ...)`` or ``bwd(q, k, v, out, lse, d_out, ...)`` (detected from
     its parameter names; checked alone, or with ``forward=fwd``), or a target string. ``options`` are those of
-    :func:`attnlab.checker.check` / :func:`attnlab.checker.backward.check_backward` (``backward=bwd`` checks ``fn``
+    :func:`attnlab.checker.check` / :func:`attnlab.checker.check_backward` (``backward=bwd`` checks ``fn``
     as the forward of ``bwd``). Returns the :class:`~attnlab.checker.Report` when clean.
     """
     from .checker import check
-    from .checker.backward import check_backward, detect_kind
+    from .checker.gradient_oracle import check_backward, detect_kind
 
     if "backward" in options:
         report = check(fn_or_bwd, **options)
     else:
         fn = fn_or_bwd
         if isinstance(fn, str):
-            from .checker.backward import load_callable
+            from .checker.gradient_oracle import load_callable
 
             fn = load_callable(fn)
         if detect_kind(fn) == "autograd" and "forward" not in options and options.get("kind") in (None, "autograd"):

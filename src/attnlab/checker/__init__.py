@@ -226,9 +226,9 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
         kind=r.kind,
         mode=r.mode,
     )
-    backward = spec.backward  # the gradient battery after the forward's (attnlab.checker.backward)
+    backward = spec.backward  # the gradient battery after the forward's (attnlab.checker.gradient_oracle)
     if backward is not None:
-        from .backward import with_backward
+        from .gradient_oracle import with_backward
 
         return with_backward(
             report,
@@ -245,8 +245,8 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
 
 
 def check_backward(bwd: Callable[..., Any] | str, forward: Any = None, **options: Any) -> Report:
-    """Check a hand-written attention backward alone (see :func:`attnlab.checker.backward.check_backward`)."""
-    from .backward import check_backward as _check_backward
+    """Check a hand-written attention backward alone (see :func:`attnlab.checker.gradient_oracle.check_backward`)."""
+    from .gradient_oracle import check_backward as _check_backward
 
     return _check_backward(bwd, forward, **options)
 

@@ -178,7 +178,9 @@ def execute_call(adapter: Adapter, req: CallRequest) -> CallResult:
     """Build the call, call the function in this thread, translate its return value and look for input writes."""
     try:
         build = getattr(adapter, "build_request", None)
-        if build is not None:  # the gradient battery's adapter (attnlab.checker.backward) reads the whole request
+        if (
+            build is not None
+        ):  # the gradient battery's adapter (attnlab.checker.gradient_oracle) reads the whole request
             args, kwargs = build(req)
         else:
             args, kwargs = adapter.build_call(

@@ -401,7 +401,7 @@ class Spec:
     )
     backward: object = option(  # True, a callable, a target string or None
         None,
-        "also run the gradient battery (``attnlab.checker.backward``): True differentiates the function itself "
+        "also run the gradient battery (``attnlab.checker.gradient_oracle``): True differentiates the function itself "
         "(PyTorch autograd, ``jax.vjp``; a NumPy function has none: UsageError); a callable or target string is "
         "a hand-written backward ``bwd(q, k, v, d_out, ...)`` or ``bwd(q, k, v, out, lse, d_out, ...)`` checked "
         "with the function as its forward (see ``check_backward``). On the command line ``--backward`` alone, or "

@@ -106,7 +106,7 @@ def serve(fd: int) -> None:
         conn.send(("import-error", CallError.from_exception(err, tb=traceback.format_exc(limit=-5))))
         return
     try:
-        make = getattr(init["spec"], "make_adapter", None)  # the gradient battery's (attnlab.checker.backward)
+        make = getattr(init["spec"], "make_adapter", None)  # the gradient battery's (attnlab.checker.gradient_oracle)
         adapter = make(fn) if make is not None else Adapter(fn, init["spec"])
     except UsageError as err:
         conn.send(("usage", str(err)))
