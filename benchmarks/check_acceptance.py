@@ -2,7 +2,7 @@
 the checker, in-process, with what was expected, what was found and the verdict, then the acceptance rates.
 
 Run: ``PYTHONPATH=src python benchmarks/check_acceptance.py`` (the forward set; ``--backward`` the held-out backward
-passes of ``tests/heldout/backward.py``; ``--set 2`` the second held-out sets, ``tests/heldout2/`` and
+passes of ``tests/heldout/backward_passes.py``; ``--set 2`` the second held-out sets, ``tests/heldout2/`` and
 ``tests/heldout2_backward/``, written later by other authors; ``--json`` for machine-readable rows). Exit status 0
 when the acceptance rule holds, 1 when it does not.
 """
@@ -32,7 +32,7 @@ def backward_cases(which: int) -> list:
     if which == 2:
         from heldout2_backward import CASES
     else:
-        from heldout.backward import CASES
+        from heldout.backward_passes import CASES
     return CASES
 
 
@@ -75,7 +75,7 @@ def rows(cases: list) -> list[dict]:
 
 def backward_rows(cases: list) -> list[dict]:
     """The held-out backward passes (``attnlab check --backward`` / ``check_backward``), as :func:`rows`."""
-    from heldout.backward import run_check
+    from heldout.backward_passes import run_check
 
     out = []
     for case in cases:

@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 from heldout import judge, run_case
-from heldout.backward import run_check
+from heldout.backward_passes import run_check
 from heldout2 import all_cases
 from heldout2_backward import CASES as BACKWARD
 

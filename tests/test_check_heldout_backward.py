@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from heldout.backward import CASES, RCP_LN2, run_check
+from heldout.backward_passes import CASES, RCP_LN2, run_check
 
 BUGGY = [c for c in CASES if c.primary]
 CORRECT = [c for c in CASES if not c.primary]

@@ -1,10 +1,11 @@
 """A second held-out set of attention backward passes (issue 14 acceptance), written apart from the first.
 
-Same contract as ``tests/heldout/backward.py``: each :class:`~heldout.backward.BackwardCase` is run by
-:func:`~heldout.backward.run_check` (``options["backward"] is True``: ``attnlab.check(fn, **options)``, gradients by
-autograd / ``jax.vjp``; otherwise ``attnlab.check_backward(fn, **options)``). The checker is never tuned on this
-package; ``verify_set.py`` checks, against torch autograd in float64, that the correct cases are correct and that
-each buggy case differs the way its ``primary`` code says (tests/test_heldout2_backward_set.py runs it).
+Same contract as ``tests/heldout/backward_passes.py``: each :class:`~heldout.backward_passes.BackwardCase` is
+run by :func:`~heldout.backward_passes.run_check` (``options["backward"] is True``: ``attnlab.check(fn,
+**options)``, gradients by autograd / ``jax.vjp``; otherwise ``attnlab.check_backward(fn, **options)``). The
+checker is never tuned on this package; ``verify_set.py`` checks, against torch autograd in float64, that the
+correct cases are correct and that each buggy case differs the way its ``primary`` code says
+(tests/test_heldout2_backward_set.py runs it).
 
 The styles, re-written in our own words (never copied), each after public code:
 
@@ -42,7 +43,7 @@ import functools
 import math
 
 import numpy as np
-from heldout.backward import BackwardCase
+from heldout.backward_passes import BackwardCase
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
