@@ -131,13 +131,12 @@ def test_peak_memory_sees_a_big_allocation_even_when_reused():
         assert 30 < mb < 150
 
 
-def test_gemm_floor_moved_to_the_benchmark():
-    """The floor is the benchmark's yardstick: attnlab.bench.gemm_floor; the kernels' old path still reaches it, with a
-    FutureWarning, for one release."""
+def test_gemm_floor_lives_in_the_benchmark_only():
+    """The floor is the benchmark's yardstick: attnlab.bench.gemm_floor; the kernels' old path is gone (0.2.0)."""
     from attnlab.kernels import tiled
 
-    with pytest.warns(FutureWarning, match=r"moved to attnlab.bench.gemm_floor"):
-        assert tiled.gemm_floor is gemm_floor
+    with pytest.raises(AttributeError, match="gemm_floor"):
+        tiled.gemm_floor  # noqa: B018 (the attribute access is the test)
 
 
 def test_gemm_floor_is_the_blocked_products():

@@ -56,8 +56,6 @@ exponential runs, and how scores become its argument). The GEMM floor that ``att
 :mod:`attnlab.bench`.
 """
 
-from typing import Any
-
 from .exponentials import Exponential, exponential
 from .forward import FlashResult, flash_attention
 from .gradients import FlashGrads, flash_attention_backward
@@ -74,21 +72,3 @@ __all__ = [
     "flash_attention",
     "flash_attention_backward",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    """``gemm_floor`` moved to :func:`attnlab.bench.gemm_floor` (it is the benchmark's yardstick, not a kernel); the
-    old path works for one release, with a :class:`FutureWarning`."""
-    if name == "gemm_floor":
-        import warnings
-
-        from ...bench import gemm_floor
-
-        warnings.warn(
-            "attnlab.kernels.tiled.gemm_floor moved to attnlab.bench.gemm_floor; the old path will be removed in the "
-            "next release",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return gemm_floor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
