@@ -63,16 +63,15 @@ def test_console_script_runs():
     assert "0.6698" in out.stdout
 
 
-def test_moved_modules_keep_their_public_names():
-    """Weight import/export left the core for attnlab.weights_io, the permutation demo for attnlab.explain; the old
-    names reach the same objects (``attnlab.permutation_demo`` is loaded on first use, not by ``import attnlab``)."""
+def test_moved_names_live_in_one_place_only():
+    """Weight import/export left the core for attnlab.weights_io, the permutation demo for attnlab.explain (0.2.0: the
+    old paths are gone, no shim); ``attnlab.permutation_demo`` is loaded on first use, not by ``import attnlab``."""
     code = (
-        "import sys, attnlab; print('attnlab.explain' in sys.modules); "
-        "from attnlab.core import weights_io; import attnlab.core.rope as rope; "
-        "from attnlab.explain import permutation; "
-        "print(weights_io.to_bert is attnlab.weights_io.to_bert, "
-        "attnlab.permutation_demo is permutation.permutation_demo, "
-        "rope.permutation_demo is permutation.permutation_demo, attnlab.PermutationDemo is permutation.PermutationDemo)"
+        "import sys, importlib, attnlab; print('attnlab.explain' in sys.modules); "
+        "import attnlab.core.rope as rope; from attnlab.explain import permutation; "
+        "print(attnlab.permutation_demo is permutation.permutation_demo, "
+        "attnlab.PermutationDemo is permutation.PermutationDemo, hasattr(rope, 'permutation_demo'), "
+        "importlib.util.find_spec('attnlab.core.weights_io') is None)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "True", "True", "True", "True"]
+    assert out.split() == ["False", "True", "True", "False", "True"]

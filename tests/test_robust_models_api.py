@@ -308,7 +308,7 @@ def test_docs_models_examples_run():
 def test_model_names_import_without_torch_or_transformers():
     code = (
         "import sys; from attnlab.models import MiniLM, load_minilm, load_smollm2, smollm2_gguf_path, LlamaModel, "
-        "generate, llama_forward, intervene, InterventionResult; import attnlab.core.weights_io; "
+        "generate, llama_forward, intervene, InterventionResult; import attnlab.weights_io; "
         "print(sorted({'torch', 'transformers', 'matplotlib', 'tokenizers', 'gguf'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -218,13 +218,3 @@ def half_to_interleaved(w: Any, num_heads: int) -> np.ndarray:
     [0, 1, 2, 3, 4, 5, 6, 7]
     """
     return _permute_rows(w, num_heads, to_half=False)
-
-
-def __getattr__(name: str) -> Any:
-    """``permutation_demo`` and ``PermutationDemo`` moved to :mod:`attnlab.explain.permutation` (a teaching demo,
-    not part of the core); the old names stay importable from here for a release."""
-    if name in ("PermutationDemo", "permutation_demo"):
-        from ..explain import permutation
-
-        return getattr(permutation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
