@@ -13,7 +13,7 @@ for terminals, pipes, markdown and JSON, and every text in English or Chinese (:
 
 from .i18n import LANGS, tr
 from .inputs import load_inputs, load_mask, load_matrix, parse_mask, parse_matrix, parse_tokens
-from .lessons import explain_backward, explain_dropout, explain_lesson
+from .lessons import explain_backward, explain_dropout, explain_example, explain_lesson
 from .mistakes import MISTAKES, Mistake, compare
 from .online import explain_online
 from .render import print_rich, to_dict, to_markdown, to_text
@@ -22,7 +22,6 @@ from .steps import (
     Setup,
     Step,
     explain,
-    explain_example,
     explain_setup,
     explain_softmax,
     explain_weighted_average,

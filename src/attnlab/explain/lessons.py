@@ -25,9 +25,17 @@ from ..errors import ShapeError
 from ..i18n import localized
 from .fmt import num, vec
 from .i18n import check_lang, tr
-from .steps import Explanation, Setup, Step, explain_softmax, setup_from_example
+from .steps import (
+    Explanation,
+    Setup,
+    Step,
+    explain_setup,
+    explain_softmax,
+    explain_weighted_average,
+    setup_from_example,
+)
 
-__all__ = ["LESSON_FUNCTIONS", "explain_backward", "explain_dropout", "explain_lesson"]
+__all__ = ["LESSON_FUNCTIONS", "explain_backward", "explain_dropout", "explain_example", "explain_lesson"]
 
 
 def _labels(prefix: str, n: int) -> tuple[str, ...]:
@@ -875,3 +883,25 @@ def explain_lesson(name: str, lang: str = "en") -> Explanation:
     if name not in LESSON_FUNCTIONS:
         raise KeyError(f"no lesson {name!r}; choose one of {', '.join(LESSON_FUNCTIONS)}")
     return LESSON_FUNCTIONS[name](lang)
+
+
+def explain_example(name: str, *, lang: str = "en", **options: Any) -> Explanation:
+    """The worked example or lesson ``name`` of :mod:`attnlab.articles`, step by step (``options`` as for
+    :func:`explain`; ``lang`` "en" or "zh").
+
+    >>> explain_example("2x2").weights.round(4).tolist()
+    [[0.6698, 0.3302], [0.3302, 0.6698]]
+    """
+    from ..articles import LESSONS, example
+
+    lang = check_lang(lang)
+    ex = example(name)
+    if name in LESSONS:
+        return explain_lesson(name, lang)
+    title = tr(f"title.{name}", lang)
+    source = tr("render.article", lang, source=tr(f"source.{name}", lang))
+    if ex.weights is not None:
+        return explain_weighted_average(ex.weights, ex.v, title=title, source=source, lang=lang)
+    if ex.logits:
+        return explain_softmax(*ex.logits, title=title, source=source, lang=lang)
+    return explain_setup(setup_from_example(name, lang=lang, **options), lang=lang)

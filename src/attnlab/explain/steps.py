@@ -36,7 +36,6 @@ __all__ = [
     "Setup",
     "Step",
     "explain",
-    "explain_example",
     "explain_setup",
     "explain_softmax",
     "explain_weighted_average",
@@ -689,27 +688,3 @@ def setup_from_example(name: str, **options: Any) -> Setup:
     if base["causal"] is True and ex.align is not None and np.shape(ex.q)[0] != np.shape(ex.k)[0]:
         base["causal"] = ex.align
     return Setup(np.asarray(ex.q), np.asarray(ex.k), np.asarray(ex.v), **base)
-
-
-def explain_example(name: str, *, lang: str = "en", **options: Any) -> Explanation:
-    """The worked example or lesson ``name`` of :mod:`attnlab.articles`, step by step (``options`` as for
-    :func:`explain`; ``lang`` "en" or "zh").
-
-    >>> explain_example("2x2").weights.round(4).tolist()
-    [[0.6698, 0.3302], [0.3302, 0.6698]]
-    """
-    from ..articles import LESSONS, example
-
-    lang = check_lang(lang)
-    ex = example(name)
-    if name in LESSONS:
-        from .lessons import explain_lesson
-
-        return explain_lesson(name, lang)
-    title = tr(f"title.{name}", lang)
-    source = tr("render.article", lang, source=tr(f"source.{name}", lang))
-    if ex.weights is not None:
-        return explain_weighted_average(ex.weights, ex.v, title=title, source=source, lang=lang)
-    if ex.logits:
-        return explain_softmax(*ex.logits, title=title, source=source, lang=lang)
-    return explain_setup(setup_from_example(name, lang=lang, **options), lang=lang)
