@@ -1,7 +1,7 @@
 """PyTorch autograd for the kernels: gradients flow through attnlab's own backward, never silently lost.
 
 :func:`attnlab.flash_attention` on tensors that require grad runs inside a ``torch.autograd.Function`` whose
-backward is :func:`attnlab.kernels.tiled.flash_attention_backward` (FlashAttention-2's, in O(n) memory), so
+backward is :func:`attnlab.kernels.tiled.flash_attention_backward`'s loop (FlashAttention-2's, in O(n) memory), so
 ``loss.backward()`` fills ``q.grad``, ``k.grad``, ``v.grad`` and ``bias.grad``; the output and ``lse`` are both
 differentiable. :func:`attnlab.cached_attention` does the same for the query (the cache holds detached keys and
 values: :meth:`attnlab.KVCache.append` refuses tensors that require grad). Double backward is not supported
@@ -51,43 +51,42 @@ def _flash_class() -> Any:
     import torch
 
     class FlashAttentionFunction(torch.autograd.Function):
-        """``(output, lse) = flash_attention(q, k, v, bias=bias, **options.keywords())``; backward:
-        ``flash_attention_backward``."""
+        """``(output, lse) = forward(q, k, v, bias, options)``; backward: ``backward(q, k, v, bias, options, output,
+        lse, d_out, d_lse)`` (the tiled kernel's loops, passed in by :func:`flash_function`)."""
 
         @staticmethod
-        def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, options: Any) -> Any:
-            from .tiled.forward import forward
-
+        def forward(ctx: Any, q: Any, k: Any, v: Any, bias: Any, options: Any, passes: Any) -> Any:
+            run_forward, run_backward = passes
             q_, k_, v_ = q.detach(), k.detach(), v.detach()
             b_ = None if bias is None else bias.detach()
-            output, lse = forward(q_, k_, v_, b_, options)
+            output, lse = run_forward(q_, k_, v_, b_, options)
             ctx.options = options
+            ctx.run_backward = run_backward
             ctx.save_for_backward(q_, k_, v_, b_, output, lse)
             return output, lse
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx: Any, d_out: Any, d_lse: Any) -> Any:
-            from .tiled.gradients import backward
-            from .tiled.plan import make_plan
-
             q, k, v, bias, out, lse = ctx.saved_tensors
             if d_out is None:
                 d_out = torch.zeros_like(out)
-            g = backward(make_plan(q, k, v, bias, ctx.options), out, lse, d_out, d_lse)
+            g = ctx.run_backward(q, k, v, bias, ctx.options, out, lse, d_out, d_lse)
             need = ctx.needs_input_grad
             grads = []
             for i, (x, dx) in enumerate(((q, g.dq), (k, g.dk), (v, g.dv), (bias, g.dbias))):
                 grads.append(dx.to(x.dtype) if need[i] and dx is not None else None)
-            return (*grads, None)
+            return (*grads, None, None)
 
     return FlashAttentionFunction
 
 
-def flash_function(q: Any, k: Any, v: Any, bias: Any, options: Any) -> tuple[Any, Any]:
-    """``(output, lse)`` of :func:`~attnlab.kernels.tiled.flash_attention` (``options`` its
-    :class:`~attnlab.kernels.tiled.TiledOptions`) with autograd history (q, k, v and bias
-    must be PyTorch tensors; a NumPy bias is converted, and gets no gradient)."""
+def flash_function(q: Any, k: Any, v: Any, bias: Any, options: Any, *, forward: Any, backward: Any) -> tuple[Any, Any]:
+    """``(output, lse) = forward(q, k, v, bias, options)`` with autograd history, its backward
+    ``backward(q, k, v, bias, options, output, lse, d_out, d_lse)`` (a result with ``dq, dk, dv, dbias``):
+    :func:`~attnlab.kernels.tiled.flash_attention` passes its own loops, ``options`` its
+    :class:`~attnlab.kernels.tiled.TiledOptions` (this module imports no kernel, so the kernels can import it).
+    q, k, v and bias must be PyTorch tensors; a NumPy bias is converted, and gets no gradient."""
     import torch
 
     libraries = {type(x).__module__.split(".")[0] for x in (q, k, v)}
@@ -98,7 +97,7 @@ def flash_function(q: Any, k: Any, v: Any, bias: Any, options: Any) -> tuple[Any
         )
     if bias is not None and not isinstance(bias, torch.Tensor):
         bias = torch.as_tensor(bias, device=q.device)
-    return _flash_class().apply(q, k, v, bias, options)
+    return _flash_class().apply(q, k, v, bias, options, (forward, backward))
 
 
 @functools.cache

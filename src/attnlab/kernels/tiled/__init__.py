@@ -51,15 +51,17 @@ Work is split into tasks (batch·heads × query blocks forward, batch·heads × 
 by :mod:`attnlab.kernels.threads`, with BLAS pinned to one thread per worker.
 
 The package is split by purpose: :mod:`.plan` (validated inputs, blocks, tasks and each block's mask),
-:mod:`.forward` (the forward loop), :mod:`.gradients` (the backward loop) and :mod:`.exponentials` (which
-exponential runs, and how scores become its argument). The GEMM floor that ``attnlab bench`` compares against lives in
+:mod:`.forward` (the forward loop), :mod:`.gradients` (the backward loop), :mod:`.result` (the forward's
+result, which the backward takes) and :mod:`.exponentials` (which exponential runs, and how scores become its
+argument). The GEMM floor that ``attnlab bench`` compares against lives in
 :mod:`attnlab.bench`.
 """
 
 from .exponentials import Exponential, exponential
-from .forward import FlashResult, flash_attention
+from .forward import flash_attention
 from .gradients import FlashGrads, flash_attention_backward
 from .plan import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, TiledOptions
+from .result import FlashResult
 
 __all__ = [
     "DEFAULT_BLOCK_K",

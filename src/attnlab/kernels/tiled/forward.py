@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from .. import autograd, fused
 from ..overflow import logits_overflow_error
 from ..threads import run_tasks
 from .exponentials import Units, exp_offset
+from .gradients import saved_backward
 from .plan import (
     Plan,
     PositionMask,
@@ -37,30 +38,14 @@ from .plan import (
     to_logits,
     zero_masked,
 )
+from .result import FlashResult
 
-__all__ = ["THRESHOLD", "FlashResult", "flash_attention", "forward"]
+__all__ = ["THRESHOLD", "flash_attention", "forward"]
 
 _local = threading.local()  # each worker thread's buffers (:func:`_work`)
 
 #: Row sums of ``P`` beyond which a block is recomputed with the maximum pass (and that bound V's scaling).
 THRESHOLD = {np.dtype(np.float32): 2.0**40, np.dtype(np.float64): 2.0**200}
-
-
-@dataclass(frozen=True)
-class FlashResult:
-    """The tiled forward's result, and what its backward needs: ``flash_attention_backward(result, d_out)``.
-
-    Shapes: ``output [..., n_q, d_v]`` (the caller's library and dtype), ``lse [..., n_q]`` (the caller's library,
-    compute dtype: float32 or float64): the row log-sum-exp of the logits ``Q Kᵀ · scale / temperature`` with masked
-    entries left out (the core's ``AttentionTrace.lse``), ``-inf`` on fully masked rows. ``inputs`` is the forward's
-    ``(q, k, v, bias)`` as given (references, not copies), ``options`` its :class:`TiledOptions` (the mask as a
-    :class:`~attnlab.masks.MaskSpec`, scale, temperature, policy, blocks, threads).
-    """
-
-    output: Any
-    lse: Any
-    inputs: tuple[Any, Any, Any, Any] | None = field(default=None, repr=False, compare=False)
-    options: TiledOptions = field(default_factory=TiledOptions, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -432,7 +417,7 @@ def flash_attention(  # 16 parameters: the public keywords, each a field of Tile
         num_threads=num_threads,
     )  # fmt: skip
     if autograd.wants_grad(q, k, v, bias):
-        output, lse = autograd.flash_function(q, k, v, bias, opts)
+        output, lse = autograd.flash_function(q, k, v, bias, opts, forward=forward, backward=saved_backward)
     else:
         output, lse = forward(q, k, v, bias, opts)
     return FlashResult(output=output, lse=lse, inputs=(q, k, v, bias), options=opts)

@@ -19,9 +19,9 @@ from .. import autograd, fused
 from ..overflow import gradient_overflow_error
 from ..threads import run_tasks
 from .exponentials import Units, exp_offset
-from .forward import FlashResult
 from .plan import (
     Plan,
+    TiledOptions,
     apply_mask,
     bad_array,
     bias_block,
@@ -31,8 +31,9 @@ from .plan import (
     to_caller,
     to_logits,
 )
+from .result import FlashResult
 
-__all__ = ["FlashGrads", "backward", "flash_attention_backward"]
+__all__ = ["FlashGrads", "backward", "flash_attention_backward", "saved_backward"]
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,14 @@ def backward(plan: Plan, output: Any, lse: Any, d_out: Any, d_lse: Any) -> Flash
         dv=back("dv", c.dv, plan.v_shape, cv),
         dbias=None if c.dbias is None else to_caller(plan, c.dbias.total(), name="dbias"),
     )
+
+
+def saved_backward(
+    q: Any, k: Any, v: Any, bias: Any, options: TiledOptions, output: Any, lse: Any, d_out: Any, d_lse: Any
+) -> FlashGrads:
+    """:func:`backward` from what the forward's ``torch.autograd.Function`` saved (its inputs, options, output and
+    ``lse``; shapes as in :func:`flash_attention_backward`): the backward :mod:`attnlab.kernels.autograd` runs."""
+    return backward(make_plan(q, k, v, bias, options), output, lse, d_out, d_lse)
 
 
 def flash_attention_backward(
