@@ -28,8 +28,8 @@ from dataclasses import replace
 from typing import Any
 
 from .adapters import CAPABILITIES, DTYPES, Adapter
-from .probes import FIXES, PROBES, Battery
-from .report import CODES, CORE_PROBES, ExitStatus, Finding, ProbeResult, Report, Unsupported
+from .probes import FIXES, Battery
+from .report import CODES, CORE_PROBES, PROBES, ExitStatus, Finding, ProbeResult, Report, Unsupported
 from .spec import Spec, UsageError, args_doc, keyword_signature
 from .spec import options as spec_options
 

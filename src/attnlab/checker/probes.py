@@ -51,11 +51,11 @@ from .adapters import CAPABILITIES, round_to
 from .cases import COMBOS, DTYPE_NAMES, GRID, LENGTH_FORMS, PRECISION, Geom, drawn, indent, random_mask, softmax
 from .fixes import FIXES, LEAKS, NOT_DIAGNOSES, PERTURBATION, SPECIFIC
 from .hypotheses import Context, outputs
-from .report import CORE_PROBES, Finding, ProbeResult, Unsupported
+from .report import CORE_PROBES, PROBES, Finding, ProbeResult, Unsupported
 from .runner import CallError, Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
-__all__ = ["FIXES", "PROBES", "PROBE_FUNCTIONS", "Battery", "ProbeAbort", "ProbeSkip", "probe"]
+__all__ = ["FIXES", "PROBE_FUNCTIONS", "Battery", "ProbeAbort", "ProbeSkip", "probe"]
 
 #: How many mismatching cases no hypothesis explains get perturbation experiments of their own.
 EXPERIMENT_CASES = 40
@@ -65,7 +65,10 @@ PROBE_FUNCTIONS: dict[str, Callable[[Battery], None]] = {}
 
 
 def probe(name: str) -> Callable[[Callable[[Battery], None]], Callable[[Battery], None]]:
-    """Register the decorated method as the probe ``name`` (probes run in registration order)."""
+    """Register the decorated method as the probe ``name``, one of :data:`~attnlab.checker.report.PROBES` (probes
+    run in that order, which is the order they are defined in)."""
+    if name not in PROBES or name in PROBE_FUNCTIONS:
+        raise RuntimeError(f"probe {name!r}: not in attnlab.checker.report.PROBES, or defined twice")
 
     def register(fn: Callable[[Battery], None]) -> Callable[[Battery], None]:
         PROBE_FUNCTIONS[name] = fn
@@ -1405,7 +1408,7 @@ class Battery:
 
     @property
     def probe_names(self) -> tuple[str, ...]:
-        """The battery's probes, in order (:data:`PROBES`, filled once the ``@probe`` functions are defined)."""
+        """The battery's probes, in order (:data:`~attnlab.checker.report.PROBES`)."""
         return PROBES
 
     def run_probe(self, name: str) -> None:
@@ -1564,8 +1567,8 @@ class Battery:
         return tuple(bugs), tuple(also)
 
 
-#: The probes' names, in the order they run (``probes=`` selects a subset).
-PROBES = tuple(PROBE_FUNCTIONS)
+if tuple(PROBE_FUNCTIONS) != PROBES:  # the names the options accept are the probes defined above, in their order
+    raise RuntimeError(f"attnlab.checker.report.PROBES {PROBES} != the @probe methods {tuple(PROBE_FUNCTIONS)}")
 
 
 def _change(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import missing_extra
 
-__all__ = ["CODES", "CORE_PROBES", "ExitStatus", "Finding", "ProbeResult", "Report", "Unsupported"]
+__all__ = ["CODES", "CORE_PROBES", "PROBES", "ExitStatus", "Finding", "ProbeResult", "Report", "Unsupported"]
 
 
 class ExitStatus(IntEnum):
@@ -34,6 +34,20 @@ class ExitStatus(IntEnum):
     INCOMPLETE = 3
     CHECKER_FAILURE = 4
 
+
+#: The forward battery's probes, in the order they run (``probes=`` selects a subset; each is one ``@probe``
+#: method of :class:`attnlab.checker.probes.Battery`, which refuses a name not listed here).
+PROBES = (
+    "reference",
+    "invariants",
+    "normalization",
+    "causal",
+    "padding",
+    "masked-rows",
+    "large-logits",
+    "batch",
+    "determinism",
+)
 
 #: The probes that must run (for what the function supports) before a report may say OK.
 CORE_PROBES = ("reference", "causal", "padding", "masked-rows")

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import AttnlabError, OptionError
 from ..validate import check_choice, check_int
+from .report import PROBES
 
 __all__ = [
     "CAPABILITIES",
@@ -212,8 +213,6 @@ def _backward(name: str, value: Any) -> Any:
 
 
 def _probes(name: str, value: Any) -> tuple[str, ...] | None:
-    from .probes import PROBES  # the probes import this module; by the time a Spec is built they are loaded
-
     if value is None:
         return None
     items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)
