@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnlab import cli
 from attnlab.cli import main
 from attnlab.cost import causal_pairs
 
@@ -451,7 +450,9 @@ def test_library_errors_are_one_line_even_when_they_draw(monkeypatch):
     code, out, err = call("cost", "16")
     assert code == 2 and out == ""
     assert err == "attnlab cost: error: causal: n_q=3 != n_k=2, placed how? ■ ⬚ ■ ■ pass causal='top_left'\n"
-    assert cli.one_line(ValueError("a\n\n  b  ")) == "a b"
+    from attnlab.errors import one_line
+
+    assert one_line(ValueError("a\n\n  b  ")) == "a b"
 
 
 def test_argparse_errors_have_the_same_one_line_form():

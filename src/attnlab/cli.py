@@ -19,9 +19,9 @@ import sys
 from collections.abc import Sequence
 
 from .commands import COMMANDS
-from .errors import AttnlabError
+from .errors import AttnlabError, one_line
 
-__all__ = ["main", "one_line"]
+__all__ = ["main"]
 
 
 def _flag(names: str) -> str:
@@ -99,11 +99,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = one_line(error_message(err, lang)) if lang != "en" else one_line(err)
         sys.stderr.write(tr("cli.error", lang, prog=f"attnlab {mod.NAME}", msg=msg) + "\n")
         return 2
-
-
-def one_line(err: BaseException) -> str:
-    """The message of ``err`` on one line (a library message that draws a mask has several)."""
-    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,7 @@ __all__ = [
     "logits_overflow_error",
     "masked_rows_error",
     "missing_extra",
+    "one_line",
 ]
 
 
@@ -176,3 +177,12 @@ def logits_overflow_error(
 def missing_extra(module: str, extra: str) -> MissingExtraError:
     """The error for an optional ``module`` that comes with ``pip install 'attnlab[extra]'``."""
     return MissingExtraError(f"{module} is not installed; it comes with: pip install 'attnlab[{extra}]'")
+
+
+def one_line(err: BaseException) -> str:
+    """The message of ``err`` on one line (a library message that draws a mask has several), as the commands print it.
+
+    >>> one_line(MaskError("mask: a row is empty:\\n■ ⬚\\n⬚ ⬚"))
+    'mask: a row is empty: ■ ⬚ ⬚ ⬚'
+    """
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())

@@ -18,7 +18,7 @@ from ..argtypes import float_type, int_type
 from ..checker.spec import MAX_TIMEOUT, options
 from ..checker.target import TargetError
 from ..checker.target import load_target as _load
-from ..cli import one_line
+from ..errors import one_line
 
 NAME = "check"
 HELP = "check an attention function (file.py:func or package.module:func) and name its bugs"
