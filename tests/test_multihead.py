@@ -209,7 +209,7 @@ def test_torch_inputs_stay_torch():
     np.testing.assert_allclose(r.output.numpy(), multi_head_attention(x, None, w, causal=True).output, rtol=1e-12)
 
 
-def test_weights_are_in_the_result_and_the_old_flags_warn():
+def test_weights_are_in_the_result_and_the_old_flags_are_gone():
     rng = np.random.default_rng(4)
     w = random_weights(rng, 8, 4).astype(np.float32)
     x = rng.standard_normal((2, 3, 8)).astype(np.float32)
@@ -221,13 +221,9 @@ def test_weights_are_in_the_result_and_the_old_flags_warn():
     assert r.mean_weights().shape == (2, 3, 3) and r.mean_weights().dtype == np.float32
     assert r.weights is r.weights  # computed once
     assert not np.shares_memory(r.weights, r.trace.weights)  # a copy: writing into it cannot reach the backward
-    with pytest.warns(FutureWarning, match=r"return_weights= is no longer needed: result\.weights is always there"):
-        per = multi_head_attention(x, None, w, return_weights=True, causal=True)
-    np.testing.assert_array_equal(per.weights, r.weights)
-    with pytest.warns(FutureWarning, match=r"average_weights= is no longer needed: result\.mean_weights\(\)"):
-        avg = multi_head_attention(x, None, w, average_weights=True, causal=True)
-    np.testing.assert_array_equal(avg.weights, r.mean_weights())  # as before, for a release
-    assert avg.averaged and not r.averaged
+    for old in ("return_weights", "average_weights", "attn_bias"):  # removed in 0.2.0 (CHANGELOG.md)
+        with pytest.raises(TypeError, match=rf"unexpected keyword argument '{old}'"):
+            multi_head_attention(x, None, w, causal=True, **{old: True})
 
 
 def test_inputs_are_not_modified():
@@ -351,8 +347,6 @@ def test_mixed_libraries_and_options_are_named():
         multi_head_attention(x, np.ma.masked_array(x), w)
     with pytest.raises(DTypeError, match=r"^x_q: dtype datetime64\[s\] is not supported"):
         multi_head_attention(x.astype("datetime64[s]"), None, w)
-    with pytest.raises(OptionError, match=r"^return_weights: expected one of False, True, got 'yes'$"):
-        multi_head_attention(x, None, w, return_weights="yes")
     with pytest.raises(OptionError, match=r"^training: expected one of False, True, got 1$"):
         multi_head_attention(x, None, w, training=1)
     with pytest.raises(OptionError, match=r"^n_rep: expected an int >= 1, got 1\.5$"):
@@ -361,21 +355,16 @@ def test_mixed_libraries_and_options_are_named():
         merge_heads("heads")
 
 
-def test_bias_keyword_is_the_cores_and_attn_bias_still_works_for_a_release():
-    """``bias=`` as in scaled_dot_product_attention; the old ``attn_bias=`` gives the same result and a FutureWarning;
-    the gradient is ``dbias`` (``dattn_bias`` its old name)."""
+def test_bias_keyword_is_the_cores():
+    """``bias=`` as in scaled_dot_product_attention (``attn_bias=`` was removed in 0.2.0); the gradient is
+    ``dbias``."""
     rng = np.random.default_rng(7)
     w = init_multi_head(8, 2, rng=rng)
     x = rng.standard_normal((1, 4, 8))
     bias = rng.standard_normal((2, 4, 4))
     r = multi_head_attention(x, None, w, bias=bias)
-    with pytest.warns(FutureWarning, match=r"attn_bias= is now bias="):
-        old = multi_head_attention(x, None, w, attn_bias=bias)
-    np.testing.assert_array_equal(old.output, r.output)
     ref = multi_head_attention(x, None, w)
     assert np.abs(r.output - ref.output).max() > 1e-3  # the bias is used
-    with pytest.raises(OptionError, match="attn_bias: the old name of bias=; pass one of them, not both"):
-        multi_head_attention(x, None, w, bias=bias, attn_bias=bias)
     g = multi_head_backward(r, np.ones_like(r.output))
-    assert g.dbias.shape == bias.shape and g.dattn_bias is g.dbias
+    assert g.dbias.shape == bias.shape and not hasattr(g, "dattn_bias")
     assert multi_head_backward(ref, np.ones_like(ref.output)).dbias is None

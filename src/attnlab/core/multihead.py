@@ -14,7 +14,6 @@ Shapes: ``x_q [B, n_q, d_model]``, ``x_kv [B, n_k, d_kv]``, per-head ``q [B, h, 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import KW_ONLY, dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -369,9 +368,7 @@ class MultiHeadResult:
         * ``dropout``: the :class:`~attnlab.core.dropout.Dropout` applied (keep mask ``[B, h, n_q, n_k]``), or
           ``None`` when off (evaluation, or ``dropout_p=0``);
         * ``heads [B, n_q, h * head_dim]``: the concatenated head outputs (the input of ``W_O``), compute dtype;
-        * ``x_q``, ``x_kv``: the inputs in the compute dtype (``x_kv`` is ``None`` for self attention);
-        * ``averaged``: ``True`` only under the deprecated ``average_weights=True``, where :attr:`weights` is
-          :meth:`mean_weights` as it was before (goes with the flag in the next release).
+        * ``x_q``, ``x_kv``: the inputs in the compute dtype (``x_kv`` is ``None`` for self attention).
     """
 
     output: Any
@@ -381,15 +378,11 @@ class MultiHeadResult:
     x_q: Any = field(repr=False)
     x_kv: Any | None = field(repr=False)
     params: MultiHeadWeights = field(repr=False)
-    averaged: bool = field(default=False, repr=False)
 
     @cached_property
     def weights(self) -> Any:
         """``[B, h, n_q, n_k]``: every head's softmax weights *before* dropout (rows sum to 1), in the output's dtype
-        (a copy of ``trace.weights``, which are in the compute dtype); ``[B, n_q, n_k]`` under the deprecated
-        ``average_weights=True``."""
-        if self.averaged:
-            return self.mean_weights()
+        (a copy of ``trace.weights``, which are in the compute dtype)."""
         return namespace(self.output).astype(self.trace.weights, self.output.dtype)
 
     def mean_weights(self) -> Any:
@@ -429,9 +422,6 @@ def multi_head_attention(
     rng: np.random.Generator | None = None,
     training: bool = False,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
-    attn_bias: Any = None,
-    return_weights: bool | None = None,
-    average_weights: bool | None = None,
 ) -> MultiHeadResult:
     """Multi-head attention (MHA, GQA or MQA), self or cross, with every mask option of the core.
 
@@ -452,11 +442,6 @@ def multi_head_attention(
         rng: the ``numpy.random.Generator`` dropout draws from (required when dropout is active).
         training: dropout is applied only in training mode; evaluation is deterministic.
         max_bytes: the memory limit of the dense scores, as in :func:`~attnlab.scaled_dot_product_attention`.
-        attn_bias: the old name of ``bias``, accepted with a :class:`FutureWarning` until the next release.
-        return_weights: deprecated, accepted with a :class:`FutureWarning` until the next release: the weights are
-            always in the result (``result.weights``).
-        average_weights: deprecated likewise: ``result.mean_weights()`` averages over heads; with
-            ``average_weights=True`` ``result.weights`` is still that average, as before.
 
     Returns:
         a :class:`MultiHeadResult`: ``.output [B, n_q, d_model]``, ``.weights [B, h, n_q, n_k]``,
@@ -473,11 +458,6 @@ def multi_head_attention(
     """
     if not isinstance(weights, MultiHeadWeights):
         raise DTypeError(f"weights: expected a MultiHeadWeights (see init_multi_head), got {type(weights).__name__}")
-    if attn_bias is not None:
-        if bias is not None:
-            raise OptionError("attn_bias: the old name of bias=; pass one of them, not both")
-        warnings.warn("multi_head_attention: attn_bias= is now bias= (as in the core)", FutureWarning, stacklevel=2)
-        bias = attn_bias
     x_q = as_array(x_q, "x_q")
     x_kv = as_array(x_kv, "x_kv", optional=True)
     params = weights.arrays()
@@ -498,13 +478,6 @@ def multi_head_attention(
             f"give [n_q, n_k], or add the head axis: mask[:, None] -> [B, 1, n_q, n_k]"
         )
     check_choice("training", training, (False, True))
-    for name, flag, now in (
-        ("return_weights", return_weights, "result.weights is always there"),
-        ("average_weights", average_weights, "result.mean_weights() averages the weights over heads"),
-    ):
-        if flag is not None:
-            check_choice(name, flag, (False, True))
-            warnings.warn(f"multi_head_attention: {name}= is no longer needed: {now}", FutureWarning, stacklevel=2)
     dropout_p = check_p(dropout_p)
 
     cdt, out_dtype = compute_dtypes(xp, x_q=x_q, x_kv=x_kv, **params)
@@ -539,7 +512,6 @@ def multi_head_attention(
         x_q=xq,
         x_kv=xkv,
         params=weights,
-        averaged=average_weights is True,
     )
 
 
@@ -620,8 +592,7 @@ class MultiHeadGrads:
         * ``dx_kv [B, n_k, d_kv]`` for cross attention, ``None`` for self attention;
         * ``weights``: a :class:`MultiHeadWeights` of gradients (``dW_Q`` in ``.w_q`` ..., ``dB_O`` in ``.b_o``;
           a bias gradient is ``None`` where the layer has no bias);
-        * ``dbias``: as the forward's ``bias`` (``None`` without one; also readable as ``dattn_bias``, its old
-          name);
+        * ``dbias``: as the forward's ``bias`` (``None`` without one);
         * ``heads``: the core's :class:`~attnlab.core.gradients.AttentionGrads` of the heads
           (``dq [B, h, n_q, d]``, ``dk, dv [B, h, n_k, d]`` before the kv groups are summed).
     """
@@ -631,11 +602,6 @@ class MultiHeadGrads:
     weights: MultiHeadWeights
     dbias: Any | None = None
     heads: Any = field(default=None, repr=False)
-
-    @property
-    def dattn_bias(self) -> Any | None:
-        """The old name of :attr:`dbias`."""
-        return self.dbias
 
 
 def _flat(xp: Any, x: Any) -> Any:
