@@ -187,11 +187,10 @@ def test_functional_backward_matches_autograd_and_keeps_inputs():
     saved = [x.clone() for x in (q, k, v, dO)]
     fwd = ring_attention_forward(q, k, v, causal=True, block_q=4, block_k=2)
     grads = ring_attention_backward(fwd, dO)
-    with pytest.warns(FutureWarning, match=r"is now ring_attention_backward\(result, d_out\)"):
-        old = ring_attention_backward(dO, q, k, v, fwd.output, fwd.lse, causal=True, block_q=4, block_k=2)
-    assert all(torch.equal(a, b) for a, b in zip((grads.dq, grads.dk, grads.dv), (old.dq, old.dk, old.dv), strict=True))
-    with pytest.raises(attnlab.OptionError, match=r"got causal; the forward's RingResult already holds"):
-        ring_attention_backward(fwd, dO, causal=True)
+    with pytest.raises(attnlab.DTypeError, match=r"^result: expected the RingResult .* got Tensor"):
+        ring_attention_backward(dO, q)  # the old (dO, q, k, v, output, lse) spelling is gone (0.2.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'causal'"):
+        ring_attention_backward(fwd, dO, causal=True)  # the result holds the forward's options
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     ring_attention(*leaves, causal=True).backward(dO)
     for a, b in zip((grads.dq, grads.dk, grads.dv), leaves, strict=True):
@@ -200,17 +199,15 @@ def test_functional_backward_matches_autograd_and_keeps_inputs():
     assert grads.dq.dtype == torch.float32 and fwd.lse.dtype == torch.float32
 
 
-def test_lengths_is_a_deprecated_spelling_of_key_lengths():
-    """``lengths=`` (the ring's old name) still works for a release, with a FutureWarning; both at once is an error."""
+def test_key_lengths_is_the_only_spelling():
+    """``key_lengths=`` hides padded keys; the ring's old ``lengths=`` is gone (0.2.0)."""
     q = torch.randn(2, 1, 6, 4, dtype=torch.float64)
-    with pytest.warns(FutureWarning, match=r"lengths= is now key_lengths="):
-        old = ring_attention_forward(q, q, q, lengths=[6, 3])
     new = ring_attention_forward(q, q, q, key_lengths=[6, 3])
-    assert torch.equal(old.output, new.output)
     ref = attnlab.scaled_dot_product_attention(q, q, q, mask=masks.key_padding([6, 3], 6))
     assert torch.allclose(new.output, ref, atol=1e-12)
-    with pytest.raises(attnlab.OptionError, match="lengths: the deprecated name of key_lengths"):
-        ring_attention(q, q, q, lengths=[6, 3], key_lengths=[6, 3])
+    for fn in (ring_attention_forward, ring_attention):
+        with pytest.raises(TypeError, match="unexpected keyword argument 'lengths'"):
+            fn(q, q, q, lengths=[6, 3])
 
 
 def test_masked_rows_policy_at_one_rank():

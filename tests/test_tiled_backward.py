@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import attnlab
 from attnlab import masks
 from attnlab.core.gradients import attention_backward
-from attnlab.errors import MaskedRowError, NonFiniteError, OptionError, ShapeError
+from attnlab.errors import DTypeError, MaskedRowError, NonFiniteError, ShapeError
 from attnlab.kernels.tiled import flash_attention, flash_attention_backward
 
 
@@ -134,25 +134,12 @@ def test_backward_errors():
         flash_attention_backward(dataclasses.replace(f, lse=f.lse[:, :9]), q)
     with pytest.raises(NonFiniteError, match="lse: holds NaN"):
         flash_attention_backward(dataclasses.replace(f, lse=np.full((2, 10), np.nan)), q)
-    with pytest.raises(OptionError, match=r"got causal; the forward's FlashResult already holds its inputs"):
-        flash_attention_backward(f, q, causal=True)
-    with pytest.raises(OptionError, match=r"expected \(result, d_out\).*got 3 positional"):
+    with pytest.raises(DTypeError, match=r"^result: expected the FlashResult flash_attention returned .* got ndarray"):
+        flash_attention_backward(q, q)  # the old (q, k, v, output, lse, d_out) spelling is gone (0.2.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'causal'"):
+        flash_attention_backward(f, q, causal=True)  # the result holds the forward's options
+    with pytest.raises(TypeError, match="positional argument"):
         flash_attention_backward(q, q, q)
-
-
-def test_the_old_spelling_is_a_thin_wrapper_for_a_release():
-    """``flash_attention_backward(q, k, v, output, lse, d_out, **options)`` still works, with a FutureWarning, and
-    gives the gradients of the new ``(result, d_out)``."""
-    rng = np.random.default_rng(8)
-    q, k, v, d_o = (rng.standard_normal((2, 30, 4)) for _ in range(4))
-    bias = rng.standard_normal((30, 30))
-    kw = dict(causal=True, window=9, bias=bias, temperature=1.3, block_q=8, block_k=16)
-    f = flash_attention(q, k, v, **kw)
-    new = flash_attention_backward(f, d_o)
-    with pytest.warns(FutureWarning, match=r"is now flash_attention_backward\(result, d_out\)"):
-        old = flash_attention_backward(q, k, v, f.output, f.lse, d_o, **kw)
-    for a, b in zip((new.dq, new.dk, new.dv, new.dbias), (old.dq, old.dk, old.dv, old.dbias), strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 @given(

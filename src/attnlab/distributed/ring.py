@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,21 +284,6 @@ class RingOptions:
     block_q: int = _DEFAULT_BLOCK
     block_k: int = _DEFAULT_BLOCK
     group: Any = None
-
-
-def _key_lengths(key_lengths: Any, lengths: Any) -> Any:
-    """``key_lengths``, or the deprecated ``lengths=`` (a :class:`FutureWarning`; removed in the next release)."""
-    if lengths is None:
-        return key_lengths
-    if key_lengths is not None:
-        raise OptionError("lengths: the deprecated name of key_lengths; pass key_lengths= alone")
-    warnings.warn(
-        "ring attention's lengths= is now key_lengths= (the name attnlab.flash_attention uses); lengths= will be "
-        "removed in the next release",
-        FutureWarning,
-        stacklevel=3,
-    )
-    return lengths
 
 
 def _structure(o: RingOptions, lead: tuple[int, ...]) -> MaskSpec:
@@ -645,7 +629,6 @@ def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptio
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
     group: Any = None,
-    lengths: Any = None,
 ) -> RingResult:
     """Exact attention for this rank's queries over the whole (sharded) sequence; call it on every rank of ``group``.
 
@@ -660,8 +643,7 @@ def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptio
             *global* positions.
         scale: multiplies ``q kᵀ``; default ``1/sqrt(d_k)``.
         key_lengths: ``[B]`` (or one shared) key lengths: key j of sequence b is padding when j >= key_lengths[b]
-            (needs q ``[B, ..., h, n_r, d_k]``). ``lengths=``, its old name, still works for one release (a
-            FutureWarning).
+            (needs q ``[B, ..., h, n_r, d_k]``).
         query_lengths: ``[B]``: queries at i >= query_lengths[b] are padding; their rows are fully masked.
         layout: how the sequence was sharded: ``"contiguous"`` or ``"zigzag"`` (balanced causal work), see
             :class:`~attnlab.distributed.RingLayout`. Global n is the sum of the ranks' shard lengths.
@@ -681,9 +663,7 @@ def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptio
     >>> bool(torch.allclose(r.output, ref)), r.stats.tiles_skipped
     (True, 3)
     """
-    options = RingOptions(
-        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
-    )
+    options = RingOptions(causal, scale, key_lengths, query_lengths, layout, masked_rows, block_q, block_k, group)
     plan = _make_plan(q, k, v, options)
     out, lse, stats = _forward(plan, q, k, v)
     return RingResult(
@@ -698,7 +678,7 @@ def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptio
     )
 
 
-def ring_attention_backward(result: RingResult, d_out: Any, *legacy: Any, **old: Any) -> RingGrads:
+def ring_attention_backward(result: RingResult, d_out: Any) -> RingGrads:
     """Gradients for this rank's ``q, k, v`` shards from its forward's result and ``d_out = ∂loss/∂output``.
 
     ``result`` is this rank's :class:`RingResult` (its output, ``lse``, inputs and options: nothing is repeated, no
@@ -707,9 +687,6 @@ def ring_attention_backward(result: RingResult, d_out: Any, *legacy: Any, **old:
     Shapes: ``d_out [..., h, n_r, d_v]``; returns :class:`RingGrads` ``dq [..., h, n_r, d_k]``,
     ``dk [..., h_kv, n_r', d_k]``, ``dv [..., h_kv, n_r', d_v]``.
 
-    The old spelling ``ring_attention_backward(dO, q, k, v, output, lse, **forward_options)`` still works for one
-    release, with a :class:`FutureWarning`.
-
     >>> import torch
     >>> q = torch.randn(1, 2, 6, 4, dtype=torch.float64)
     >>> fwd = ring_attention_forward(q, q, q, causal=True, block_q=4, block_k=2)
@@ -717,12 +694,9 @@ def ring_attention_backward(result: RingResult, d_out: Any, *legacy: Any, **old:
     torch.Size([1, 2, 6, 4])
     """
     if not isinstance(result, RingResult):
-        return _legacy_backward(result, d_out, legacy, old)
-    if legacy or old:
-        extra = ", ".join([f"{len(legacy)} more positional argument(s)"] * bool(legacy) + sorted(old))
-        raise OptionError(
-            f"ring_attention_backward(result, d_out): got {extra}; the forward's RingResult already holds its "
-            f"inputs and options"
+        raise _errors.DTypeError(
+            f"result: expected the RingResult ring_attention_forward returned (it holds the forward's inputs and "
+            f"options), got {type(result).__name__}"
         )
     if result.inputs is None or result.options is None:
         raise OptionError(
@@ -741,26 +715,6 @@ def _gradients(q: Any, k: Any, v: Any, output: Any, lse: Any, d_out: Any, option
             raise ShapeError(f"{name}: expected a tensor of shape {tuple(shape)}, got {got}")
     dq, dk, dv, stats = _backward(plan, d_out, q, k, v, output, lse)
     return RingGrads(dq=dq, dk=dk, dv=dv, stats=stats)
-
-
-def _legacy_backward(dO: Any, q: Any, rest: tuple, old: dict[str, Any]) -> RingGrads:
-    """The old ``ring_attention_backward(dO, q, k, v, output, lse, **forward_options)``, for one release."""
-    if len(rest) != 4:
-        raise OptionError(
-            f"ring_attention_backward: expected (result, d_out) (the forward's RingResult), or the old "
-            f"(dO, q, k, v, output, lse), got {2 + len(rest)} positional arguments"
-        )
-    warnings.warn(
-        "ring_attention_backward(dO, q, k, v, output, lse, **options) is now ring_attention_backward(result, d_out), "
-        "with the forward's RingResult (which holds its inputs and options); the old spelling will be removed in "
-        "the next release",
-        FutureWarning,
-        stacklevel=3,
-    )
-    k, v, output, lse = rest
-    old = dict(old)
-    old["key_lengths"] = _key_lengths(old.get("key_lengths"), old.pop("lengths", None))
-    return _gradients(q, k, v, output, lse, dO, RingOptions(**old))
 
 
 class _RingAttentionFunction(torch.autograd.Function):
@@ -793,7 +747,6 @@ def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
     group: Any = None,
-    lengths: Any = None,
 ) -> Any:
     """Differentiable ring attention: :func:`ring_attention_forward`'s ``output``, with a backward that runs the
     ring again (``loss.backward()`` on every rank gives each rank the gradients of its own shards).
@@ -807,8 +760,6 @@ def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
     >>> q.grad.shape
     torch.Size([2, 5, 3])
     """
-    options = RingOptions(
-        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
-    )
+    options = RingOptions(causal, scale, key_lengths, query_lengths, layout, masked_rows, block_q, block_k, group)
     plan = _make_plan(q, k, v, options)
     return _RingAttentionFunction.apply(q, k, v, plan)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +26,6 @@ from .plan import (
     bias_block,
     empty_rows_error,
     make_plan,
-    options,
     to_caller,
     to_logits,
 )
@@ -266,9 +264,7 @@ def saved_backward(
     return backward(make_plan(q, k, v, bias, options), output, lse, d_out, d_lse)
 
 
-def flash_attention_backward(
-    result: FlashResult, d_out: Any, *legacy: Any, d_lse: Any = None, **old: Any
-) -> FlashGrads:
+def flash_attention_backward(result: FlashResult, d_out: Any, *, d_lse: Any = None) -> FlashGrads:
     """FlashAttention-2's backward: gradients of the tiled forward from its result in O(n) memory.
 
     ``P`` is recomputed block by block from ``lse``; ``delta = rowsum(dO ∘ O) - dlse``, ``dV = Pᵀ dO``,
@@ -289,10 +285,8 @@ def flash_attention_backward(
         GQA-shared heads) in the inputs' library and dtype; ``dbias`` is None without a bias, and is accumulated
         in the bias's own shape (its memory, not ``[..., n_q, n_k]``, unless the bias is that large).
 
-    The old spelling ``flash_attention_backward(q, k, v, output, lse, d_out, **forward_options)`` still works for
-    one release, with a :class:`FutureWarning`: a thin wrapper that builds the :class:`FlashResult`. For an output
-    and lse that came from elsewhere, build it yourself: ``FlashResult(output, lse, inputs=(q, k, v, bias),
-    options=TiledOptions.of(**forward_options))``.
+    For an output and lse that came from elsewhere, build the result yourself: ``FlashResult(output, lse,
+    inputs=(q, k, v, bias), options=TiledOptions.of(**forward_options))``.
 
     The gradients carry no autograd history (no double backward): with PyTorch tensors that require grad and
     grad mode on, this raises :class:`~attnlab.errors.DTypeError` rather than return tensors that would silently
@@ -312,12 +306,10 @@ def flash_attention_backward(
     ((3, 50, 8), (3, 50, 8), (3, 50, 8))
     """
     if not isinstance(result, FlashResult):
-        return _legacy_backward(result, d_out, legacy, d_lse, old)
-    if legacy or old:
-        extra = ", ".join([f"{len(legacy)} more positional argument(s)"] * bool(legacy) + sorted(old))
-        raise OptionError(
-            f"flash_attention_backward(result, d_out): got {extra}; the forward's FlashResult already holds its "
-            f"inputs and options"
+        raise DTypeError(
+            f"result: expected the FlashResult flash_attention returned (it holds the forward's inputs and options), "
+            f"got {type(result).__name__}; for an output and lse from elsewhere build FlashResult(output, lse, "
+            f"inputs=(q, k, v, bias), options=TiledOptions.of(**forward_options))"
         )
     if result.inputs is None:
         raise OptionError(
@@ -327,24 +319,3 @@ def flash_attention_backward(
     output, lse = result.output, result.lse
     autograd.refuse_grad("flash_attention_backward", q=q, k=k, v=v, output=output, lse=lse, d_out=d_out, bias=bias)
     return backward(make_plan(q, k, v, bias, result.options), output, lse, d_out, d_lse)
-
-
-def _legacy_backward(q: Any, k: Any, rest: tuple, d_lse: Any, old: dict[str, Any]) -> FlashGrads:
-    """The old ``flash_attention_backward(q, k, v, output, lse, d_out, **forward_options)``, for one release."""
-    if len(rest) != 4:
-        raise OptionError(
-            f"flash_attention_backward: expected (result, d_out) (the forward's FlashResult), or the old "
-            f"(q, k, v, output, lse, d_out), got {2 + len(rest)} positional arguments"
-        )
-    warnings.warn(
-        "flash_attention_backward(q, k, v, output, lse, d_out, **options) is now flash_attention_backward(result, "
-        "d_out), with the forward's FlashResult (which holds its inputs and options; for an output and lse from "
-        "elsewhere build FlashResult(output, lse, inputs=(q, k, v, bias), options=TiledOptions.of(**options))); the "
-        "old spelling will be removed in the next release",
-        FutureWarning,
-        stacklevel=3,
-    )
-    v, output, lse, d_out = rest
-    bias = old.pop("bias", None)
-    result = FlashResult(output=output, lse=lse, inputs=(q, k, v, bias), options=options(**old))
-    return flash_attention_backward(result, d_out, d_lse=d_lse)
