@@ -1,9 +1,12 @@
 """The package itself: the public API, import cost, the CLI demo."""
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import attnlab
 from attnlab.cli import main
@@ -32,6 +35,40 @@ def test_import_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_import_attnlab_loads_the_core_only():
+    """A fresh ``import attnlab`` imports the core (NumPy, attnlab.core, masks, errors) and nothing else: the kernels,
+    the checker, the lab, models, explanations, plots and every optional library load on first use (PEP 562)."""
+    code = (
+        "import sys, json, attnlab; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('attnlab', 'torch', 'matplotlib', 'jax', 'rich', 'marimo', 'transformers', 'scipy', 'numba'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    loaded = set(json.loads(out))
+    for absent in ("attnlab.checker", "attnlab.lab", "attnlab.models", "attnlab.explain", "attnlab.plot",
+                   "attnlab.kernels", "attnlab.distributed", "attnlab.bench", "attnlab.weights_io", "attnlab.cli",
+                   "torch", "matplotlib", "jax", "rich", "marimo", "transformers", "scipy", "numba"):  # fmt: skip
+        assert not {m for m in loaded if m == absent or m.startswith(absent + ".")}, (absent, sorted(loaded))
+    assert {"attnlab.core", "attnlab.masks", "attnlab.errors"} <= loaded
+    assert {m.split(".")[1] for m in loaded if m.count(".") >= 1} <= {
+        "core", "masks", "errors", "validate", "_arrays"
+    }, sorted(loaded)  # fmt: skip
+
+
+def test_lazy_names_load_on_first_use():
+    """Every lazily loaded public name and module is reachable from ``attnlab`` and listed by ``dir(attnlab)``."""
+    code = (
+        "import attnlab, attnlab.kernels as K, attnlab.checker as C; "
+        "print(attnlab.flash_attention is K.flash_attention, attnlab.KVCache is K.KVCache, attnlab.check is C.check, "
+        "attnlab.invariants.__name__, attnlab.models.__name__, {'flash_attention', 'kernels', 'check'} <= "
+        "set(dir(attnlab)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "True", "attnlab.invariants", "attnlab.models", "True"]
+    with pytest.raises(AttributeError, match="module 'attnlab' has no attribute 'nope'"):
+        attnlab.nope  # noqa: B018 (the attribute access is the test)
 
 
 def test_py_typed_ships():

@@ -13,7 +13,7 @@ True means "may attend"; :mod:`attnlab.masks` converts every other convention.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-from . import cost, invariants, masks, weights_io
+from . import masks
 from .core import (
     AttentionTrace,
     attention_trace,
@@ -49,7 +49,6 @@ from .errors import (
     RangeError,
     ShapeError,
 )
-from .kernels import FlashGrads, FlashResult, KVCache, cached_attention, flash_attention, flash_attention_backward
 
 __version__ = "0.1.0"
 
@@ -108,12 +107,21 @@ __all__ = [
 
 
 if _TYPE_CHECKING:  # what the lazy names below are, for type checkers and editors
+    from . import cost, invariants, weights_io
     from .checker import Finding, Report, check, check_backward
     from .explain.permutation import PermutationDemo, permutation_demo
+    from .kernels import FlashGrads, FlashResult, KVCache, cached_attention, flash_attention, flash_attention_backward
 
-#: Public names that live in a heavier subpackage, imported on first use (PEP 562) so that ``import attnlab``
-#: loads the core only: the checker (:mod:`attnlab.checker`) and the teaching demo (:mod:`attnlab.explain`).
+#: Public names that live outside the core, imported on first use (PEP 562, as NumPy and SciPy do) so that
+#: ``import attnlab`` loads the core only (NumPy, :mod:`attnlab.core`, :mod:`attnlab.masks`,
+#: :mod:`attnlab.errors`): the kernels, the checker and the teaching demo.
 _LAZY = {
+    "FlashGrads": "kernels",
+    "FlashResult": "kernels",
+    "KVCache": "kernels",
+    "cached_attention": "kernels",
+    "flash_attention": "kernels",
+    "flash_attention_backward": "kernels",
     "Finding": "checker",
     "Report": "checker",
     "check": "checker",
@@ -122,18 +130,43 @@ _LAZY = {
     "permutation_demo": "explain.permutation",
 }
 
+#: Subpackages and modules reachable as attributes (``attnlab.kernels``, ``attnlab.invariants``, ...), imported on
+#: first use; ``cost``, ``invariants`` and ``weights_io`` are also in ``__all__``.
+_SUBMODULES = frozenset(
+    {
+        "bench",
+        "checker",
+        "cli",
+        "commands",
+        "cost",
+        "distributed",
+        "explain",
+        "invariants",
+        "kernels",
+        "lab",
+        "models",
+        "plot",
+        "testing",
+        "validate",
+        "weights_io",
+    }
+)
+
 
 def __getattr__(name: str) -> object:
-    """``attnlab.check``, ``attnlab.check_backward``, ``attnlab.Report``, ... loaded on first use (see ``_LAZY``)."""
+    """``attnlab.flash_attention``, ``attnlab.check``, ``attnlab.invariants``, ... loaded on first use (see
+    ``_LAZY`` and ``_SUBMODULES``)."""
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")  # the import binds it as an attribute of attnlab
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
