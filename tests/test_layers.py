@@ -20,16 +20,16 @@ README = ROOT / "README.md"
 
 @dataclass(frozen=True)
 class Edge:
-    """``source`` imports ``target`` (both dotted module names) at ``line``; ``where`` says how."""
+    """``source`` imports ``target`` (both dotted module names) in ``file`` at ``line``; ``where`` says how."""
 
     source: str
     target: str
+    file: str
     line: int
     where: str  # "module level" or "in function f"
 
     def __str__(self) -> str:
-        path = self.source.replace(".", "/")
-        return f"{self.source} -> {self.target} ({path}.py:{self.line}, {self.where})"
+        return f"{self.source} -> {self.target} ({self.file}:{self.line}, {self.where})"
 
 
 def modules(src: Path = SRC) -> dict[str, Path]:
@@ -61,8 +61,9 @@ def imports(mods: dict[str, Path]) -> list[Edge]:
     for mod, path in mods.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        rel = path.relative_to(path.parents[len(mod.split(".")) - (path.name != "__init__.py")]).as_posix()
 
-        def visit(node: ast.AST, where: str, mod: str = mod, package: str = package) -> None:
+        def visit(node: ast.AST, where: str, mod: str = mod, package: str = package, rel: str = rel) -> None:
             if isinstance(node, ast.If) and _is_type_checking(node.test):
                 for child in node.orelse:
                     visit(child, where)
@@ -92,7 +93,7 @@ def imports(mods: dict[str, Path]) -> list[Edge]:
             for target in targets:
                 owner = _owner(mods, target) if target.split(".")[0] == "attnlab" else None
                 if owner is not None and owner != mod:
-                    edges.append(Edge(mod, owner, getattr(node, "lineno", 0), where))
+                    edges.append(Edge(mod, owner, rel, getattr(node, "lineno", 0), where))
             for child in ast.iter_child_nodes(node):
                 visit(child, where)
 
