@@ -50,7 +50,6 @@ __all__ = [
     "CpuInfo",
     "DecodeRow",
     "LongRun",
-    "check_bench_options",
     "cpu_report",
     "decode_fit",
     "decode_minimum",
@@ -667,12 +666,6 @@ class BenchOptions:
     def kernel_options(self) -> dict[str, int | None]:
         """The tiled kernel's keywords: ``block_q``, ``block_k``, ``num_threads``."""
         return {"block_q": self.block_q, "block_k": self.block_k, "num_threads": self.num_threads}
-
-
-def check_bench_options(**options: Any) -> BenchOptions:
-    """``BenchOptions(**options)``: the options of :func:`run_bench` checked before any work (``attnlab bench``
-    calls it before it starts); kept for the callers of the keyword form."""
-    return BenchOptions(**options)
 
 
 def _time_in_process(
