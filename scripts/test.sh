@@ -6,3 +6,4 @@ bash scripts/install-test-deps.sh
 python -m ruff check .
 python -m ruff format --check .
 python -m pytest -q
+python benchmarks/bench_import.py --runs 7   # import attnlab vs import numpy (prints, asserts nothing)
