@@ -16,12 +16,12 @@ from attnlab.core.rope import (
     apply_rope_interleaved,
     half_to_interleaved,
     interleaved_to_half,
-    permutation_demo,
     rope_frequencies,
     rope_tables,
     rotate_half,
 )
 from attnlab.errors import DTypeError, OptionError, ShapeError
+from attnlab.explain.permutation import permutation_demo
 
 
 def _hf_rope(q, k, positions, base):
