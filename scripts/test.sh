@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 python -m ruff check .
 python -m ruff format --check .
+bash scripts/build-docs.sh
 python -m pytest -q
