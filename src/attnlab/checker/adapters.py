@@ -252,6 +252,8 @@ class Framework:
 
 
 class NumpyFramework(Framework):
+    """NumPy: :class:`Framework`'s defaults, and no bfloat16."""
+
     name = "numpy"
 
     def structural(self) -> dict[str, str]:

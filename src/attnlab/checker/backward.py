@@ -88,10 +88,14 @@ __all__ = [
     "with_backward",
 ]
 
+#: How the gradients are obtained: ``auto`` (from the signature), ``autograd`` (PyTorch's, through the forward),
+#: ``plain`` (a backward taking ``q, k, v, d_out``) or ``flash`` (FlashAttention-2's signature, with ``out`` and
+#: ``lse``).
 KINDS = ("auto", "autograd", "plain", "flash")
 #: ``kind="backward"`` (internal): plain or flash, decided from the signature where the function is imported.
 _ADAPTER_KINDS = (*KINDS, "backward")
 LSE_UNITS = ("nats", "log2")
+#: Every gradient probe (``probes=`` selects some).
 GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows", "grad-batch", "grad-dropout")
 #: The gradient probes that must run (for what the function supports) before a report may say OK.
 CORE_GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows")

@@ -25,6 +25,7 @@ __all__ = [
     "softmax",
 ]
 
+#: The dtypes the checker tries, by name, from the most precise.
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 
 #: Mask forms that describe sequences (a fully masked row is a sequence with no valid key).

@@ -234,6 +234,8 @@ class Varlen(Interface):
         return full
 
 
+#: Each mask interface by name (the values of the spec's ``mask_form``, :data:`attnlab.checker.spec.MASK_FORMS`), with
+#: the strategy that builds its inputs and reads its output.
 INTERFACES: dict[str, Callable[[], Interface]] = {
     "full": Full,
     "batch": PerBatch,
