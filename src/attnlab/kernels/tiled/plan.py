@@ -51,6 +51,7 @@ __all__ = [
 
 #: Default block sizes, measured with ``attnlab bench`` on the project's 2-core machines (docs/performance.md).
 DEFAULT_BLOCK_Q = 512
+#: The default key block size (see :data:`DEFAULT_BLOCK_Q`).
 DEFAULT_BLOCK_K = 512
 
 
@@ -103,6 +104,11 @@ def options(  # 13 parameters: the public keywords of flash_attention, turned in
 
 @dataclass(frozen=True)
 class Plan:
+    """Everything the forward and the backward run from, made once by :func:`make_plan`: q, k, v in the compute
+    dtype, broadcast to one batch (GQA folded into it), their sizes, scale and temperature, the sized
+    :class:`~attnlab.masks.MaskSpec` and the dense mask and bias, the block sizes and threads. Field comments give
+    each shape."""
+
     q: np.ndarray  # [*batch, n_q, d_k] (a broadcast view), compute dtype
     k: np.ndarray  # [*batch, n_k, d_k]
     v: np.ndarray  # [*batch, n_k, d_v]
@@ -483,6 +489,8 @@ def caller_index(plan: Plan, idx: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def forward_tasks(plan: Plan) -> list[tuple[tuple[int, ...], int, int]]:
+    """The forward's work items ``(batch index, i0, i1)``: one per batch element and query block, the most
+    expensive (most keys to visit) first, so that threads given the cheap ones last fill the gaps."""
     tasks = []
     for idx in np.ndindex(*plan.batch):
         for i0 in range(0, plan.n_q, plan.block_q):
