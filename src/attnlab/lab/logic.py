@@ -61,6 +61,7 @@ __all__ = [
 
 #: Bounds that keep the page responsive: at most MAX_N positions and MAX_D features per vector.
 MAX_N = 32
+#: At most this many features per vector (see :data:`MAX_N`).
 MAX_D = 16
 
 
