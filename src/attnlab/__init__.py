@@ -51,6 +51,7 @@ from .errors import (
 )
 from .kernels import FlashGrads, FlashResult, KVCache, cached_attention, flash_attention, flash_attention_backward
 
+#: attnlab's version (PEP 440), as ``attnlab --version`` prints it.
 __version__ = "0.1.0"
 
 __all__ = [
