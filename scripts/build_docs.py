@@ -31,15 +31,18 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP = {"README.md"}
+#: Modules that are documents rather than an API: the lab's marimo notebook (``attnlab lab`` opens it; marimo's file
+#: format allows no statement outside its cells, so it cannot hold an ``__all__``).
+NOT_API = frozenset({"attnlab.lab.notebook"})
 _TILDE_ROLE = re.compile(r"(:(?:py:)?[a-z]+:)`~")  # the committed note in docs/api/ that says how to build the rest
 
 
 def public_modules() -> list[str]:
-    """Every importable module of attnlab with no ``_`` part in its dotted name, sorted."""
+    """Every module of attnlab with no ``_`` part in its dotted name, except ``NOT_API``, sorted."""
     import attnlab
 
     names = ["attnlab"] + [m.name for m in pkgutil.walk_packages(attnlab.__path__, "attnlab.")]
-    return sorted(n for n in names if not any(part.startswith("_") for part in n.split(".")[1:]))
+    return sorted(n for n in names if not any(p.startswith("_") for p in n.split(".")[1:]) and n not in NOT_API)
 
 
 def _resolve_lazy_names(module: types.ModuleType) -> None:
