@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 KEEP = {"README.md"}
+TEMPLATES = ROOT / "scripts" / "pdoc-templates"  # the index lists every module; a package, all its submodules
 #: Modules that are documents rather than an API: the lab's marimo notebook (``attnlab lab`` opens it; marimo's file
 #: format allows no statement outside its cells, so it cannot hold an ``__all__``).
 NOT_API = frozenset({"attnlab.lab.notebook"})
@@ -157,7 +158,16 @@ def build(output: Path) -> list[str]:
             docformat="google",
             show_source=False,
             footer_text=f"attnlab {attnlab.__version__}",
+            template_directory=TEMPLATES,
         )
+        # for the templates: each package's submodules, and each module's summary (its docstring's first paragraph)
+        pdoc.render.env.globals["module_children"] = {
+            parent: [n for n in names if n.rpartition(".")[0] == parent] for parent in names
+        }
+        pdoc.render.env.globals["module_summaries"] = {
+            name: pdoc.docstrings.convert(doc.docstring.split("\n\n")[0], "google", doc.source_file)
+            for name, doc in modules.items()
+        }
         if output.exists():
             for child in output.iterdir():
                 if child.name not in KEEP:
