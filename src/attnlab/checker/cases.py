@@ -49,6 +49,7 @@ class Geom:
     h_kv: int | None = None
 
     def lead(self, heads: int) -> tuple[int, ...]:
+        """The leading axes for ``heads`` heads: ``(heads,)`` for 3-D inputs, else ``(b, heads)``."""
         return (heads,) if self.b is None else (self.b, heads)
 
 
