@@ -73,6 +73,7 @@ class Prepared:
 
     @property
     def scores_shape(self) -> tuple[int, ...]:
+        """``(*batch, n_q, n_k)``: the shape of the scores and weights."""
         return (*self.batch, self.n_q, self.n_k)
 
     def allowed(self) -> Any:

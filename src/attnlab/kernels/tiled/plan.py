@@ -169,6 +169,7 @@ class Plan:
         return self.spec.query_range(j0, j1, self.seq(idx))
 
     def n_keys(self, idx: tuple[int, ...]) -> int:
+        """The keys of batch element ``idx`` that are not padding (:meth:`attnlab.masks.MaskSpec.n_keys`)."""
         return self.spec.n_keys(self.seq(idx))
 
     def blocked(self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
@@ -184,6 +185,8 @@ class Plan:
         return b.blocked
 
     def key_blocks(self, idx: tuple[int, ...], i0: int, i1: int) -> Iterator[tuple[int, int, Any]]:
+        """The key blocks ``(j0, j1, blocked)`` that query rows ``[i0, i1)`` of ``idx`` visit, in order; blocks
+        where everything is blocked are skipped, ``blocked`` is as :meth:`blocked` returns."""
         lo, hi = self.key_range(idx, i0, i1)
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, hi)
