@@ -6,8 +6,11 @@ each the names in its ``__all__``. The reference is built here by the script REA
 on its module's page, with a docstring in it: what a reader of docs/api/ sees, not a second opinion on docstrings.
 """
 
+import dataclasses
+import functools
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 import re
 import subprocess
@@ -111,6 +114,45 @@ def test_every_public_name_has_a_page_with_its_docstring(site):
             elif 'class="docstring"' not in section:
                 problems.append(f"{name}.{member}: no docstring")
     assert not problems, f"{len(problems)} public names lack a page or a docstring:\n" + "\n".join(problems)
+
+
+def _own_routines(cls: type):
+    """The public methods and properties ``cls`` itself defines (not fields, not inherited ones)."""
+    for name, attr in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(attr, (staticmethod, classmethod)):
+            fn = attr.__func__
+        elif isinstance(attr, property):
+            fn = attr.fget
+        elif isinstance(attr, functools.cached_property):
+            fn = attr.func
+        else:
+            fn = attr
+        if inspect.isfunction(fn) and fn.__qualname__.startswith(f"{cls.__qualname__}."):
+            yield name, attr
+
+
+def test_every_public_class_and_method_has_its_own_docstring():
+    """A public class has a docstring of its own (the page would show its base's, or a dataclass's signature), and
+    each public method or property it defines has one (its own, or that of the method it overrides)."""
+    missing, seen = [], set()
+    for name in PUBLIC:
+        module = importlib.import_module(name)
+        for member in module.__all__:
+            cls = getattr(module, member)
+            if not inspect.isclass(cls) or not cls.__module__.startswith("attnlab") or cls in seen:
+                continue
+            seen.add(cls)
+            doc = vars(cls).get("__doc__") or ""
+            if not doc.strip() or (dataclasses.is_dataclass(cls) and doc.startswith(f"{cls.__name__}(")):
+                missing.append(f"{cls.__module__}.{cls.__qualname__}")
+            for attr_name, attr in _own_routines(cls):
+                target = attr if isinstance(attr, (property, functools.cached_property)) else getattr(cls, attr_name)
+                if not inspect.getdoc(target):
+                    missing.append(f"{cls.__module__}.{cls.__qualname__}.{attr_name}")
+    assert len(seen) > 100
+    assert not missing, f"{len(missing)} public classes or methods have no docstring: {missing}"
 
 
 def test_the_reference_links_resolve(site):
