@@ -87,8 +87,8 @@ def test_every_public_module_has_a_docstring_and_an_all(name):
 
 
 def test_every_public_name_has_a_page_with_its_docstring(site):
-    """Each public module's page exists with its docstring; each name of its ``__all__`` has its section there
-    (``id="NAME"``) holding a docstring, or, for a submodule, a page of its own."""
+    """The index lists each public module; its page exists with its docstring; each name of its ``__all__`` has its
+    section there (``id="NAME"``) holding a docstring, or, for a submodule, a page of its own; links resolve."""
     assert (site / "search.js").is_file()
     index = (site / "index.html").read_text(encoding="utf-8")
     problems = [
@@ -114,6 +114,13 @@ def test_every_public_name_has_a_page_with_its_docstring(site):
             elif 'class="docstring"' not in section:
                 problems.append(f"{name}.{member}: no docstring")
     assert not problems, f"{len(problems)} public names lack a page or a docstring:\n" + "\n".join(problems)
+    # in the same test, so that parallel workers build the reference once: every link between pages resolves
+    broken = set()
+    for page in site.rglob("*.html"):
+        for href in re.findall(r'href="([^"#:]+\.html)(?:#[^"]*)?"', page.read_text(encoding="utf-8")):
+            if not (page.parent / href).resolve().is_file():
+                broken.add(f"{page.relative_to(site)} -> {href}")
+    assert not broken, f"links to pages that do not exist: {sorted(broken)}"
 
 
 def _own_routines(cls: type):
@@ -153,16 +160,6 @@ def test_every_public_class_and_method_has_its_own_docstring():
                     missing.append(f"{cls.__module__}.{cls.__qualname__}.{attr_name}")
     assert len(seen) > 100
     assert not missing, f"{len(missing)} public classes or methods have no docstring: {missing}"
-
-
-def test_the_reference_links_resolve(site):
-    """Every relative link between the generated pages points to a page that exists."""
-    broken = set()
-    for page in site.rglob("*.html"):
-        for href in re.findall(r'href="([^"#:]+\.html)(?:#[^"]*)?"', page.read_text(encoding="utf-8")):
-            if not (page.parent / href).resolve().is_file():
-                broken.add(f"{page.relative_to(site)} -> {href}")
-    assert not broken, sorted(broken)
 
 
 def _hand_written_pages() -> list[Path]:
