@@ -80,6 +80,6 @@ SPECIFIC = (
 #: Codes found by changing part of the input and watching the output: a ``nondeterministic`` finding makes them
 #: unreliable, so it explains them.
 PERTURBATION = ("causal-leak", "padding-leak", "batch-leak")
-#: Codes that name no bug of the computation (a crash, a timeout, a wrong dtype...): they never explain a ``reference-
-#: mismatch``.
+#: Codes that name no bug of the computation (a crash, a timeout, a wrong dtype...): they never explain a
+#: ``reference-mismatch``.
 NOT_DIAGNOSES = ("reference-mismatch", "crash", "timeout", "dtype", "mutates-input", "output-type")

@@ -104,10 +104,15 @@ def options(  # 13 parameters: the public keywords of flash_attention, turned in
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything the forward and the backward run from, made once by :func:`make_plan`: q, k, v in the compute
-    dtype, broadcast to one batch (GQA folded into it), their sizes, scale and temperature, the sized
-    :class:`~attnlab.masks.MaskSpec` and the dense mask and bias, the block sizes and threads. Field comments give
-    each shape."""
+    """Everything the forward and the backward run from, made once by :func:`make_plan`: the inputs in the compute
+    dtype, their sizes, scale and temperature, the sized :class:`~attnlab.masks.MaskSpec` with the dense mask and
+    bias, the block sizes and threads.
+
+    Shapes:
+        * ``q [*batch, n_q, d_k]``, ``k [*batch, n_k, d_k]``, ``v [*batch, n_k, d_v]``: broadcast views in the compute
+          dtype; ``batch`` is the internal batch (GQA: ``[..., h_kv, group]``), ``out_batch`` the caller's;
+        * ``mask``, ``bias`` ``[*batch, n_q, n_k]`` (broadcast views) or None.
+    """
 
     q: np.ndarray  # [*batch, n_q, d_k] (a broadcast view), compute dtype
     k: np.ndarray  # [*batch, n_k, d_k]
