@@ -4,6 +4,8 @@ Public, as docs/README.md writes it down: every module under ``attnlab`` with no
 each the names in its ``__all__``. The reference is built here by the script README command 2 runs
 (scripts/build_docs.py, pdoc, warnings as errors) into a temporary folder, and each public name must have its section
 on its module's page, with a docstring in it: what a reader of docs/api/ sees, not a second opinion on docstrings.
+Public classes need a docstring of their own and one on each public method or property they define. Every name of
+``attnlab.__all__`` is also mentioned in the hand-written docs, and docs/README.md lists every page.
 """
 
 import dataclasses
