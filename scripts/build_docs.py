@@ -1,9 +1,9 @@
 """Build attnlab's API reference with pdoc: one HTML page per public module, into docs/api/ (git-ignored).
 
 What is public (written down once, here and in docs/README.md): every module under ``attnlab`` whose dotted name has
-no part that starts with ``_``, and in each such module the names in its ``__all__``. Every public module has an
-``__all__`` and a docstring, every name in it has a docstring; tests/test_api_docs.py holds that, and that each name
-has its section (``id="NAME"``) on its module's page.
+no part that starts with ``_`` (except ``NOT_API``), and in each such module the names in its ``__all__`` with the
+public methods of its classes. Every public module has an ``__all__`` and a docstring, every name in it has a
+docstring; tests/test_api_docs.py holds that, and that each name has its section (``id="NAME"``) on its module's page.
 
 Warnings are errors: any warning raised while the modules are imported or rendered (pdoc warns about a name in
 ``__all__`` that does not resolve, a module that does not import, an annotation it cannot read) fails the build with
@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-KEEP = {"README.md"}
+KEEP = {"README.md"}  # the committed note in docs/api/ that says how to build the rest
 TEMPLATES = ROOT / "scripts" / "pdoc-templates"  # the index lists every module; a package, all its submodules
 #: Modules that are documents rather than an API: the lab's marimo notebook (``attnlab lab`` opens it; marimo's file
 #: format allows no statement outside its cells, so it cannot hold an ``__all__``).
 NOT_API = frozenset({"attnlab.lab.notebook"})
-_TILDE_ROLE = re.compile(r"(:(?:py:)?[a-z]+:)`~")  # the committed note in docs/api/ that says how to build the rest
+_TILDE_ROLE = re.compile(r"(:(?:py:)?[a-z]+:)`~")
 
 
 def public_modules() -> list[str]:
@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "api", help="folder to write (default docs/api)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if importlib.util.find_spec("pdoc") is None:
+        print("build_docs: pdoc is not installed: pip install -c constraints.txt -e '.[dev]'", file=sys.stderr)
+        return 1
     problems = build(args.output)
     if problems:
         print(f"build_docs: {len(problems)} warning(s), treated as errors:", file=sys.stderr)
