@@ -51,7 +51,10 @@ def _resolve_lazy_names(module: types.ModuleType) -> None:
     so that pdoc, which reads ``module.__dict__``, documents it (only in this build process)."""
     for name in getattr(module, "__all__", ()):
         if name not in module.__dict__:
-            module.__dict__[name] = getattr(module, name)
+            try:
+                module.__dict__[name] = getattr(module, name)
+            except AttributeError:
+                warnings.warn(f"{module.__name__}.__all__ names {name!r}, which the module does not have", stacklevel=2)
 
 
 def _sphinx_roles_to_pdoc(convert: Callable[..., str]) -> Callable[..., str]:
