@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 python -m ruff check .
 python -m ruff format --check .
+bash scripts/build-docs.sh
 python -m pytest -q
 python benchmarks/bench_import.py --runs 7   # import attnlab vs import numpy (prints, asserts nothing)

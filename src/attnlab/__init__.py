@@ -50,6 +50,7 @@ from .errors import (
     ShapeError,
 )
 
+#: attnlab's version (PEP 440), as ``attnlab --version`` prints it.
 __version__ = "0.1.0"
 
 __all__ = [

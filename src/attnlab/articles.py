@@ -64,6 +64,7 @@ def _a(x) -> np.ndarray:
 _I2 = [[1, 0], [0, 1]]
 _V2 = [[10, 0], [0, 20]]
 
+#: The six lesson examples of the articles by name (``attnlab explain NAME``; ``2x2`` is the demo's).
 EXAMPLES: dict[str, Example] = {
     e.name: e
     for e in (
@@ -247,6 +248,7 @@ class MultiHeadLessonData:
     shapes: tuple[int, int, int, int] = (1, 4, 512, 8)  # B, n, d_model, h
 
 
+#: The multi-head lesson's inputs and weights (``attnlab explain multi-head``).
 MULTI_HEAD = MultiHeadLessonData(
     x=_a([[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0]]),
     w_q=_a(np.eye(4)),

@@ -300,6 +300,7 @@ class BenchResult:
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
 
     def to_json(self) -> dict[str, Any]:
+        """This result as JSON-ready data, with the BLAS and CPU lines and the timing summary."""
         d = asdict(self)
         d["blas_line"] = self.blas.line()
         d["cpu_line"] = self.cpu.line() if self.cpu is not None else None
@@ -317,6 +318,7 @@ class BenchResult:
         return "timing: every method in this process (tiled and floor interleaved); median of the repetitions"
 
     def write_json(self, path: str) -> None:
+        """Write :meth:`to_json` to ``path`` (indented JSON)."""
         with open(path, "w") as f:
             json.dump(self.to_json(), f, indent=1)
 

@@ -162,6 +162,7 @@ class AttentionCost:
 
     @property
     def total_flops(self) -> int:
+        """Projection plus attention FLOPs."""
         return self.projection_flops + self.attention_flops
 
     @property

@@ -64,9 +64,12 @@ __all__ = [
     "zero_padded_queries",
 ]
 
+#: The character :func:`to_string` draws for a pair that may attend.
 ALLOWED = "■"
+#: The character :func:`to_string` draws for a blocked pair.
 BLOCKED = "⬚"
 
+#: Where the causal diagonal sits when n_q != n_k (the values of ``align=``).
 Align = Literal["top_left", "bottom_right"]
 _ALIGNS = ("top_left", "bottom_right")
 

@@ -224,6 +224,7 @@ class Framework:
         return framework_dtype_name(x)
 
     def owns(self, x: Any) -> bool:
+        """Whether ``x`` is an array of this library."""
         return isinstance(x, np.ndarray)
 
     def where(self, x: Any) -> str | None:
@@ -252,6 +253,8 @@ class Framework:
 
 
 class NumpyFramework(Framework):
+    """NumPy: :class:`Framework`'s defaults, and no bfloat16."""
+
     name = "numpy"
 
     def structural(self) -> dict[str, str]:
@@ -329,6 +332,7 @@ class TorchFramework(Framework):
         return t.numpy()
 
     def owns(self, x: Any) -> bool:
+        """Whether ``x`` is a ``torch.Tensor``."""
         return isinstance(x, self.torch.Tensor)
 
     def where(self, x: Any) -> str | None:
@@ -383,6 +387,7 @@ class JaxFramework(Framework):
         return self._put(self.jnp.asarray(x))
 
     def owns(self, x: Any) -> bool:
+        """Whether ``x`` is a ``jax.Array``."""
         return isinstance(x, self.jax.Array)
 
     def where(self, x: Any) -> str | None:
@@ -527,6 +532,7 @@ class Adapter:
         return self.fw.host(x)
 
     def is_array(self, x: Any) -> bool:
+        """Whether ``x`` is an array of any library (a NumPy array, or anything with ``shape`` and ``dtype``)."""
         if isinstance(x, np.ndarray):
             return True
         return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (str, bytes))
@@ -627,6 +633,7 @@ class Adapter:
         return out
 
     def mutated(self, args: tuple, kwargs: dict, before: list[tuple[str, np.ndarray]]) -> list[str]:
+        """The names of the arguments whose values differ from the :meth:`snapshot` ``before`` the call."""
         after = self.snapshot(args, kwargs)
         changed = []
         for (name, a), (_, b) in zip(before, after, strict=True):

@@ -25,6 +25,7 @@ __all__ = [
     "softmax",
 ]
 
+#: The dtypes the checker tries, by name, from the most precise.
 DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16")
 
 #: Mask forms that describe sequences (a fully masked row is a sequence with no valid key).
@@ -48,6 +49,7 @@ class Geom:
     h_kv: int | None = None
 
     def lead(self, heads: int) -> tuple[int, ...]:
+        """The leading axes for ``heads`` heads: ``(heads,)`` for 3-D inputs, else ``(b, heads)``."""
         return (heads,) if self.b is None else (self.b, heads)
 
 

@@ -64,6 +64,8 @@ FIXES: dict[str, str] = {
 
 #: Codes a named bug seen in the same case accounts for (``explained_by``).
 LEAKS = ("not-normalized", "padding-leak", "causal-leak", "masked-row-nan", "batch-leak")
+#: The specific mask, softmax and precision diagnoses, in order of preference: one seen in the same case explains a
+#: leak or ``not-normalized`` (:data:`LEAKS`).
 SPECIFIC = (
     "softmax-axis",
     "mask-after-softmax",
@@ -75,5 +77,9 @@ SPECIFIC = (
     "scale-after-softmax",
     "precision",
 )
+#: Codes found by changing part of the input and watching the output: a ``nondeterministic`` finding makes them
+#: unreliable, so it explains them.
 PERTURBATION = ("causal-leak", "padding-leak", "batch-leak")
+#: Codes that name no bug of the computation (a crash, a timeout, a wrong dtype...): they never explain a
+#: ``reference-mismatch``.
 NOT_DIAGNOSES = ("reference-mismatch", "crash", "timeout", "dtype", "mutates-input", "output-type")

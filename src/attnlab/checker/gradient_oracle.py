@@ -88,10 +88,14 @@ __all__ = [
     "with_backward",
 ]
 
+#: How the gradients are obtained: ``auto`` (from the signature), ``autograd`` (PyTorch's, through the forward),
+#: ``plain`` (a backward taking ``q, k, v, d_out``) or ``flash`` (FlashAttention-2's signature, with ``out`` and
+#: ``lse``).
 KINDS = ("auto", "autograd", "plain", "flash")
 #: ``kind="backward"`` (internal): plain or flash, decided from the signature where the function is imported.
 _ADAPTER_KINDS = (*KINDS, "backward")
 LSE_UNITS = ("nats", "log2")
+#: Every gradient probe (``probes=`` selects some).
 GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows", "grad-batch", "grad-dropout")
 #: The gradient probes that must run (for what the function supports) before a report may say OK.
 CORE_GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows")
@@ -367,6 +371,7 @@ class GradAdapter(Adapter):
         return out
 
     def mutated(self, args: tuple, kwargs: dict, before: list[tuple[str, np.ndarray]]) -> list[str]:
+        """The arguments the call changed, including ``d_out`` and the forward's results the backward was given."""
         return super().mutated(args, kwargs, before) + self.inner_mutated
 
     def _call(self, *args: Any, **kwargs: Any) -> _Value:
@@ -689,6 +694,7 @@ class GradBattery(Battery):
         return tuple(bugs), tuple(also)
 
     def unsupported_list(self) -> tuple[Unsupported, ...]:
+        """The capabilities the function lacks, the forward's and the gradient ones (``dropout``, ``bias``...)."""
         grad = tuple(Unsupported(c, r) for c, r in self.unsupported.items() if c in GRAD_CAPABILITIES)
         return super().unsupported_list() + grad
 
@@ -983,6 +989,8 @@ class GradBattery(Battery):
 
     # -- preflight and probes ---------------------------------------------------------------------------------
     def p_grad_reference(self) -> None:
+        """The ``grad-reference`` probe: gradients on the grid in every dtype, mismatches diagnosed (see the
+        module's table)."""
         for lbl, g, req, ex in _COMBOS:
             if all(r in self.caps for r in req):
                 self.grid.append(self.call(self.make(g, self.primary, label=lbl, **ex)))
@@ -1042,6 +1050,7 @@ class GradBattery(Battery):
             )
 
     def p_grad_masked_keys(self) -> None:
+        """The ``grad-masked-keys`` probe: a key masked for every query gets dK = dV = 0 and moves no other gradient."""
         if "mask" not in self.caps:
             raise ProbeSkip("needs a mask argument")
         g = _G(2, 2, 6, 8, 8, 8)
@@ -1256,6 +1265,7 @@ class GradBattery(Battery):
         return False
 
     def p_grad_batch(self) -> None:
+        """The ``grad-batch`` probe: changing one batch element or head moves no other one's gradients."""
         g = _G(2, 2, 5, 7, 4, 4)
         base = self.grad_case(self.make(g, self.primary, label="batch", mask=("mask" in self.caps)))
         self.case_key = self.key(base)
@@ -1295,6 +1305,7 @@ class GradBattery(Battery):
                     return
 
     def p_grad_dropout(self) -> None:
+        """The ``grad-dropout`` probe: with a given dropout mask, the gradients match the reference's through it."""
         if "dropout" in self.unsupported:
             raise ProbeSkip(self.unsupported["dropout"])
         p = 0.25

@@ -76,6 +76,8 @@ class Context:
         inverted_text: str,
         gqa_map: str,
     ) -> Context:
+        """The context of one wrong output: the case, what came back, the mask applied, the expanded K and V, the
+        scores and how the mask and the causal alignment reached the function."""
         q = case.q
         k, v = expand_kv(q, case.k, gqa_map), expand_kv(q, case.v, gqa_map)
         s0 = case.scale if case.scale is not None else 1 / math.sqrt(q.shape[-1])
@@ -99,14 +101,17 @@ class Context:
     # ----------------------------------------------------------------------------------------- building blocks
     @property
     def d_k(self) -> int:
+        """The query/key width."""
         return self.q.shape[-1]
 
     @property
     def heads(self) -> int:
+        """The number of query heads (1 for 2-D inputs)."""
         return self.q.shape[-3] if self.q.ndim >= 3 else 1
 
     @property
     def batch(self) -> int:
+        """The batch size (1 below 4-D inputs)."""
         return self.q.shape[0] if self.q.ndim == 4 else 1
 
     def words(self) -> dict[str, Any]:

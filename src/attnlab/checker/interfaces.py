@@ -89,6 +89,7 @@ class Interface:
     packed = False
 
     def reduce(self, allowed: np.ndarray) -> np.ndarray:
+        """The canonical mask ``allowed [B, h, n_q, n_k]`` as this interface holds it (here: unchanged)."""
         return allowed
 
     def mask_argument(self, allowed: np.ndarray, *, convention: str, dtype: str, fw: Any) -> Any:
@@ -140,6 +141,7 @@ class PerBatch(Interface):
     name = "batch"
 
     def reduce(self, allowed: np.ndarray) -> np.ndarray:
+        """``allowed`` with its head axis cut to 1: ``[B, 1, n_q, n_k]``."""
         return allowed[:, :1] if allowed.ndim >= 4 else allowed
 
 
@@ -149,6 +151,7 @@ class KeyPadding(Interface):
     name = "key_padding"
 
     def reduce(self, allowed: np.ndarray) -> np.ndarray:
+        """The keys the last query of each sequence may attend: ``[B, n_k]``."""
         return allowed[:, 0, -1, :] if allowed.ndim >= 4 else allowed
 
 
@@ -161,6 +164,7 @@ class Lengths(KeyPadding):
         self.name = name
 
     def reduce(self, allowed: np.ndarray) -> np.ndarray:
+        """How many keys of each sequence are valid: ``[B]`` int64."""
         return super().reduce(allowed).sum(axis=-1).astype(np.int64)
 
 
@@ -208,6 +212,7 @@ class Varlen(Interface):
 
     @staticmethod
     def lengths_of(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """Each sequence's query and key lengths ``([B], [B])`` under ``mask`` (full lengths without one)."""
         b, n_q, n_k = q.shape[0], q.shape[-2], k.shape[-2]
         if mask is None:
             return np.full(b, n_q), np.full(b, n_k)
@@ -221,6 +226,7 @@ class Varlen(Interface):
 
     @staticmethod
     def cu_seqlens(lengths: np.ndarray) -> np.ndarray:
+        """FlashAttention's cumulative lengths ``[B + 1]`` int32: ``0, l0, l0 + l1, ...``."""
         return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
 
     @staticmethod
@@ -234,6 +240,8 @@ class Varlen(Interface):
         return full
 
 
+#: Each mask interface by name (the values of the spec's ``mask_form``, :data:`attnlab.checker.spec.MASK_FORMS`), with
+#: the strategy that builds its inputs and reads its output.
 INTERFACES: dict[str, Callable[[], Interface]] = {
     "full": Full,
     "batch": PerBatch,

@@ -268,10 +268,13 @@ class WorkerBackend:
 
     @property
     def can_restart(self) -> bool:
+        """Whether another call can run: the worker is alive, or restarts are left."""
         return self.conn is not None or self.restarts < self.max_restarts
 
     # -- calls ------------------------------------------------------------------------------------------------
     def call(self, req: CallRequest, timeout: float) -> CallResult:
+        """Run one call in the worker within ``timeout`` seconds (restarting a worker that died, while restarts
+        are left); a hung call kills the worker and ends the calls."""
         if self.conn is None:
             if self.restarts >= self.max_restarts:
                 return CallResult(error=CallError("WorkerExit", "the worker process is gone", died=True))
@@ -300,9 +303,11 @@ class WorkerBackend:
         return CallResult(error=self._death(), seconds=time.perf_counter() - t0)
 
     def output(self) -> dict[str, Captured]:
+        """What the worker wrote to stdout and stderr, by stream."""
         return self.streams
 
     def close(self) -> None:
+        """Stop the worker process."""
         self._kill()
 
 

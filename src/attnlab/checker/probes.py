@@ -181,6 +181,7 @@ class Battery:
             self.probe_codes.append(code)
 
     def note(self, code: str, message: str, evidence: str, fix: str = "") -> None:
+        """Record a note (a documented behaviour, never a bug) once per code and message."""
         if not any(n.code == code and n.message == message for n in self.notes):
             self.notes.append(Finding(code, message, evidence, fix, self.current, severity="note"))
 
@@ -843,6 +844,7 @@ class Battery:
     # ------------------------------------------------------------------------------------------------ probes
     @probe("reference")
     def p_reference(self) -> None:
+        """The ``reference`` probe (see the module's table)."""
         for lbl, g, req, ex in COMBOS:
             if all(r in self.caps for r in req):
                 self.grid.append(self.call(self.make(g, self.primary, label=lbl, **ex)))
@@ -875,6 +877,7 @@ class Battery:
 
     @probe("invariants")
     def p_invariants(self) -> None:
+        """The ``invariants`` probe: returned weights keep the §21 invariants (see the module's table)."""
         if not self.returns_weights:
             raise ProbeSkip("the function returns no weights")
         wanted = ("causal+mask", "mask", "causal", "base")
@@ -927,6 +930,7 @@ class Battery:
 
     @probe("normalization")
     def p_normalization(self) -> None:
+        """The ``normalization`` probe: with V = ones every output is 1 (see the module's table)."""
         g = Geom(2, 2, 6, 6, 8, 5)
         dv = "dv" in self.caps
         if not dv:
@@ -963,6 +967,7 @@ class Battery:
 
     @probe("causal")
     def p_causal(self) -> None:
+        """The ``causal`` probe: changing future tokens moves no earlier output (see the module's table)."""
         if "causal" not in self.caps:
             raise ProbeSkip("needs causal")
         n = 8
@@ -1099,6 +1104,7 @@ class Battery:
 
     @probe("padding")
     def p_padding(self) -> None:
+        """The ``padding`` probe: what padded keys hold moves no valid output (see the module's table)."""
         if "mask" not in self.caps:
             raise ProbeSkip("needs mask")
         n = 6
@@ -1200,6 +1206,7 @@ class Battery:
 
     @probe("masked-rows")
     def p_masked_rows(self) -> None:
+        """The ``masked-rows`` probe: a query row with no allowed key (see the module's table)."""
         if "mask" not in self.caps:
             raise ProbeSkip("needs mask")
         g = Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else Geom(2, 2, 6, 6, 4, 4)
@@ -1313,6 +1320,7 @@ class Battery:
 
     @probe("large-logits")
     def p_large_logits(self) -> None:
+        """The ``large-logits`` probe: logits of about ±1000 (see the module's table)."""
         dts = [self.primary] + (["float32"] if "float32" in self.dtypes and self.primary != "float32" else [])
         dts = [d for d in dts if self.base_ok.get(d) is not False]
         if not dts:
@@ -1350,6 +1358,7 @@ class Battery:
 
     @probe("batch")
     def p_batch(self) -> None:
+        """The ``batch`` probe: changing one batch element or head moves no other (see the module's table)."""
         g = Geom(3, 2, 5, 5, 4, 4)
         case = self.make(g, self.primary, label="batch")
         base = self.base_call(case, "batch: batch and head perturbation")
@@ -1382,6 +1391,7 @@ class Battery:
 
     @probe("determinism")
     def p_determinism(self) -> None:
+        """The ``determinism`` probe: the same call three times gives bitwise equal outputs."""
         first = next((o for o in self.grid if o.ok and o.case.label.startswith("base")), None)
         if first is None:
             raise ProbeSkip("no successful base call")
@@ -1416,6 +1426,8 @@ class Battery:
         PROBE_FUNCTIONS[name](self)
 
     def run(self) -> None:
+        """Run the preflight, then every selected probe in order, recording results, findings and what could not
+        be tested."""
         t0 = time.perf_counter()
         aborted = False
         self.current = self.preflight_name
@@ -1518,6 +1530,7 @@ class Battery:
                 self.incomplete.append(Unsupported(name, reason))
 
     def unsupported_list(self) -> tuple[Unsupported, ...]:
+        """The capabilities the function lacks (declared, structural, or crashed on), each with its reason."""
         out = [Unsupported(c, r) for c, r in self.unsupported.items() if c in CAPABILITIES]
         out += [Unsupported(c, r) for c, r in self.crashed.items() if c in CAPABILITIES and c not in self.unsupported]
         return tuple(out)

@@ -100,6 +100,7 @@ class Finding:
     explained_by: str = ""
 
     def as_dict(self) -> dict[str, str]:
+        """This finding as JSON-ready data (the report's ``findings`` entries)."""
         d = {
             "code": self.code,
             "severity": self.severity,
@@ -121,6 +122,7 @@ class Unsupported:
     reason: str
 
     def as_dict(self) -> dict[str, str]:
+        """This entry as JSON-ready data: ``capability`` and ``reason``."""
         return {"capability": self.capability, "reason": self.reason}
 
 
@@ -138,6 +140,7 @@ class ProbeResult:
     codes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
+        """This probe's result as JSON-ready data (the report's ``probes`` entries)."""
         return {
             "name": self.name,
             "status": self.status,
@@ -204,10 +207,12 @@ class Report:
 
     @property
     def exit_status(self) -> ExitStatus:
+        """The command's exit status for this verdict: 1 bug, 3 incomplete, 0 clean."""
         return {"bug": ExitStatus.BUG, "incomplete": ExitStatus.INCOMPLETE, "clean": ExitStatus.CLEAN}[self.verdict]
 
     @property
     def codes(self) -> tuple[str, ...]:
+        """The findings' codes, in report order."""
         return tuple(f.code for f in self.findings)
 
     @property
@@ -229,6 +234,7 @@ class Report:
         return f"{head}{tail}; {self.calls} call{'s' if self.calls != 1 else ''} in {self.seconds:.2f} s"
 
     def as_dict(self) -> dict[str, Any]:
+        """The whole report as JSON-ready data (what ``attnlab check --json`` prints)."""
         return {
             "command": self.command,
             "target": self.target,
@@ -256,6 +262,7 @@ class Report:
         }
 
     def to_json(self, *, indent: int | None = 2) -> str:
+        """The report as JSON text (:meth:`as_dict`)."""
         return json.dumps(self.as_dict(), indent=indent, sort_keys=False)
 
     # -- text ---------------------------------------------------------------------------------------------------

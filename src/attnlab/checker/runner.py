@@ -69,9 +69,11 @@ class Case:
 
     @property
     def gqa(self) -> bool:
+        """Whether k and v have fewer heads than q (grouped-query attention)."""
         return self.q.ndim >= 3 and self.k.shape[-3] != self.q.shape[-3]
 
     def shapes(self) -> str:
+        """The case's shapes and dtype in words (for evidence lines)."""
         return f"q {self.q.shape}, k {self.k.shape}, v {self.v.shape}, {self.dtype}"
 
 
@@ -97,10 +99,12 @@ class CallError:
 
     @property
     def text(self) -> str:
+        """``Type: message`` (or the type alone)."""
         return f"{self.type_name}: {self.message}" if self.message else self.type_name
 
     @classmethod
     def from_exception(cls, err: BaseException, *, tb: str = "", library: bool = False) -> CallError:
+        """The error ``err`` as plain data, with the traceback text ``tb`` and ``SystemExit``'s status."""
         code = None
         if isinstance(err, SystemExit):
             code = err.code if isinstance(err.code, int) else (0 if err.code is None else 1)
@@ -159,18 +163,22 @@ class Outcome:
 
     @property
     def error_text(self) -> str:
+        """The call's error as ``Type: message``, or ``""``."""
         return "" if self.error is None else self.error.text
 
     @property
     def ok(self) -> bool:
+        """Whether the call returned a usable value (no error, timeout, skip or return problem)."""
         return self.error is None and not self.timed_out and not self.skipped and self.returned.problem is None
 
     @property
     def out(self) -> np.ndarray | None:
+        """The output the call returned (host NumPy), or None."""
         return self.returned.out
 
     @property
     def weights(self) -> np.ndarray | None:
+        """The attention weights the call returned (host NumPy), or None."""
         return self.returned.weights
 
 
@@ -224,6 +232,7 @@ class Captured:
     total: int = 0
 
     def add(self, data: bytes) -> None:
+        """Count ``data`` and keep it if it falls in the first or the last ``CAPTURE_KEEP`` bytes."""
         self.total += len(data)
         room = CAPTURE_KEEP - len(self.head)
         if room > 0:
@@ -244,6 +253,7 @@ class Captured:
         return f"{start}\n[... {self.total - 2 * limit} bytes left out ...]\n{end}"
 
     def last_line(self, limit: int = 300) -> str:
+        """The last non-empty line written, at most ``limit`` characters."""
         whole = (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace").strip().splitlines()
         return whole[-1][:limit] if whole else ""
 
@@ -327,6 +337,8 @@ class InProcessBackend:
         self._capture = _FdCapture()
 
     def call(self, req: CallRequest, timeout: float) -> CallResult:
+        """Run one call in a daemon thread within ``timeout`` seconds, output captured (a hung call is left
+        behind and reported as a timeout)."""
         box: dict[str, CallResult] = {}
 
         def target() -> None:
@@ -342,9 +354,11 @@ class InProcessBackend:
         return box["result"]
 
     def output(self) -> dict[str, Captured]:
+        """What the calls wrote to stdout and stderr, by stream."""
         return self._capture.captured()
 
     def close(self) -> None:
+        """Release the capture files."""
         self._capture.close()
 
 

@@ -56,6 +56,7 @@ CONVENTIONS = ("allow", "block", "additive", "keep")
 LAYOUTS = ("bhnd", "bnhd")
 RETURNS = ("auto", "output", "output+weights", "output+lse")
 ALIGNS = (None, "top_left", "bottom_right")
+#: The input dtypes a function can declare it supports, from the most precise.
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 GQA_MAPPINGS = ("interleave", "tile")
 #: The mask interfaces (one strategy each in :mod:`attnlab.checker.interfaces`): ``full`` ``[B, h, n_q, n_k]``;

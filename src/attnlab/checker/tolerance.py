@@ -125,6 +125,7 @@ class Comparison:
 
     @property
     def ok(self) -> bool:
+        """True when every compared entry is finite and the largest error is within the bound."""
         return self.nonfinite == 0 and self.max_error <= self.bound
 
 

@@ -21,6 +21,8 @@ import signal
 import sys
 from typing import Any
 
+__all__ = ["BOOT", "forked", "main", "serve"]
+
 #: Started with ``python -c BOOT FD PARENT_PID SRC``: SRC is the folder holding the ``attnlab`` package.
 BOOT = "import sys; sys.path.insert(0, sys.argv[3]); from attnlab.checker.worker import main; main()"
 

@@ -9,6 +9,8 @@ work. Both raise :class:`~attnlab.errors.OptionError` naming the flag; ``main`` 
 :class:`~attnlab.errors.AttnlabError` as one line and exits with status 2.
 """
 
+__all__ = ["COMMANDS"]
+
 #: The subcommands, in the order ``attnlab --help`` lists them (module names in this package).
 COMMANDS: tuple[str, ...] = (
     # learn

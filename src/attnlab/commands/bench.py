@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..bench import BenchOptions
 
+__all__ = ["add_arguments", "run"]
+
 NAME = "bench"
 HELP = "time and peak memory of naive, tiled, GEMM floor and torch attention against n"
 
@@ -28,6 +30,7 @@ def _bools(text: str) -> list[bool]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The sizes, head dims, block sizes, threads and modes to time, and the files to write (``--json``, ``--plot``)."""
     parser.add_argument("--sizes", "-n", type=int, nargs="+", default=[1024, 2048, 4096], help="sequence lengths")
     parser.add_argument("--d", type=int, nargs="+", default=[64], help="head dims")
     parser.add_argument("--heads", type=int, default=8)
@@ -117,6 +120,8 @@ def _options(args: argparse.Namespace) -> BenchOptions:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``attnlab bench`` with the parsed ``args`` and print its table; returns the exit status (0; 1 when the
+    benchmark or writing a file fails; 2 for options that do not fit together)."""
     from ..bench import plot, run_bench
     from ..errors import OptionError
 

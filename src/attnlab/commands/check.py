@@ -20,6 +20,8 @@ from ..checker.target import TargetError
 from ..checker.target import load_target as _load
 from ..errors import one_line
 
+__all__ = ["add_arguments", "load_target", "run"]
+
 NAME = "check"
 HELP = "check an attention function (file.py:func or package.module:func) and name its bugs"
 
@@ -78,6 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run ``attnlab check`` with the parsed ``args`` and print the report; returns an
+    :class:`~attnlab.checker.ExitStatus` (0 no bug, 1 a bug found, 2 usage error, 3 incomplete, 4 checker failure)."""
     from ..checker import ExitStatus, UsageError, check
 
     chosen = {name: getattr(args, name) for name, _, opt in options() if opt.cli is not False}

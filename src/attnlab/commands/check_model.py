@@ -19,6 +19,8 @@ from typing import Any
 
 from ..argtypes import int_type
 
+__all__ = ["add_arguments", "check_args", "check_seq_len", "max_positions", "run"]
+
 NAME = "check-model"
 HELP = "check a Hugging Face model: causal LMs by future tokens, encoders by padding"
 
@@ -80,6 +82,7 @@ def check_seq_len(seq_len: int, model: Any, name: str) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """``--break-causal`` applies to ``smollm2`` only (checked before a model is loaded)."""
     from ..errors import OptionError
 
     if args.break_causal and args.model != "smollm2":
@@ -87,6 +90,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Load MODEL, check it (future tokens for causal LMs, padding for encoders) and print the report (text or
+    ``--json``); returns 0 when it is OK, 1 when a finding is reported."""
     from ..checker.model import check_causal_lm, check_encoder, check_model, load_local, minilm, tiny_model
     from ..errors import OptionError
     from .check import TargetError, load_target

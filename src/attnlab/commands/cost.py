@@ -9,6 +9,8 @@ from typing import Any
 
 from ..argtypes import int_type
 
+__all__ = ["add_arguments", "check_args", "cost_options", "cost_text", "run"]
+
 NAME = "cost"
 HELP = "FLOPs, score memory and KV-cache bytes for given sizes (article 001 §13-15)"
 
@@ -118,6 +120,7 @@ def _dtype(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """N (one sequence length, or several to show growth) and the layer's sizes."""
     size = int_type(minimum=1, maximum=MAX_SIZE)
     parser.add_argument("n", type=size, nargs="+", metavar="N", help="sequence length(s) n_q (several: growth)")
     parser.add_argument("--n-k", type=size, default=None, help="keys / cached tokens L (default: n)")
@@ -146,5 +149,6 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print :func:`cost_text` for the parsed ``args``; returns 0."""
     sys.stdout.write(cost_text(args.n, **{name: getattr(args, name) for name in cost_options()}))
     return 0

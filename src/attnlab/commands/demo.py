@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 
+__all__ = ["add_arguments", "demo_text", "run"]
+
 NAME = "demo"
 HELP = "the articles' 2×2 example, full and causal, step by step"
 
@@ -50,5 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print :func:`demo_text`; returns 0."""
     sys.stdout.write(demo_text())
     return 0

@@ -22,6 +22,8 @@ import sys
 from ..argtypes import int_type, probability
 from ..explain.args import add_input_arguments, add_lang_argument, examples_listing
 
+__all__ = ["add_arguments", "run"]
+
 NAME = "explain"
 HELP = "compute attention by hand, step by step (named examples or your matrices)"
 
@@ -95,6 +97,8 @@ def _error(msg: str, lang: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the explanation the parsed ``args`` ask for (a named example, the user's matrices, a lesson, or the
+    list of names) in the chosen format; returns 0, or 2 (one line on stderr) for input that does not fit."""
     from ..errors import AttnlabError, MaskedRowError
     from ..explain import compare, explain_example, explain_online, explain_setup, to_dict, to_markdown, to_text
     from ..explain.args import setup_from_args

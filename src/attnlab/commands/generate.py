@@ -18,6 +18,8 @@ import sys
 
 from ..argtypes import int_type, text_type
 
+__all__ = ["add_arguments", "run"]
+
 NAME = "generate"
 HELP = "continue a prompt with SmolLM2-135M on attnlab's attention (greedy), with tokens/s"
 
@@ -49,6 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Load SmolLM2 and print the greedy continuation of PROMPT as it is decoded (prefill and decode tokens/s on
+    stderr); returns 0."""
     from ..errors import OptionError
     from ..models.gguf import load_smollm2
     from ..models.llama import generate

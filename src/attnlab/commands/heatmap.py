@@ -27,6 +27,17 @@ import numpy as np
 from ..argtypes import index_in, input_file, int_type, output_file, text_type
 from ..explain.args import add_input_arguments, add_lang_argument, examples_listing
 
+__all__ = [
+    "HeatmapData",
+    "add_arguments",
+    "check_args",
+    "from_inputs",
+    "from_model",
+    "from_weights_file",
+    "run",
+    "source_name",
+]
+
 NAME = "heatmap"
 HELP = "draw attention weights as a heatmap (PNG, SVG or PDF)"
 
@@ -269,6 +280,8 @@ def _check_size(fig: Any, dpi: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Compute the weights the parsed ``args`` name (an example, matrices, a weights file or a model's layer and
+    head) and write the heatmap file; returns 0."""
     from .. import plot
     from ..errors import MaskedRowError, OptionError
 

@@ -21,6 +21,8 @@ import sys
 
 from ..argtypes import int_type, output_file, text_type
 
+__all__ = ["add_arguments", "check_args", "run"]
+
 NAME = "intervene"
 HELP = "attention received vs. the effect of deleting/replacing each token (SmolLM2 or MiniLM)"
 
@@ -92,6 +94,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Delete or replace each token of TEXT, compare the effect with the attention it received, and print the table
+    and its reading (or ``--json``; ``--plot`` also draws it); returns 0."""
     from ..argtypes import index_in
     from ..errors import OptionError
     from ..models.interventions import intervene, intervene_minilm, plot_intervention

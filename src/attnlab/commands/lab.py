@@ -12,6 +12,8 @@ import sys
 
 from ..argtypes import float_or_text, int_or_text
 
+__all__ = ["add_arguments", "run"]
+
 NAME = "lab"
 HELP = "open the interactive attention lab in your browser (local, offline)"
 
@@ -37,6 +39,8 @@ def _fail(message: object, code: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Start the lab (marimo on 127.0.0.1) and serve it until Ctrl-C; returns 0, 1 when it cannot start or marimo
+    fails, 2 for an option out of range."""
     from .._process import signals_raise
     from ..errors import MissingExtraError, OptionError
     from ..lab.server import start

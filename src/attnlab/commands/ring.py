@@ -14,6 +14,8 @@ import sys
 
 from ..argtypes import float_or_text, int_or_text
 
+__all__ = ["add_arguments", "run"]
+
 NAME = "ring"
 HELP = "exact ring attention across P processes (torch.distributed): time, memory, traffic, check"
 
@@ -22,6 +24,8 @@ _FLAGS = {"n": "-n/--seq-len", "procs": "-P/--procs", "kv_heads": "--kv-heads", 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The global sizes, the number of ranks (``-P``), the layout, dtype and block size, the backward and fault
+    injection."""
     parser.add_argument(
         "-n", "--seq-len", dest="n", type=int_or_text, default=1024, help="global sequence length n (1024)"
     )
@@ -62,6 +66,9 @@ def _under_torchrun() -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run exact ring attention on ``-P`` spawned local ranks (or under ``torchrun``) and print the report (time,
+    peak memory, bytes sent, the check); returns 0, 1 when the run fails, 2 for options that do not fit, 128 + the
+    signal number when interrupted."""
     # c10d's C++ log lines (socket retries, frames) would bury the one-line report; TORCH_CPP_LOG_LEVEL=INFO shows them
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # before torch is imported (with attnlab.distributed)
     from .._process import signals_raise

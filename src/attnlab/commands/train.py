@@ -17,6 +17,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+__all__ = [
+    "RetrievalBatch",
+    "TrainResult",
+    "add_arguments",
+    "check_args",
+    "make_batch",
+    "report_text",
+    "run",
+    "train_retrieval",
+]
+
 NAME = "train"
 HELP = "train a one-layer attention model (NumPy, attnlab's own backward) on a key-value retrieval task"
 
@@ -224,6 +235,8 @@ MAX_BATCH_NUMBERS = 2**26
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The retrieval task's sizes (``--pairs``, ``--keys``, ``--values``, ``--heads``) and the training run's
+    options (``--steps``, ``--batch``, ``--seed``, ``--every``)."""
     from ..argtypes import float_type, int_type, probability
 
     count = int_type(minimum=1)
@@ -264,6 +277,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train with :func:`train_retrieval` and print :func:`report_text`; returns 0."""
     result = train_retrieval(
         steps=args.steps,
         batch=args.batch,

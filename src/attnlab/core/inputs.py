@@ -34,7 +34,9 @@ __all__ = [
     "resolve_scale",
 ]
 
+#: The values of ``causal=``: ``True`` (n_q == n_k), ``"top_left"`` or ``"bottom_right"``; ``False`` for none.
 Causal = bool | Literal["top_left", "bottom_right"]
+#: The values of ``masked_rows=``, the policy for a query row with no allowed key.
 MaskedRows = Literal["raise", "zero", "nan"]
 _POLICIES = ("raise", "zero", "nan")
 
@@ -71,6 +73,7 @@ class Prepared:
 
     @property
     def scores_shape(self) -> tuple[int, ...]:
+        """``(*batch, n_q, n_k)``: the shape of the scores and weights."""
         return (*self.batch, self.n_q, self.n_k)
 
     def allowed(self) -> Any:
@@ -157,6 +160,8 @@ def cast_checked(xp: Any, x: Any, dtype: Any, name: str) -> Any:
 
 
 def check_policy(masked_rows: Any) -> str:
+    """``masked_rows`` itself when it is ``"raise"``, ``"zero"`` or ``"nan"``; otherwise a
+    :class:`~attnlab.errors.MaskError` naming the choices."""
     if masked_rows not in _POLICIES:
         raise MaskError(f"masked_rows: expected one of 'raise', 'zero', 'nan', got {masked_rows!r}")
     return masked_rows

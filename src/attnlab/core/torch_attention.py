@@ -99,6 +99,7 @@ class TorchMultiHeadAttention(nn.Module):
         return self.k_proj.in_features
 
     def extra_repr(self) -> str:
+        """The sizes ``print(module)`` shows: heads, kv heads and head width."""
         return f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}"
 
     def forward(

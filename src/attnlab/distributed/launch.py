@@ -614,6 +614,9 @@ class RingCheck:
 
 @dataclass(frozen=True)
 class RingRunReport:
+    """What :func:`run_ring` returns for one ``attnlab ring`` run: its config, the world size, backend and device,
+    every rank's :class:`RankReport`, and rank 0's :class:`RingCheck` (None when the check was not asked for)."""
+
     config: RingRunConfig
     world_size: int
     backend: str

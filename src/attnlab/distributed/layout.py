@@ -33,7 +33,9 @@ from ..validate import check_choice, check_int
 
 __all__ = ["LAYOUTS", "Layout", "RingLayout"]
 
+#: The values of ``layout=``: how the sequence is split across the ranks (:class:`RingLayout`).
 Layout = Literal["contiguous", "zigzag"]
+#: Every :data:`Layout`; ``contiguous`` is the default.
 LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "setup_from_args",
 ]
 
+#: Every name ``attnlab explain`` and ``attnlab heatmap`` accept: the examples, the extra examples, the lessons.
 EXAMPLE_NAMES: tuple[str, ...] = (*EXAMPLES, *EXTRA_EXAMPLES, *LESSONS)
 
 

@@ -58,6 +58,7 @@ class Mistake:
 
     @property
     def max_output_diff(self) -> float:
+        """The largest absolute difference between the mistaken and the right output."""
         return float(np.max(np.abs(self.wrong_output - self.right_output)))
 
 

@@ -134,22 +134,27 @@ class Setup:
 
     @property
     def n_q(self) -> int:
+        """The number of queries (rows of ``q``)."""
         return int(np.shape(self.q)[0])
 
     @property
     def n_k(self) -> int:
+        """The number of keys (rows of ``k``)."""
         return int(np.shape(self.k)[0])
 
     @property
     def d_k(self) -> int:
+        """The width of a query or key vector."""
         return int(np.shape(self.q)[1])
 
     @property
     def qlabels(self) -> tuple[str, ...]:
+        """The queries' labels: ``query_labels``, or ``q0, q1, ...``."""
         return self.query_labels or tuple(f"q{i}" for i in range(self.n_q))
 
     @property
     def klabels(self) -> tuple[str, ...]:
+        """The keys' labels: ``key_labels``, or ``k0, k1, ...``."""
         return self.key_labels or tuple(f"k{j}" for j in range(self.n_k))
 
     def padding_mask(self) -> np.ndarray | None:
@@ -195,6 +200,7 @@ class Setup:
         return attention_trace(self.q, self.k, self.v, mask, **kw)
 
     def with_options(self, **changes: Any) -> Setup:
+        """A copy of this setup with the given fields changed (``dataclasses.replace``)."""
         return replace(self, **changes)
 
 

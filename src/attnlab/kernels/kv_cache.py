@@ -137,6 +137,7 @@ class KVCache:
 
     @property
     def max_length(self) -> int:
+        """The longest sequence's cached length (L of :attr:`keys` and :attr:`values`)."""
         return int(self._lengths.max())
 
     @property

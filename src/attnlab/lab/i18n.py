@@ -23,6 +23,7 @@ __all__ = ["BIGGER", "INTRO", "LANGS", "LIVE_INTRO", "PREDICT_INTRO", "SELF_TEST
 #: The languages of the switch: code -> name shown.
 LANGS = {"en": "English", "zh": "中文"}
 
+#: The lab's opening text (Markdown): what the page computes and how to use it.
 INTRO = r"""
 # Compute attention by hand: Q, K, V and the causal mask
 
@@ -35,6 +36,7 @@ axes, the mask and the row sums first. A large weight says where a query reads f
 caused the answer (that needs replacement, deletion or intervention experiments: see the live model below).*
 """
 
+#: The text above the predict-then-reveal questions (Markdown).
 PREDICT_INTRO = r"""
 ## Predict, commit, then reveal
 
@@ -44,12 +46,14 @@ never as a right prediction. The experiments use your inputs above (they open on
 the causal mask).
 """
 
+#: The answer revealed by the self-test on shifting a row of scores.
 SELF_TEST_ANSWER = (
     "Mathematically softmax is unchanged by the same shift on a whole row; implementations subtract the row maximum "
     "first so exp never overflows. Adding different amounts to different columns would change the weights: that is "
     "part 2."
 )
 
+#: The "Bigger pictures" text: multi-head widths and the T² growth of the scores (Markdown).
 BIGGER = r"""
 ## Bigger pictures
 
@@ -62,6 +66,7 @@ projected back (the live model below shows every head of every layer).
 attention tile by tile without storing the matrix.)
 """
 
+#: The text above the live model's attention weights (Markdown).
 LIVE_INTRO = r"""
 ## A live model: real attention weights
 
@@ -75,6 +80,7 @@ a second or two and is remembered.
 much weight and matter little, and the other way round.*
 """
 
+#: The lab's Chinese strings, keyed by their English text (registered in :mod:`attnlab.i18n`).
 ZH: dict[str, str] = {
     "reveal": "揭晓",
     "Score: {right} of {total} committed predictions right": "得分：已锁定的 {total} 个预测中答对 {right} 个",

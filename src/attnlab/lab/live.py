@@ -62,6 +62,7 @@ class ModelInfo:
     causal: bool
 
 
+#: The models the lab can run live, by key.
 MODELS: dict[str, ModelInfo] = {
     "smollm2": ModelInfo("smollm2", "SmolLM2-135M", 30, 9, True),
     "minilm": ModelInfo("minilm", "all-MiniLM-L6-v2", 6, 12, False),

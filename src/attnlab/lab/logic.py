@@ -61,6 +61,7 @@ __all__ = [
 
 #: Bounds that keep the page responsive: at most MAX_N positions and MAX_D features per vector.
 MAX_N = 32
+#: At most this many features per vector (see :data:`MAX_N`).
 MAX_D = 16
 
 
@@ -115,14 +116,17 @@ class LabResult:
 
     @property
     def weights(self) -> np.ndarray | None:
+        """The attention weights ``[n_q, n_k]``, or None when the input had an error."""
         return None if self.explanation is None else self.explanation.weights
 
     @property
     def output(self) -> np.ndarray | None:
+        """The output ``[n_q, d_v]``, or None when the input had an error."""
         return None if self.explanation is None else self.explanation.output
 
     @property
     def allowed(self) -> np.ndarray | None:
+        """The mask applied ``[n_q, n_k]`` (True = may attend), or None when the input had an error."""
         return None if self.explanation is None else np.asarray(self.explanation.trace.allowed)
 
 

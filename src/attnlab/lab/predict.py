@@ -33,6 +33,7 @@ class Question:
     correct: str
 
     def label(self, key: str, lang: str = "en") -> str:
+        """The text of option ``key`` in ``lang``."""
         return t(lang, dict(self.options)[key])
 
 
@@ -115,6 +116,7 @@ class Entry:
 
     @property
     def right(self) -> bool:
+        """Whether the committed prediction is the correct answer."""
         return self.prediction == self.correct
 
 

@@ -43,6 +43,7 @@ NAN_FILL = "#a50f15"
 MASKED_INK = "#333333"
 _HATCH_BG = "#e0e0e0"
 
+#: The SVG ``<pattern>`` that hatches masked cells (put inside ``<defs>``).
 HATCH_DEFS = (
     '<pattern id="al-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
     f'<rect width="6" height="6" fill="{_HATCH_BG}"/>'

@@ -550,11 +550,13 @@ class Generation:
 
     @property
     def decode_tokens_per_s(self) -> float:
+        """Decode speed: new tokens after the first per second of decoding (NaN with one new token)."""
         steps = len(self.new_ids) - 1
         return steps / self.decode_s if steps > 0 and self.decode_s > 0 else float("nan")
 
     @property
     def prefill_tokens_per_s(self) -> float:
+        """Prefill speed: prompt tokens per second of the prefill."""
         return len(self.prompt_ids) / self.prefill_s if self.prefill_s > 0 else float("nan")
 
 

@@ -82,6 +82,7 @@ class MiniLMConfig:
 
     @property
     def head_dim(self) -> int:
+        """The width of one head: ``hidden_size // num_heads``."""
         return self.hidden_size // self.num_heads
 
 

@@ -14,6 +14,18 @@ from typing import Any
 
 import numpy as np
 
+__all__ = [
+    "MIN_CONTRAST",
+    "MIN_FONT_PT",
+    "agg_figure",
+    "contrast_ratio",
+    "fit",
+    "ink",
+    "relative_luminance",
+    "text_size",
+    "widest",
+]
+
 #: The smallest font used anywhere in attnlab's figures, in points. At the PNG resolutions attnlab writes (the
 #: command's default 150 dpi, :func:`attnlab.plot.to_bytes`'s 120, the lab's 90) that is 14.6, 11.7 and 8.8 pixels.
 MIN_FONT_PT = 7.0

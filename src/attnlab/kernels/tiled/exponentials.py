@@ -22,6 +22,7 @@ from ..config import current as current_config
 
 __all__ = ["KINDS", "LOG2E", "Exp", "Exponential", "Units", "choose", "exp_offset", "exponential", "units"]
 
+#: log2(e): ``exp(x) == exp2(LOG2E · x)``.
 LOG2E = 1.0 / math.log(2.0)
 
 
@@ -38,6 +39,7 @@ class Exp:
     fused: bool = False
 
 
+#: Every exponential the kernels can use, by name (``fused`` needs numba).
 KINDS = {
     "fused": Exp("fused", np.exp2, LOG2E, fused=True),
     "exp2": Exp("exp2", np.exp2, LOG2E),

@@ -51,6 +51,7 @@ __all__ = [
 
 #: Default block sizes, measured with ``attnlab bench`` on the project's 2-core machines (docs/performance.md).
 DEFAULT_BLOCK_Q = 512
+#: The default key block size (see :data:`DEFAULT_BLOCK_Q`).
 DEFAULT_BLOCK_K = 512
 
 
@@ -103,6 +104,16 @@ def options(  # 13 parameters: the public keywords of flash_attention, turned in
 
 @dataclass(frozen=True)
 class Plan:
+    """Everything the forward and the backward run from, made once by :func:`make_plan`: the inputs in the compute
+    dtype, their sizes, scale and temperature, the sized :class:`~attnlab.masks.MaskSpec` with the dense mask and
+    bias, the block sizes and threads.
+
+    Shapes:
+        * ``q [*batch, n_q, d_k]``, ``k [*batch, n_k, d_k]``, ``v [*batch, n_k, d_v]``: broadcast views in the compute
+          dtype; ``batch`` is the internal batch (GQA: ``[..., h_kv, group]``), ``out_batch`` the caller's;
+        * ``mask``, ``bias`` ``[*batch, n_q, n_k]`` (broadcast views) or None.
+    """
+
     q: np.ndarray  # [*batch, n_q, d_k] (a broadcast view), compute dtype
     k: np.ndarray  # [*batch, n_k, d_k]
     v: np.ndarray  # [*batch, n_k, d_v]
@@ -163,6 +174,7 @@ class Plan:
         return self.spec.query_range(j0, j1, self.seq(idx))
 
     def n_keys(self, idx: tuple[int, ...]) -> int:
+        """The keys of batch element ``idx`` that are not padding (:meth:`attnlab.masks.MaskSpec.n_keys`)."""
         return self.spec.n_keys(self.seq(idx))
 
     def blocked(self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
@@ -178,6 +190,8 @@ class Plan:
         return b.blocked
 
     def key_blocks(self, idx: tuple[int, ...], i0: int, i1: int) -> Iterator[tuple[int, int, Any]]:
+        """The key blocks ``(j0, j1, blocked)`` that query rows ``[i0, i1)`` of ``idx`` visit, in order; blocks
+        where everything is blocked are skipped, ``blocked`` is as :meth:`blocked` returns."""
         lo, hi = self.key_range(idx, i0, i1)
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, hi)
@@ -483,6 +497,8 @@ def caller_index(plan: Plan, idx: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def forward_tasks(plan: Plan) -> list[tuple[tuple[int, ...], int, int]]:
+    """The forward's work items ``(batch index, i0, i1)``: one per batch element and query block, the most
+    expensive (most keys to visit) first, so that threads given the cheap ones last fill the gaps."""
     tasks = []
     for idx in np.ndindex(*plan.batch):
         for i0 in range(0, plan.n_q, plan.block_q):
