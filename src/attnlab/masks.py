@@ -56,6 +56,7 @@ __all__ = [
     "from_torch_sdpa",
     "key_padding",
     "query_padding",
+    "real_tokens",
     "segments",
     "to_additive",
     "to_blocked",
@@ -238,14 +239,30 @@ def window(
     return _position_mask(n_q, n_k, shift, *_reach(False, left, right))  # [n_q, n_k]
 
 
-def _lengths(lengths: Any, n: int, name: str) -> np.ndarray:
+def _check_range(name: str, lens: np.ndarray, size: str, n: int) -> None:
+    """Refuse a length outside ``0 .. n`` (``size`` names n), by the argument's ``name`` and the entry's index."""
+    bad = np.flatnonzero((lens < 0) | (lens > n))
+    if bad.size:
+        raise ShapeError(f"{name}: entry {bad[0]} is {lens[bad[0]]}; expected 0 <= length <= {size}={n}")
+
+
+def _lengths(lengths: Any, n: int, size: str) -> np.ndarray:
     lens = to_numpy(lengths)
     if lens.ndim != 1 or not (np.issubdtype(lens.dtype, np.integer) or lens.size == 0):
         raise ShapeError(f"lengths: expected a 1-D integer array [B], got shape {lens.shape} dtype {lens.dtype}")
-    bad = np.flatnonzero((lens < 0) | (lens > n))
-    if bad.size:
-        raise ShapeError(f"lengths: entry {bad[0]} is {lens[bad[0]]}; expected 0 <= length <= {name}={n}")
+    _check_range("lengths", lens, size, n)
     return lens.astype(np.int64)
+
+
+def real_tokens(lengths: Any, n: int, *, size: str = "n") -> np.ndarray:
+    """``[B, n]``: True for the real positions ``i < lengths[b]`` of each sequence (the padding rule that
+    :func:`key_padding`, :func:`query_padding` and :class:`MaskSpec`'s lengths follow). ``lengths`` ints ``[B]`` in
+    ``0 .. n``, else a :class:`~attnlab.errors.ShapeError` (``size`` names n in it).
+
+    >>> real_tokens([1, 3], 3).tolist()
+    [[True, False, False], [True, True, True]]
+    """
+    return _below(_lengths(lengths, check_int(size, n, minimum=0, error=ShapeError), size), n)
 
 
 def key_padding(lengths: Any, n_k: int, *, ndim: int = 4) -> np.ndarray:
@@ -776,9 +793,8 @@ class MaskSpec:
                     f"{name}: {a.shape[0]} entries, expected one per sequence (B={sequences}, the first leading "
                     f"axis of q) or a single one"
                 )
-            if limit is not None and ((a < 0) | (a > limit[1])).any():
-                bad = int(np.flatnonzero((a < 0) | (a > limit[1]))[0])
-                raise ShapeError(f"{name}: entry {bad} is {a[bad]}; expected 0 <= length <= {limit[0]}={limit[1]}")
+            if limit is not None:
+                _check_range(name, a, *limit)
         seg = self.segments
         if seg is not None:
             for name, s, n in (("q_segments", seg[0], n_q), ("k_segments", seg[1], n_k)):
@@ -983,7 +999,7 @@ class MaskSpec:
             lo, hi = np.broadcast_to(lo, (n_q,)), np.broadcast_to(hi, (n_q,))
             empty = hi <= lo
             if self.query_lengths is not None:
-                empty |= ~_below(self._row(self.query_lengths, s)[None], n_q)[0]
+                empty |= rows >= int(self._row(self.query_lengths, s))
             if self.segments is not None:
                 q_ids, k_ids = self.segments
                 b = s if q_ids.shape[0] > 1 else 0
