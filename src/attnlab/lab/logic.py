@@ -637,7 +637,7 @@ def four_pairs(temperature: float = 1.0, lang: str = "en") -> tuple[dict[str, np
         "causal": np.asarray(base.with_options(causal=True).trace().weights),
         "full": np.asarray(base.trace().weights),
     }
-    allowed = np.tril(np.ones((4, 4), dtype=bool))
+    allowed = masks.causal(4)
     rows, cols = base.qlabels, base.klabels
     text = t(lang, FOUR_NOTE, causal=vec(out["causal"][0]), full=vec(out["full"][0]))
     return out, (
@@ -726,7 +726,7 @@ def mask_conventions(lang: str = "en") -> tuple[dict[str, np.ndarray], str]:
     setup = Setup(q, k, np.eye(4), causal=True)
     m = compare(setup, "inverted-mask", lang=lang)
     rows, cols = setup.qlabels, setup.klabels
-    mask = np.tril(np.ones((4, 4), dtype=bool))
+    mask = masks.causal(4)
     grid = "".join(
         "<tr>" + "".join(f"<td style='padding:0 6px'>{'1' if x else '0'}</td>" for x in r) + "</tr>" for r in mask
     )
