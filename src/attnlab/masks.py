@@ -840,7 +840,7 @@ class MaskSpec:
         n_q, n_k = self._need_sizes()
         if self.q_offset is not None:
             return int(self._row(self.q_offset, seq))
-        return n_k - n_q if self.causal == "bottom_right" else 0
+        return _diagonal_shift(n_q, n_k, self.align or "top_left", "causal")  # no causal part: positions top-left
 
     def n_keys(self, seq: int = 0) -> int:
         """Keys of sequence ``seq`` that are not padding."""
