@@ -694,21 +694,12 @@ def masked_row_trap(lang: str = "en") -> tuple[dict[str, object], str]:
         "<p>"
         + html.escape(t(lang, TRAP_NOTE))
         + "</p>"
-        + matrix_html(
-            res["nan"],
-            rows,
-            rows,
-            allowed=allowed,
-            caption=t(lang, "naive: NaN (and NaN spreads to every later layer)"),
-            lang=lang,
-        )
-        + matrix_html(
-            res["zero"],
-            rows,
-            rows,
-            allowed=allowed,
-            caption=t(lang, "policy 'zero' (FlashAttention): weights and output 0"),
-            lang=lang,
+        + "".join(
+            matrix_html(res[policy], rows, rows, allowed=allowed, caption=caption, lang=lang)
+            for policy, caption in (
+                ("nan", t(lang, "naive: NaN (and NaN spreads to every later layer)")),
+                ("zero", t(lang, "policy 'zero' (FlashAttention): weights and output 0")),
+            )
         )
         + error_html(t(lang, "policy 'raise' (attnlab's default):") + " " + raised)
     )
