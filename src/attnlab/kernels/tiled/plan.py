@@ -79,15 +79,16 @@ class TiledOptions:
 
 
 #: The keywords of :func:`~attnlab.kernels.flash_attention` that :meth:`MaskSpec.build` turns into the ``mask`` field.
-MASK_KEYWORDS = ("causal", "q_offset", "window", "key_lengths", "segments")
+_MASK_KEYWORDS = ("causal", "q_offset", "window", "key_lengths", "segments")
 
 
 def options(mask: Any = None, **keywords: Any) -> TiledOptions:
-    """:class:`TiledOptions` from :func:`~attnlab.kernels.flash_attention`'s keywords (``mask`` a boolean array or a
-    :class:`~attnlab.masks.MaskSpec`; the :data:`MASK_KEYWORDS` build it, the others are fields of
-    :class:`TiledOptions`): the keywords are listed once, in :func:`~attnlab.kernels.flash_attention`'s
-    signature, whose defaults are :class:`TiledOptions`' and :class:`~attnlab.masks.MaskSpec`'s own."""
-    parts = {name: keywords.pop(name) for name in MASK_KEYWORDS if name in keywords}
+    """:class:`TiledOptions` from :func:`~attnlab.kernels.flash_attention`'s keywords: ``mask`` (a boolean array or a
+    :class:`~attnlab.masks.MaskSpec`) and the mask keywords (``causal``, ``q_offset``, ``window``, ``key_lengths``,
+    ``segments``) build its ``mask``, the others are its fields. The keywords are listed once, in
+    :func:`~attnlab.kernels.flash_attention`'s signature, whose defaults are :class:`TiledOptions`' and
+    :class:`~attnlab.masks.MaskSpec`'s own."""
+    parts = {name: keywords.pop(name) for name in _MASK_KEYWORDS if name in keywords}
     return TiledOptions(MaskSpec.build(mask, **parts), **keywords)
 
 
