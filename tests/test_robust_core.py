@@ -490,6 +490,19 @@ def test_padding_and_segments_are_exact_or_named(lengths, n, ndim):
 
 @SETTINGS
 @given(
+    st.one_of(st.lists(st.integers(-2, 6), max_size=4), st.integers(0, 3), st.just([[1, 2]]), st.just([1.5])),
+    st.sampled_from([0, 1, 4, 5, -1, 2.0, True]),
+)
+def test_real_tokens_is_exact_or_named(lengths, n):
+    real = call(masks.real_tokens, lengths, n, size="t", names=["lengths", "t"])
+    if not isinstance(real, Exception):
+        ref = np.array([[i < length for i in range(n)] for length in lengths], dtype=bool).reshape(len(lengths), n)
+        np.testing.assert_array_equal(real, ref)
+        assert real.dtype == np.bool_
+
+
+@SETTINGS
+@given(
     st.sampled_from(FLOATS),
     st.sampled_from([-np.inf, -1e30, -1e9, -1e4, -65504.0, 0.0, -1.0, 3.0, np.nan]),
     st.sampled_from([-1e4, -1.0, -np.inf, 0, 5, float("nan"), "x"]),

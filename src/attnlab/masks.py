@@ -56,6 +56,7 @@ __all__ = [
     "from_torch_sdpa",
     "key_padding",
     "query_padding",
+    "real_tokens",
     "segments",
     "to_additive",
     "to_blocked",
@@ -127,6 +128,42 @@ def _check_dense(what: str, shape: tuple[int, ...]) -> None:
         )
 
 
+def _reach(causal: Any, left: int | None, right: int | None) -> tuple[int | None, int | None]:
+    """``(back, ahead)``: a query at position p may see keys ``p - back .. p + ahead`` (None: unbounded on that side).
+    The causal and window rules, written once: causal is a window with ``ahead = 0``; both together the tighter."""
+    ahead = right if not causal else 0 if right is None else min(0, right)
+    return left, ahead
+
+
+def _position_allowed(key_pos: Any, query_pos: Any, back: int | None, ahead: int | None) -> np.ndarray:
+    """True where a key at ``key_pos`` is within ``(back, ahead)`` of a query at ``query_pos`` (broadcast against
+    each other: ``[1, n_k]`` and ``[n_q, 1]`` give ``[n_q, n_k]`` booleans, no integer array of that size)."""
+    ok = np.ones(np.broadcast_shapes(np.shape(key_pos), np.shape(query_pos)), dtype=bool)
+    if back is not None:
+        ok &= key_pos >= query_pos - back
+    if ahead is not None:
+        ok &= key_pos <= query_pos + ahead
+    return ok
+
+
+def _visible_keys(pos: Any, back: int | None, ahead: int | None, n_keys: Any) -> tuple[Any, Any]:
+    """Keys ``[lo, hi)`` that queries at positions ``pos`` (an int or an array) may see among ``n_keys`` keys."""
+    lo = 0 if back is None else np.maximum(0, pos - back)
+    hi = n_keys if ahead is None else np.minimum(n_keys, pos + 1 + ahead)
+    return lo, hi
+
+
+def _position_mask(n_q: int, n_k: int, shift: int, back: int | None, ahead: int | None) -> np.ndarray:
+    """``[n_q, n_k]``, True = may attend: query i, at key position ``i + shift``, sees keys within ``(back, ahead)``:
+    what :func:`causal`, :func:`window` and every block of a :class:`MaskSpec` draw."""
+    return _position_allowed(np.arange(n_k)[None, :], np.arange(n_q)[:, None] + shift, back, ahead)
+
+
+def _below(lengths: np.ndarray, n: int) -> np.ndarray:
+    """``[B, n]``: True for positions ``< lengths[b]`` (the padding rule: the real tokens come first)."""
+    return np.arange(n)[None, :] < np.asarray(lengths)[:, None]
+
+
 def _diagonal_shift(n_q: int, n_k: int, align: str | None, what: str) -> int:
     """How far right of the main diagonal query 0's own position sits (0 top-left, n_k - n_q bottom-right)."""
     if align is None:
@@ -174,9 +211,7 @@ def causal(n_q: int, n_k: int | None = None, *, align: Align | None = None) -> n
     n_k = n_q if n_k is None else _check_len("n_k", n_k)
     shift = _diagonal_shift(n_q, n_k, align, "causal")
     _check_dense("causal", (n_q, n_k))
-    i = np.arange(n_q)[:, None]
-    j = np.arange(n_k)[None, :]
-    return j <= i + shift  # [n_q, n_k]
+    return _position_mask(n_q, n_k, shift, *_reach(True, None, None))  # [n_q, n_k]
 
 
 def window(
@@ -204,23 +239,33 @@ def window(
         check_int(name, w, minimum=0, optional=True, error=MaskError)
     shift = _diagonal_shift(n_q, n_k, align, "window")
     _check_dense("window", (n_q, n_k))
-    rel = np.arange(n_k)[None, :] - (np.arange(n_q)[:, None] + shift)  # [n_q, n_k], key minus query position
-    ok = np.ones((n_q, n_k), dtype=bool)
-    if left is not None:
-        ok &= rel >= -left
-    if right is not None:
-        ok &= rel <= right
-    return ok
+    return _position_mask(n_q, n_k, shift, *_reach(False, left, right))  # [n_q, n_k]
 
 
-def _lengths(lengths: Any, n: int, name: str) -> np.ndarray:
+def _check_range(name: str, lens: np.ndarray, size: str, n: int) -> None:
+    """Refuse a length outside ``0 .. n`` (``size`` names n), by the argument's ``name`` and the entry's index."""
+    bad = np.flatnonzero((lens < 0) | (lens > n))
+    if bad.size:
+        raise ShapeError(f"{name}: entry {bad[0]} is {lens[bad[0]]}; expected 0 <= length <= {size}={n}")
+
+
+def _lengths(lengths: Any, n: int, size: str) -> np.ndarray:
     lens = to_numpy(lengths)
     if lens.ndim != 1 or not (np.issubdtype(lens.dtype, np.integer) or lens.size == 0):
         raise ShapeError(f"lengths: expected a 1-D integer array [B], got shape {lens.shape} dtype {lens.dtype}")
-    bad = np.flatnonzero((lens < 0) | (lens > n))
-    if bad.size:
-        raise ShapeError(f"lengths: entry {bad[0]} is {lens[bad[0]]}; expected 0 <= length <= {name}={n}")
+    _check_range("lengths", lens, size, n)
     return lens.astype(np.int64)
+
+
+def real_tokens(lengths: Any, n: int, *, size: str = "n") -> np.ndarray:
+    """``[B, n]``: True for the real positions ``i < lengths[b]`` of each sequence (the padding rule that
+    :func:`key_padding`, :func:`query_padding` and :class:`MaskSpec`'s lengths follow). ``lengths`` ints ``[B]`` in
+    ``0 .. n``, else a :class:`~attnlab.errors.ShapeError` (``size`` names n in it).
+
+    >>> real_tokens([1, 3], 3).tolist()
+    [[True, False, False], [True, True, True]]
+    """
+    return _below(_lengths(lengths, check_int(size, n, minimum=0, error=ShapeError), size), n)
 
 
 def key_padding(lengths: Any, n_k: int, *, ndim: int = 4) -> np.ndarray:
@@ -235,7 +280,7 @@ def key_padding(lengths: Any, n_k: int, *, ndim: int = 4) -> np.ndarray:
     n_k = _check_len("n_k", n_k)
     lens = _lengths(lengths, n_k, "n_k")
     ndim = check_int("ndim", ndim, minimum=2)
-    ok = np.arange(n_k)[None, :] < lens[:, None]  # [B, n_k]
+    ok = _below(lens, n_k)  # [B, n_k]
     return ok.reshape((len(lens),) + (1,) * (ndim - 2) + (n_k,))
 
 
@@ -248,7 +293,7 @@ def query_padding(lengths: Any, n_q: int, *, ndim: int = 4) -> np.ndarray:
     n_q = _check_len("n_q", n_q)
     lens = _lengths(lengths, n_q, "n_q")
     ndim = check_int("ndim", ndim, minimum=3)
-    ok = np.arange(n_q)[None, :] < lens[:, None]  # [B, n_q]
+    ok = _below(lens, n_q)  # [B, n_q]
     return ok.reshape((len(lens),) + (1,) * (ndim - 3) + (n_q, 1))
 
 
@@ -547,16 +592,8 @@ def _position_pattern(
 ) -> tuple[np.ndarray, bool]:
     """``(blocked [bq, bk], all blocked)`` for the causal/window constraints, True = *blocked*, where ``offset`` is the
     block's first key position minus its first query position (key j, query i blocked when ``j + offset - i`` is
-    beyond the window or, causal, above 0). Compared by broadcasting: no ``[bq, bk]`` integer array."""
-    qi = np.arange(bq)[:, None] - offset  # [bq, 1]
-    kj = np.arange(bk)[None, :]  # [1, bk]
-    bad = np.zeros((bq, bk), dtype=bool)
-    if causal:
-        bad |= kj > qi
-    if right is not None:
-        bad |= kj > qi + right
-    if left is not None:
-        bad |= kj < qi - left
+    beyond the window or, causal, above 0)."""
+    bad = ~_position_mask(bq, bk, -offset, *_reach(causal, left, right))
     bad.flags.writeable = False
     return bad, bool(bad.all())
 
@@ -759,9 +796,8 @@ class MaskSpec:
                     f"{name}: {a.shape[0]} entries, expected one per sequence (B={sequences}, the first leading "
                     f"axis of q) or a single one"
                 )
-            if limit is not None and ((a < 0) | (a > limit[1])).any():
-                bad = int(np.flatnonzero((a < 0) | (a > limit[1]))[0])
-                raise ShapeError(f"{name}: entry {bad} is {a[bad]}; expected 0 <= length <= {limit[0]}={limit[1]}")
+            if limit is not None:
+                _check_range(name, a, *limit)
         seg = self.segments
         if seg is not None:
             for name, s, n in (("q_segments", seg[0], n_q), ("k_segments", seg[1], n_k)):
@@ -807,41 +843,41 @@ class MaskSpec:
         n_q, n_k = self._need_sizes()
         if self.q_offset is not None:
             return int(self._row(self.q_offset, seq))
-        return n_k - n_q if self.causal == "bottom_right" else 0
+        return _diagonal_shift(n_q, n_k, self.align or "top_left", "causal")  # no causal part: positions top-left
 
     def n_keys(self, seq: int = 0) -> int:
         """Keys of sequence ``seq`` that are not padding."""
         _, n_k = self._need_sizes()
         return n_k if self.key_lengths is None else int(self._row(self.key_lengths, seq))
 
+    @property
+    def reach(self) -> tuple[int | None, int | None]:
+        """``(back, ahead)``: a query at key position p may see keys ``p - back .. p + ahead`` (None: unbounded), the
+        causal and window parts together.
+
+        >>> MaskSpec(causal=True, window=3).reach
+        (3, 0)
+        """
+        left, right = self.window if self.window is not None else (None, None)
+        return _reach(self.causal, left, right)
+
     def key_range(self, i0: int, i1: int, seq: int = 0) -> tuple[int, int]:
         """Keys ``[lo, hi)`` that query rows ``[i0, i1)`` of sequence ``seq`` may see at most (causal, window, key
         lengths; empty when ``hi <= lo``)."""
-        lo, hi = 0, self.n_keys(seq)
-        shift = self.shift(seq)
-        if self.causal:
-            hi = min(hi, i1 + shift)
-        if self.window is not None:
-            left, right = self.window
-            if right is not None:
-                hi = min(hi, i1 + shift + right)
-            if left is not None:
-                lo = max(lo, i0 + shift - left)
-        return lo, hi
+        shift, (back, ahead) = self.shift(seq), self.reach
+        lo, _ = _visible_keys(i0 + shift, back, ahead, self.n_keys(seq))
+        _, hi = _visible_keys(i1 - 1 + shift, back, ahead, self.n_keys(seq))
+        return int(lo), int(hi)
 
     def query_range(self, j0: int, j1: int, seq: int = 0) -> tuple[int, int]:
         """Query rows ``[lo, hi)`` that may see some key of ``[j0, j1)`` (causal, window, query lengths)."""
         n_q, _ = self._need_sizes()
         lo, hi = 0, n_q if self.query_lengths is None else int(self._row(self.query_lengths, seq))
-        shift = self.shift(seq)
-        if self.causal:
-            lo = max(lo, j0 - shift)
-        if self.window is not None:
-            left, right = self.window
-            if right is not None:
-                lo = max(lo, j0 - shift - right)
-            if left is not None:
-                hi = min(hi, j1 + left - shift)
+        shift, (back, ahead) = self.shift(seq), self.reach
+        if ahead is not None:  # query p sees key j when j - ahead <= p <= j + back
+            lo = max(lo, j0 - shift - ahead)
+        if back is not None:
+            hi = min(hi, j1 + back - shift)
         return lo, hi
 
     def blocked(self, i0: int, i1: int, j0: int, j1: int, seq: int = 0, dense: Any = None) -> BlockMask | bool | None:
@@ -852,10 +888,9 @@ class MaskSpec:
         parts: list[np.ndarray] = []
         shift = self.shift(seq)
         left, right = self.window if self.window is not None else (None, None)
-        need_rel = (
-            (bool(self.causal) and j1 - 1 > i0 + shift)
-            or (right is not None and j1 - 1 > i0 + shift + right)
-            or (left is not None and j0 < i1 - 1 + shift - left)
+        back, ahead = self.reach  # does the block's corner farthest from the diagonal on either side fall outside?
+        need_rel = (ahead is not None and j1 - 1 > i0 + shift + ahead) or (
+            back is not None and j0 < i1 - 1 + shift - back
         )
         key = None
         if need_rel:
@@ -963,16 +998,8 @@ class MaskSpec:
         out = np.zeros((seqs, n_q), dtype=bool)
         rows = np.arange(n_q)
         for s in range(seqs):
-            lo, hi = np.zeros(n_q, np.int64), np.full(n_q, self.n_keys(s), np.int64)
-            shift = self.shift(s)
-            if self.causal:
-                hi = np.minimum(hi, rows + 1 + shift)
-            if self.window is not None:
-                left, right = self.window
-                if right is not None:
-                    hi = np.minimum(hi, rows + 1 + shift + right)
-                if left is not None:
-                    lo = np.maximum(lo, rows + shift - left)
+            lo, hi = _visible_keys(rows + self.shift(s), *self.reach, self.n_keys(s))
+            lo, hi = np.broadcast_to(lo, (n_q,)), np.broadcast_to(hi, (n_q,))
             empty = hi <= lo
             if self.query_lengths is not None:
                 empty |= rows >= int(self._row(self.query_lengths, s))

@@ -440,6 +440,21 @@ def _layer_index(layer: Any) -> int:
     return check_int("layer", layer, minimum=0)
 
 
+#: Per family: the attention block of layer i (a format string), its query weight's name in it, the projections.
+_LAYER_BLOCKS = {
+    "BERT-style": ("encoder.layer.{i}.attention.", "self.query.weight", BERT_PROJECTIONS),
+    "Llama-style": ("layers.{i}.self_attn.", "q_proj.weight", LLAMA_PROJECTIONS),
+}
+
+
+def _layer_projections(state_dict: Any, i: int, prefix: str | None, dtype: Any, family: str) -> dict[str, Any]:
+    """The projections of layer ``i``'s attention block in a ``family`` checkpoint (prefix found unless given)."""
+    block, query, names = _LAYER_BLOCKS[family]
+    base = block.format(i=i)
+    sd = _state(state_dict)
+    return _projections(sd, _find_prefix(sd, base + query, prefix, family) + base, names, dtype)
+
+
 def from_bert(
     state_dict: Any, layer: int, *, num_heads: int, prefix: str | None = None, dtype: Any = None
 ) -> MultiHeadWeights:
@@ -449,10 +464,7 @@ def from_bert(
     """
     i = _layer_index(layer)
     num_heads = check_int("num_heads", num_heads, minimum=1)
-    tail = f"encoder.layer.{i}.attention.self.query.weight"
-    sd = _state(state_dict)
-    p = _find_prefix(sd, tail, prefix, "BERT-style")
-    arrays = _projections(sd, f"{p}encoder.layer.{i}.attention.", BERT_PROJECTIONS, dtype)
+    arrays = _layer_projections(state_dict, i, prefix, dtype, "BERT-style")
     return MultiHeadWeights(**arrays, num_heads=num_heads)
 
 
@@ -479,10 +491,7 @@ def from_llama(
     """
     i = _layer_index(layer)
     num_heads = check_int("num_heads", num_heads, minimum=1)
-    tail = f"layers.{i}.self_attn.q_proj.weight"
-    sd = _state(state_dict)
-    p = _find_prefix(sd, tail, prefix, "Llama-style")
-    arrays = _projections(sd, f"{p}layers.{i}.self_attn.", LLAMA_PROJECTIONS, dtype)
+    arrays = _layer_projections(state_dict, i, prefix, dtype, "Llama-style")
     return MultiHeadWeights(**arrays, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
 
 

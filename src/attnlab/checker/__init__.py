@@ -204,26 +204,14 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
                 break
         else:
             detected += f" (every call failed in {', '.join(tried)} as well)" if len(tried) > 1 else ""
-    findings, explained = battery.findings_list()
     r = backend.resolved
-    report = Report(
-        target=label,
-        framework=backend.framework,
+    report = battery.report(
+        label,
+        backend,
+        t0,
+        detected,
         signature=r.describe(),
-        findings=findings,
-        notes=tuple(battery.notes),
-        unsupported=battery.unsupported_list(),
-        probes=tuple(battery.probe_results),
-        explained=tuple(f.code for f in explained),
-        explained_findings=explained,
-        incomplete=tuple(battery.incomplete),
-        calls=battery.runner.calls,
-        seconds=time.perf_counter() - t0,
         spec=dict(spec.as_dict(), device=r.device or None),
-        isolation=backend.description,
-        import_seconds=getattr(backend, "import_seconds", 0.0),
-        detected=detected,
-        kind=r.kind,
         mode=r.mode,
     )
     backward = spec.backward  # the gradient battery after the forward's (attnlab.checker.gradient_oracle)

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import MissingExtraError, missing_extra
 from .callables import detect_framework as _detect
 from .callables import prepare, signature_of
-from .interfaces import interface
+from .interfaces import Form, interface
 from .spec import CAPABILITIES, DTYPES, MASK_FORMS, MASKED_ROWS, Spec, UsageError
 
 __all__ = [
@@ -550,9 +550,8 @@ class Adapter:
         gqa: bool,
     ) -> tuple[tuple, dict]:
         """The positional and keyword arguments of one call (arrays of ``fn``'s library, on its device)."""
-        inputs = self.interface.inputs(
-            q, k, v, mask, dtype=dtype, layout=self.spec.layout, convention=self.spec.mask_convention, fw=self.fw
-        )
+        form = Form(dtype, self.spec.layout, self.spec.mask_convention, self.fw)
+        inputs = self.interface.inputs(q, k, v, mask, form)
         self._unpack = inputs.unpack
         args, kwargs = inputs.tensors, dict(inputs.extra)
         r = self.resolved

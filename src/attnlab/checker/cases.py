@@ -118,19 +118,19 @@ def random_mask(rng: np.random.Generator, g: Geom, form: str = "full") -> np.nda
         lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, g.b)
         lq = np.minimum(rng.integers(1, g.n_q + 1, g.b), lk)
         lq[0] = min(g.n_q, lk[0])
-        i, j = np.arange(g.n_q)[:, None], np.arange(g.n_k)[None, :]
-        m = ((i < lq[:, None, None]) & (j < lk[:, None, None]))[:, None]
+        spec = _masks.MaskSpec(key_lengths=lk, query_lengths=lq).sized(g.n_q, g.n_k, g.b)
+        m = spec.to_array((g.b, 1, g.n_q, g.n_k)).copy()  # [B, 1, n_q, n_k]
         if g.b > 1:
             m[-1, ..., : lq[-1], : lk[-1]] = True
         return np.broadcast_to(m, full).copy()
     elif form == "kv_cache":  # cache lengths: at least n_q (the new queries are in the cache), below n_k
         lengths = rng.integers(min(g.n_q, g.n_k), g.n_k + 1, g.b)
         lengths[-1] = max(min(g.n_q, g.n_k), g.n_k - 1)
-        m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
+        m = _masks.key_padding(lengths, g.n_k)  # [B, 1, 1, n_k]
     else:
         lengths = rng.integers(1, g.n_k + 1, g.b)
         lengths[-1] = max(1, g.n_k - 1) if g.n_k > 1 else 1
-        m = np.arange(g.n_k)[None, None, None, :] < lengths[:, None, None, None]
+        m = _masks.key_padding(lengths, g.n_k)  # [B, 1, 1, n_k]
     m = np.broadcast_to(m, full).copy()
     m[..., 0] = True
     if g.n_k > 1 and form not in ("valid_lens", "kv_cache"):

@@ -64,7 +64,7 @@ from ..core.dropout import Dropout
 from ..core.gradients import attention_backward
 from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dtype_name, round_to
 from .callables import signature_of
-from .cases import LENGTH_FORMS
+from .cases import LENGTH_FORMS, Geom
 from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
 from .probes import FIXES, Battery, ProbeSkip
 from .report import Finding, ProbeResult, Report, Unsupported
@@ -593,33 +593,17 @@ def grad_bound(dtype: str, golden: np.ndarray, naive: np.ndarray | None) -> floa
 # the battery
 
 
-@dataclass(frozen=True)
-class _G:
-    """A geometry (as the forward battery's): batch (None: none), heads, sizes, K/V heads."""
-
-    b: int | None
-    h: int
-    n_q: int
-    n_k: int
-    d_k: int
-    d_v: int
-    h_kv: int | None = None
-
-    def lead(self, heads: int) -> tuple[int, ...]:
-        return (heads,) if self.b is None else (self.b, heads)
-
-
 _COMBOS = [
-    ("causal+mask", _G(2, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
-    ("mask+cross", _G(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
-    ("mask+cross-2", _G(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
-    ("causal+cross", _G(1, 2, 6, 11, 8, 8), ("causal", "cross", "causal-cross"), {"causal": True}),
-    ("gqa+causal", _G(2, 4, 9, 9, 8, 6, h_kv=2), ("gqa", "causal"), {"causal": True}),
-    ("gqa+mask", _G(1, 6, 5, 7, 4, 4, h_kv=3), ("gqa", "mask", "cross"), {"mask": True}),
-    ("long", _G(1, 2, 45, 70, 16, 16), ("cross",), {}),
-    ("long-causal", _G(1, 1, 67, 67, 8, 8), ("causal",), {"causal": True}),
-    ("long-mask", _G(1, 1, 37, 37, 8, 8), ("mask",), {"mask": True}),
-    ("odd", _G(2, 3, 11, 11, 5, 5), (), {}),
+    ("causal+mask", Geom(2, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
+    ("mask+cross", Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
+    ("mask+cross-2", Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
+    ("causal+cross", Geom(1, 2, 6, 11, 8, 8), ("causal", "cross", "causal-cross"), {"causal": True}),
+    ("gqa+causal", Geom(2, 4, 9, 9, 8, 6, h_kv=2), ("gqa", "causal"), {"causal": True}),
+    ("gqa+mask", Geom(1, 6, 5, 7, 4, 4, h_kv=3), ("gqa", "mask", "cross"), {"mask": True}),
+    ("long", Geom(1, 2, 45, 70, 16, 16), ("cross",), {}),
+    ("long-causal", Geom(1, 1, 67, 67, 8, 8), ("causal",), {"causal": True}),
+    ("long-mask", Geom(1, 1, 37, 37, 8, 8), ("mask",), {"mask": True}),
+    ("odd", Geom(2, 3, 11, 11, 5, 5), (), {}),
 ]
 
 
@@ -995,13 +979,13 @@ class GradBattery(Battery):
             if all(r in self.caps for r in req):
                 self.grid.append(self.call(self.make(g, self.primary, label=lbl, **ex)))
         if "bias" not in self.unsupported:
-            g0 = _G(2, 2, 6, 9, 8, 8)
+            g0 = Geom(2, 2, 6, 9, 8, 8)
             base = self.make(g0, self.primary, label="bias", mask=("mask" in self.caps))
             self.grid.append(self.call(self.grad_case(base, bias=True)))
         if "causal-cross" in self.caps and (self.causal_mode == "mask" or self.spec.causal_value == "align"):
             # the function can be told either alignment: both are checked
             for n_q, n_k in ((4, 9), (9, 5)):
-                base = self.make(_G(2, 2, n_q, n_k, 8, 8), self.primary, label=f"causal both alignments {n_q}x{n_k}")
+                base = self.make(Geom(2, 2, n_q, n_k, 8, 8), self.primary, label=f"causal both alignments {n_q}x{n_k}")
                 for align in ("top_left", "bottom_right"):
                     if align == "bottom_right" and n_q > n_k:
                         continue  # rows with no key: the masked-rows probe's business
@@ -1010,12 +994,12 @@ class GradBattery(Battery):
         for dtype in self.dtypes[1:]:
             if "causal" in self.caps:
                 self.grid.append(
-                    self.call(self.make(_G(2, 2, 6, 6, 8, 8), dtype, label=f"causal {dtype}", causal=True))
+                    self.call(self.make(Geom(2, 2, 6, 6, 8, 8), dtype, label=f"causal {dtype}", causal=True))
                 )
             if "mask" in self.caps:
-                self.grid.append(self.call(self.make(_G(2, 3, 9, 9, 4, 4), dtype, label=f"mask {dtype}", mask=True)))
+                self.grid.append(self.call(self.make(Geom(2, 3, 9, 9, 4, 4), dtype, label=f"mask {dtype}", mask=True)))
             if "gqa" in self.caps:
-                self.grid.append(self.call(self.make(_G(1, 4, 6, 6, 8, 8, h_kv=2), dtype, label=f"gqa {dtype}")))
+                self.grid.append(self.call(self.make(Geom(1, 4, 6, 6, 8, 8, h_kv=2), dtype, label=f"gqa {dtype}")))
         results: list[tuple[Any, bool, str | None]] = []
         for out in self.grid:
             self.case_key = self.key(out.case)
@@ -1053,7 +1037,7 @@ class GradBattery(Battery):
         """The ``grad-masked-keys`` probe: a key masked for every query gets dK = dV = 0 and moves no other gradient."""
         if "mask" not in self.caps:
             raise ProbeSkip("needs a mask argument")
-        g = _G(2, 2, 6, 8, 8, 8)
+        g = Geom(2, 2, 6, 8, 8, 8)
         base = self.make(g, self.primary, label="masked keys", mask=True)
         # the last key is blocked for every query (random_mask's promise); give it huge K and V
         k, v = base.k.copy(), base.v.copy()
@@ -1121,7 +1105,7 @@ class GradBattery(Battery):
         between two calls whose d_out differs only on those rows, so that a bug elsewhere does not show here."""
         if "mask" not in self.caps:
             raise ProbeSkip("needs a mask argument")
-        g = _G(2, 2, 5, 6, 8, 8)
+        g = Geom(2, 2, 5, 6, 8, 8)
         base = self.make(g, self.primary, label="masked rows", mask=True)
         m = base.mask.copy()
         if self.mask_form in LENGTH_FORMS:  # lengths or key padding: only a whole sequence can have no key
@@ -1266,7 +1250,7 @@ class GradBattery(Battery):
 
     def p_grad_batch(self) -> None:
         """The ``grad-batch`` probe: changing one batch element or head moves no other one's gradients."""
-        g = _G(2, 2, 5, 7, 4, 4)
+        g = Geom(2, 2, 5, 7, 4, 4)
         base = self.grad_case(self.make(g, self.primary, label="batch", mask=("mask" in self.caps)))
         self.case_key = self.key(base)
         out = self.call(base)
@@ -1310,8 +1294,8 @@ class GradBattery(Battery):
             raise ProbeSkip(self.unsupported["dropout"])
         p = 0.25
         for lbl, g, ex in (
-            ("dropout", _G(2, 2, 6, 6, 8, 8), {"mask": "mask" in self.caps}),
-            ("dropout+causal", _G(1, 2, 7, 7, 4, 6), {"causal": "causal" in self.caps}),
+            ("dropout", Geom(2, 2, 6, 6, 8, 8), {"mask": "mask" in self.caps}),
+            ("dropout+causal", Geom(1, 2, 7, 7, 4, 6), {"causal": "causal" in self.caps}),
         ):
             base = self.make(g, self.primary, label=lbl, **ex)
             keep = self.rng.random((*base.q.shape[:-2], base.q.shape[-2], base.k.shape[-2])) >= p
@@ -1540,26 +1524,14 @@ def run_gradients(
                 )
                 backend, battery, k, with_fwd = b2, bat2, k2, f2
                 break
-    findings, explained = battery.findings_list()
-    return Report(
-        target=label,
-        framework=backend.framework,
+    return battery.report(
+        label,
+        backend,
+        t0,
+        detected,
         signature=_describe(k, backend, lse_units, with_fwd),
-        findings=findings,
-        notes=tuple(battery.notes),
-        unsupported=battery.unsupported_list(),
-        probes=tuple(battery.probe_results),
-        explained=tuple(f.code for f in explained),
-        explained_findings=explained,
-        incomplete=tuple(battery.incomplete),
-        calls=battery.runner.calls,
-        seconds=time.perf_counter() - t0,
         spec={**spec.as_dict(), "backward": k, "lse_units": lse_units},
         command="check --backward",
-        isolation=backend.description,
-        import_seconds=getattr(backend, "import_seconds", 0.0),
-        detected=detected,
-        kind=backend.resolved.kind,
     )
 
 

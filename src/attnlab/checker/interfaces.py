@@ -31,6 +31,7 @@ from .. import masks as _masks
 __all__ = [
     "CONVENTIONS",
     "INTERFACES",
+    "Form",
     "Full",
     "Inputs",
     "Interface",
@@ -79,6 +80,17 @@ class Inputs:
     unpack: Callable[[np.ndarray], np.ndarray | str] = _same
 
 
+@dataclass(frozen=True)
+class Form:
+    """How one call passes its arrays: in ``dtype``, in ``layout`` (``"bhnd"`` or ``"bnhd"``), the mask in
+    ``convention`` (a key of :data:`CONVENTIONS`), as arrays of the library ``fw``."""
+
+    dtype: str
+    layout: str
+    convention: str
+    fw: Any
+
+
 class Interface:
     """A mask interface. ``reduce`` turns the canonical mask into what the function takes (a boolean array in
     attnlab's convention, converted by :data:`CONVENTIONS`, or integer lengths, marked by ``lengths = True``);
@@ -97,26 +109,16 @@ class Interface:
         m = self.reduce(np.asarray(allowed))
         return fw.exact(m) if self.lengths else CONVENTIONS[convention](m, dtype, fw)
 
-    def inputs(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        mask: np.ndarray | None,
-        *,
-        dtype: str,
-        layout: str,
-        convention: str,
-        fw: Any,
-    ) -> Inputs:
-        """One call's arrays: q, k, v in ``layout`` and ``dtype``, and the mask argument (when ``mask`` is given)."""
-        swap = layout == "bnhd"
+    def inputs(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, form: Form) -> Inputs:
+        """One call's arrays: q, k, v in the form's layout and dtype, and the mask argument (when ``mask`` is
+        given)."""
+        swap = form.layout == "bnhd"
 
         def lay(x: np.ndarray) -> np.ndarray:
             return np.swapaxes(x, -2, -3) if swap else x
 
-        tensors = tuple(fw.floats(lay(x), dtype) for x in (q, k, v))
-        m = None if mask is None else self.mask_argument(mask, convention=convention, dtype=dtype, fw=fw)
+        tensors = tuple(form.fw.floats(lay(x), form.dtype) for x in (q, k, v))
+        m = None if mask is None else self.mask_argument(mask, convention=form.convention, dtype=form.dtype, fw=form.fw)
         return Inputs(tensors, m, unpack=lay)
 
     def structural(self, *, has_causal_flag: bool, causal_only: bool) -> dict[str, str]:
@@ -177,20 +179,10 @@ class Varlen(Interface):
     name = "varlen"
     packed = True
 
-    def inputs(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        mask: np.ndarray | None,
-        *,
-        dtype: str,
-        layout: str,
-        convention: str,
-        fw: Any,
-    ) -> Inputs:
+    def inputs(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, form: Form) -> Inputs:
         lq, lk = self.lengths_of(q, k, mask)
         rows, n_q, h = lq, q.shape[-2], q.shape[1]
+        fw, dtype = form.fw, form.dtype
         extra = {
             "cu_seqlens_q": fw.exact(self.cu_seqlens(lq)),
             "cu_seqlens_k": fw.exact(self.cu_seqlens(lk)),

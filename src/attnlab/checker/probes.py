@@ -51,7 +51,7 @@ from .adapters import CAPABILITIES, round_to
 from .cases import COMBOS, DTYPE_NAMES, GRID, LENGTH_FORMS, PRECISION, Geom, drawn, indent, random_mask, softmax
 from .fixes import FIXES, LEAKS, NOT_DIAGNOSES, PERTURBATION, SPECIFIC
 from .hypotheses import Context, outputs
-from .report import CORE_PROBES, PROBES, Finding, ProbeResult, Unsupported
+from .report import CORE_PROBES, PROBES, Finding, ProbeResult, Report, Unsupported
 from .runner import CallError, Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
@@ -1578,6 +1578,30 @@ class Battery:
         bugs = sorted(kept.values(), key=lambda f: order.index(f.code))
         also = sorted((f for c, f in explained.items() if c not in kept), key=lambda f: order.index(f.code))
         return tuple(bugs), tuple(also)
+
+    def report(self, target: str, backend: Any, started: float, detected: str, **fields: Any) -> Report:
+        """The :class:`~attnlab.checker.report.Report` of this battery's run of ``target`` on ``backend`` (its
+        framework, isolation and import time), begun at ``started`` (``time.perf_counter()``); ``fields`` are the
+        report's fields that depend on the battery (``signature``, ``spec``, ``command`` ...)."""
+        findings, explained = self.findings_list()
+        return Report(
+            target=target,
+            framework=backend.framework,
+            findings=findings,
+            notes=tuple(self.notes),
+            unsupported=self.unsupported_list(),
+            probes=tuple(self.probe_results),
+            explained=tuple(f.code for f in explained),
+            explained_findings=explained,
+            incomplete=tuple(self.incomplete),
+            calls=self.runner.calls,
+            seconds=time.perf_counter() - started,
+            isolation=backend.description,
+            import_seconds=getattr(backend, "import_seconds", 0.0),
+            detected=detected,
+            kind=backend.resolved.kind,
+            **fields,
+        )
 
 
 if tuple(PROBE_FUNCTIONS) != PROBES:  # the names the options accept are the probes defined above, in their order

@@ -46,6 +46,17 @@ __all__ = [
 # heads
 
 
+def _heads_array(x: Any, ndim: int, layout: str) -> tuple[Any, Any, tuple[int, ...]]:
+    """``(xp, x, shape)`` for ``x`` as an array with at least ``ndim`` dims, else a
+    :class:`~attnlab.errors.ShapeError` that shows the expected ``layout`` (``"[..., h, n, d]"``)."""
+    x = as_array(x, "x")
+    xp = namespace(x=x)
+    s = shape_of(x)
+    if len(s) < ndim:
+        raise ShapeError(f"x: expected {layout} with at least {ndim} dims, got shape {s}")
+    return xp, x, s
+
+
 def split_heads(x: Any, num_heads: int) -> Any:
     """Split the last axis into heads and move them before the sequence axis.
 
@@ -55,11 +66,7 @@ def split_heads(x: Any, num_heads: int) -> Any:
     [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
     """
     num_heads = check_int("num_heads", num_heads, minimum=1)
-    x = as_array(x, "x")
-    xp = namespace(x=x)
-    s = shape_of(x)
-    if len(s) < 2:
-        raise ShapeError(f"x: expected [..., n, h * d] with at least 2 dims, got shape {s}")
+    xp, x, s = _heads_array(x, 2, "[..., n, h * d]")
     if s[-1] % num_heads:
         raise ShapeError(f"x: last dim {s[-1]} (shape {s}) is not divisible by num_heads={num_heads}")
     d = s[-1] // num_heads
@@ -77,11 +84,7 @@ def merge_heads(x: Any) -> Any:
     >>> bool((merge_heads(split_heads(x, 2)) == x).all())
     True
     """
-    x = as_array(x, "x")
-    xp = namespace(x=x)
-    s = shape_of(x)
-    if len(s) < 3:
-        raise ShapeError(f"x: expected [..., h, n, d] with at least 3 dims, got shape {s}")
+    xp, x, s = _heads_array(x, 3, "[..., h, n, d]")
     nd = len(s)
     y = xp.permute_dims(x, (*range(nd - 3), nd - 2, nd - 3, nd - 1))  # [..., n, h, d]
     return xp.reshape(y, (*s[:-3], s[-2], s[-3] * s[-1]))
@@ -99,11 +102,7 @@ def repeat_kv(x: Any, n_rep: int) -> Any:
     [1, 1, 2, 2]
     """
     n_rep = check_int("n_rep", n_rep, minimum=1)
-    x = as_array(x, "x")
-    xp = namespace(x=x)
-    s = shape_of(x)
-    if len(s) < 3:
-        raise ShapeError(f"x: expected [..., h_kv, n, d] with at least 3 dims, got shape {s}")
+    xp, x, s = _heads_array(x, 3, "[..., h_kv, n, d]")
     if n_rep == 1:
         return x
     y = xp.broadcast_to(x[..., None, :, :], (*s[:-2], n_rep, s[-2], s[-1]))  # [..., h_kv, n_rep, n, d]

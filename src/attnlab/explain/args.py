@@ -1,4 +1,5 @@
-"""Command-line inputs shared by ``attnlab explain`` and ``attnlab heatmap``: a named example or your matrices.
+"""Command-line inputs shared by ``attnlab explain`` and ``attnlab heatmap`` (a named example or your matrices), and
+``attnlab explain``'s own options (:func:`add_explain_arguments`, :func:`parse_explain_args`).
 
 Kept light (NumPy only) because the CLI builds its parser from it before any command runs.
 """
@@ -12,24 +13,31 @@ from typing import Any
 
 import numpy as np
 
-from ..argtypes import float_type, input_file, int_type
+from ..argtypes import float_type, input_file, int_type, probability
 from ..articles import EXAMPLES, EXTRA_EXAMPLES, LESSONS
 from ..errors import AttnlabError, OptionError, ShapeError
 from ..i18n import localize_type, localized
 
 __all__ = [
     "EXAMPLE_NAMES",
+    "MISTAKE_NAMES",
     "TEMPERATURE",
+    "add_explain_arguments",
     "add_input_arguments",
     "add_lang_argument",
     "examples_listing",
     "labels_from_args",
+    "parse_explain_args",
     "read_source",
     "setup_from_args",
 ]
 
 #: Every name ``attnlab explain`` and ``attnlab heatmap`` accept: the examples, the extra examples, the lessons.
 EXAMPLE_NAMES: tuple[str, ...] = (*EXAMPLES, *EXTRA_EXAMPLES, *LESSONS)
+
+#: The classic mistakes ``attnlab explain --mistake`` shows next to the right computation
+#: (:data:`attnlab.explain.MISTAKES` describes them).
+MISTAKE_NAMES: tuple[str, ...] = ("softmax-then-mask", "no-scale", "sqrt-d-model", "query-axis", "inverted-mask")
 
 
 def examples_listing(lang: str = "en") -> str:
@@ -238,3 +246,63 @@ def setup_from_args(args: argparse.Namespace) -> Any:
     _check_sizes(args, q.shape[0], k.shape[0])
     ql, kl = labels_from_args(args, q.shape[0], k.shape[0], data.get("tokens"))
     return Setup(q, k, v, mask, query_labels=ql, key_labels=kl, bias=bias, **options)
+
+
+def add_explain_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
+    """``attnlab explain``'s options (the inputs of :func:`add_input_arguments`, then what to show and how), with
+    their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
+    from .i18n import tr
+
+    def h(key: str, **fields: object) -> str:
+        return tr(f"help.{key}", lang, **fields)
+
+    def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
+        return None if lang == "en" else h(f"metavar.{key}")
+
+    add_input_arguments(parser, lang)
+    o = parser.add_argument_group(h("group.output"))
+    names = (*MISTAKE_NAMES, "all")
+    o.add_argument(
+        "--mistake",
+        action="append",
+        choices=names,
+        type=localize_type(None, lang, "argtype.choice", choices=names),
+        metavar=h("metavar.name"),
+        help=h("mistake", names=", ".join(MISTAKE_NAMES)),
+    )
+    heads = localize_type(int_type(minimum=1, maximum=2**20), lang, "argtype.int_range", lo=1, hi=2**20)
+    o.add_argument("--heads", type=heads, default=8, metavar=mv("heads"), help=h("heads"))
+    formats = ("auto", "rich", "text", "markdown", "json")
+    fmt = localize_type(None, lang, "argtype.choice", choices=formats)
+    o.add_argument("--format", choices=formats, type=fmt, default="auto", help=h("format"))
+    width = localize_type(int_type(minimum=20), lang, "argtype.int", lo=20)
+    o.add_argument("--width", type=width, default=100, metavar=mv("width"), help=h("width"))
+    o.add_argument(
+        "--tiled", type=localize_type(int_type(minimum=1), lang, "argtype.int", lo=1), metavar="B", help=h("tiled")
+    )
+    add_lang_argument(o, lang)
+    o.add_argument("--backward", action="store_true", help=h("backward"))
+    o.add_argument("--grad-out", metavar="G", help=h("grad_out"))
+    o.add_argument(
+        "--dropout", type=localize_type(probability, lang, "argtype.probability"), metavar="P", help=h("dropout")
+    )
+    seed = localize_type(int_type(minimum=0), lang, "argtype.int", lo=0)
+    o.add_argument("--seed", type=seed, default=0, metavar=mv("seed"), help=h("seed"))
+    o.add_argument("--positions", action="store_true", help=h("positions"))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # a library call raises; only the command line exits
+        raise OptionError(message)
+
+
+def parse_explain_args(argv: Any, lang: str = "en") -> argparse.Namespace:
+    """``attnlab explain ARGV`` as the command line reads it (for callers other than the command line, such as
+    the lab): a bad argument is an :class:`~attnlab.errors.OptionError` that says what argparse would print.
+
+    >>> parse_explain_args(["2x2", "--tiled", "1"]).tiled
+    1
+    """
+    parser = _Parser(prog="attnlab explain", add_help=False)
+    add_explain_arguments(parser, lang)
+    return parser.parse_args(list(argv))

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DTypeError, MaskError, NonFiniteError, ShapeError
+from ..errors import AttnlabError, DTypeError, MaskError, NonFiniteError, ShapeError
 from ..i18n import localized
 from ..validate import check_choice
 
@@ -100,15 +100,19 @@ def parse_matrix(text: str, name: str) -> np.ndarray:
         raise DTypeError(f"{name}: expected text, got {type(text).__name__}")
     s = text.strip()
     if s.startswith("["):
-        try:
-            value = json.loads(s)
-        except json.JSONDecodeError as err:
-            raise localized(ShapeError, "input.not_json", name=name, text=s[:40], pos=err.pos) from None
-        return matrix_from_value(value, name)
+        return matrix_from_value(_inline_json(s, name, ShapeError), name)
     lines = [ln for ln in re.split(r"[;\n]", s) if ln.strip()]
     rows = [[t for t in re.split(r"[,\s\t]+", ln.strip()) if t] for ln in lines]
     _check_rows(rows, name)
     return np.array([[_number(t, name, i, j) for j, t in enumerate(r)] for i, r in enumerate(rows)], dtype=np.float64)
+
+
+def _inline_json(s: str, name: str, error: type[AttnlabError]) -> Any:
+    """``s`` (text that starts with ``[``) read as JSON; invalid JSON is an ``error`` naming ``name`` and where."""
+    try:
+        return json.loads(s)
+    except json.JSONDecodeError as err:
+        raise localized(error, "input.not_json", name=name, text=s[:40], pos=err.pos) from None
 
 
 def _is_path(source: str) -> bool:
@@ -154,10 +158,7 @@ def parse_mask(text: str, name: str = "mask", *, convention: str = "allow") -> n
     check_choice("convention", convention, ("allow", "block"))  # allow: True = may attend
     s = text.strip()
     if s.startswith("["):
-        try:
-            value = json.loads(s)
-        except json.JSONDecodeError as err:
-            raise localized(MaskError, "input.not_json", name=name, text=s[:40], pos=err.pos) from None
+        value = _inline_json(s, name, MaskError)
         if value and not isinstance(value[0], list):
             value = [value]
         rows = [[str(x).lower() for x in r] if isinstance(r, list) else [str(r)] for r in value]

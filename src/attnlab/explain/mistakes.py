@@ -18,6 +18,7 @@ import numpy as np
 
 from ..core import masked_softmax
 from ..validate import check_int
+from .args import MISTAKE_NAMES
 from .fmt import num, vec
 from .i18n import check_lang, tr
 from .steps import Setup
@@ -25,9 +26,7 @@ from .steps import Setup
 __all__ = ["MISTAKES", "Mistake", "compare"]
 
 #: name -> one-line title of each classic mistake.
-MISTAKES: dict[str, str] = {
-    n: tr(f"mistake.{n}") for n in ("softmax-then-mask", "no-scale", "sqrt-d-model", "query-axis", "inverted-mask")
-}
+MISTAKES: dict[str, str] = {n: tr(f"mistake.{n}") for n in MISTAKE_NAMES}
 
 
 @dataclass(frozen=True)

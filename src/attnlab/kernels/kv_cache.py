@@ -28,7 +28,7 @@ from .._arrays import device_of, index_tuples, namespace, shape_of, to_numpy
 from ..core.inputs import MaskedRows, check_finite, check_policy, resolve_scale
 from ..core.softmax import masked_softmax
 from ..errors import DTypeError, MaskedRowError, OptionError, RangeError, ShapeError
-from ..masks import MaskSpec
+from ..masks import MaskSpec, real_tokens
 from ..validate import check_int
 from . import autograd
 from .config import current as current_config
@@ -258,11 +258,8 @@ class KVCache:
             new = to_numpy(lengths)
             if new.shape != (self.batch,) or not np.issubdtype(new.dtype, np.integer):
                 raise ShapeError(f"lengths: expected {self.batch} ints [B], got shape {new.shape} dtype {new.dtype}")
-            bad = np.flatnonzero((new < 0) | (new > t))
-            if bad.size:
-                raise ShapeError(f"lengths: entry {bad[0]} is {new[bad[0]]}; expected 0 <= length <= t={t}")
             new = new.astype(np.int64)
-        real = np.arange(t)[None, :] < new[:, None]  # [B, t]
+        real = real_tokens(new, t, size="t")  # [B, t]
         kn, vn = self._stored("k_new", kn, real), self._stored("v_new", vn, real)
         self._grow(int((self._lengths + new).max()))
         if lengths is None and (self._lengths == self._lengths[0]).all():
@@ -347,7 +344,7 @@ def _cached(
     L = max(1, int(lengths.max()))
     start = np.maximum(lengths - n_new, 0)  # [B] position of query 0 (< 0 only before any append: no key then)
     spec = MaskSpec(causal=True, q_offset=start, key_lengths=lengths).sized(t, L, B)  # bottom-right, per sequence
-    real = np.arange(t)[None, :] < n_new[:, None]  # [B, t] padding queries of short appends are not real
+    real = real_tokens(n_new, t, size="t")  # [B, t] padding queries of short appends are not real
     if abs(sc) > float(np.finfo(cdt).max):  # both paths compute in cdt: its logit factor must be finite there
         raise factor_overflow_error("scale / temperature", sc, np.dtype(cdt).name, scale=sc, temperature=1.0)
     qc = qn.astype(cdt, copy=False)

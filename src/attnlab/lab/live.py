@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import masks
 from ..errors import ShapeError
 from .i18n import t
 from .svg import grid_svg, heatmap_svg, last_row_svg
@@ -187,7 +188,7 @@ def _forward(key: str, text: str) -> LiveResult:
             w = np.stack([np.asarray(a[0], dtype=np.float64) for a in out.attentions])  # [L, h, n, n]
             labels = tuple(m.tokenizer.labels(ids))
             n = len(ids)
-            allowed = np.tril(np.ones((n, n), dtype=bool))
+            allowed = masks.causal(n)
         else:
             from ..models.minilm import model_dir
 
@@ -202,7 +203,7 @@ def _forward(key: str, text: str) -> LiveResult:
 
             tok = Tokenizer.from_file(str((m.path or model_dir()) / "tokenizer.json"))
             labels = tuple(tok.id_to_token(int(i)) or str(i) for i in ids[0])
-            allowed = np.broadcast_to(am[0].astype(bool)[None, :], (ids.shape[1], ids.shape[1])).copy()
+            allowed = np.broadcast_to(masks.from_keep(am[0]), (ids.shape[1], ids.shape[1])).copy()  # [n, n]
     w.setflags(write=False)
     return LiveResult(MODELS[key].name, text, labels, w, allowed, time.perf_counter() - t0, truncated)
 

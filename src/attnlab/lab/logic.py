@@ -641,7 +641,7 @@ def four_pairs(temperature: float = 1.0, lang: str = "en") -> tuple[dict[str, np
         "causal": np.asarray(base.with_options(causal=True).trace().weights),
         "full": np.asarray(base.trace().weights),
     }
-    allowed = np.tril(np.ones((4, 4), dtype=bool))
+    allowed = masks.causal(4)
     rows, cols = base.qlabels, base.klabels
     text = t(lang, FOUR_NOTE, causal=vec(out["causal"][0]), full=vec(out["full"][0]))
     return out, (
@@ -698,21 +698,12 @@ def masked_row_trap(lang: str = "en") -> tuple[dict[str, object], str]:
         "<p>"
         + html.escape(t(lang, TRAP_NOTE))
         + "</p>"
-        + matrix_html(
-            res["nan"],
-            rows,
-            rows,
-            allowed=allowed,
-            caption=t(lang, "naive: NaN (and NaN spreads to every later layer)"),
-            lang=lang,
-        )
-        + matrix_html(
-            res["zero"],
-            rows,
-            rows,
-            allowed=allowed,
-            caption=t(lang, "policy 'zero' (FlashAttention): weights and output 0"),
-            lang=lang,
+        + "".join(
+            matrix_html(res[policy], rows, rows, allowed=allowed, caption=caption, lang=lang)
+            for policy, caption in (
+                ("nan", t(lang, "naive: NaN (and NaN spreads to every later layer)")),
+                ("zero", t(lang, "policy 'zero' (FlashAttention): weights and output 0")),
+            )
         )
         + error_html(t(lang, "policy 'raise' (attnlab's default):") + " " + raised)
     )
@@ -730,7 +721,7 @@ def mask_conventions(lang: str = "en") -> tuple[dict[str, np.ndarray], str]:
     setup = Setup(q, k, np.eye(4), causal=True)
     m = compare(setup, "inverted-mask", lang=lang)
     rows, cols = setup.qlabels, setup.klabels
-    mask = np.tril(np.ones((4, 4), dtype=bool))
+    mask = masks.causal(4)
     grid = "".join(
         "<tr>" + "".join(f"<td style='padding:0 6px'>{'1' if x else '0'}</td>" for x in r) + "</tr>" for r in mask
     )

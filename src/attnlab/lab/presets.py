@@ -191,19 +191,11 @@ ITEM_PRESETS: dict[str, ItemPreset] = _items()
 
 
 def explain_output(argv: tuple[str, ...], lang: str = "en") -> tuple[int, str]:
-    """``attnlab explain ARGV --format text`` run in this process: (exit status, what it printed)."""
-    import contextlib
-    import io
+    """What ``attnlab explain ARGV --format text`` shows: (exit status, text), from
+    :func:`attnlab.explain.request.explain_argv` (no command line run, no output captured)."""
+    from ..explain.request import explain_argv
 
-    from ..cli import main
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        try:
-            code = main(["explain", *argv, "--format", "text", "--lang", lang])
-        except SystemExit as err:  # argparse
-            code = int(err.code or 0)
-    return code, buf.getvalue()
+    return explain_argv(argv, lang)
 
 
 def item_html(preset: ItemPreset, lang: str = "en") -> str:

@@ -25,6 +25,7 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from .. import masks
 from ..core.softmax import log_softmax
 from ..errors import OptionError, ShapeError
 from ..validate import check_choice, check_int
@@ -475,7 +476,7 @@ def attention_maps(
         labels = m.tokenizer.labels(ids)
         name = "SmolLM2-135M"
         n = len(ids)
-        allowed = np.tril(np.ones((n, n), dtype=bool))
+        allowed = masks.causal(n)
         get = lambda li: maps[li][0]  # noqa: E731
     elif model == "minilm":
         from .minilm import MiniLM

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..._arrays import compute_dtype, device_of, index_tuples, namespace, shape_of, to_numpy
-from ...core.inputs import Causal, MaskedRows, check_policy, prepare
+from ...core.inputs import MaskedRows, check_policy, prepare
 from ...errors import DTypeError, MaskedRowError, RangeError, ShapeError, masked_rows_error
 from ...masks import BlockMask, MaskSpec
 from ...validate import check_int
@@ -79,27 +79,18 @@ class TiledOptions:
         return options(**keywords)
 
 
-def options(  # 13 parameters: the public keywords of flash_attention, turned into one value here and only here
-    *,
-    causal: Causal = False,
-    q_offset: Any = None,
-    window: Any = None,
-    key_lengths: Any = None,
-    segments: Any = None,
-    mask: Any = None,
-    scale: float | None = None,
-    temperature: float = 1.0,
-    masked_rows: MaskedRows = "raise",
-    block_q: int | None = None,
-    block_k: int | None = None,
-    num_threads: int | None = None,
-) -> TiledOptions:
-    """:class:`TiledOptions` from :func:`~attnlab.kernels.flash_attention`'s keywords (``mask`` a boolean array or a
-    :class:`~attnlab.masks.MaskSpec`)."""
-    spec = MaskSpec.build(
-        mask, causal=causal, q_offset=q_offset, window=window, key_lengths=key_lengths, segments=segments
-    )
-    return TiledOptions(spec, scale, temperature, masked_rows, block_q, block_k, num_threads)
+#: The keywords of :func:`~attnlab.kernels.flash_attention` that :meth:`MaskSpec.build` turns into the ``mask`` field.
+_MASK_KEYWORDS = ("causal", "q_offset", "window", "key_lengths", "segments")
+
+
+def options(mask: Any = None, **keywords: Any) -> TiledOptions:
+    """:class:`TiledOptions` from :func:`~attnlab.kernels.flash_attention`'s keywords: ``mask`` (a boolean array or a
+    :class:`~attnlab.masks.MaskSpec`) and the mask keywords (``causal``, ``q_offset``, ``window``, ``key_lengths``,
+    ``segments``) build its ``mask``, the others are its fields. The keywords are listed once, in
+    :func:`~attnlab.kernels.flash_attention`'s signature, whose defaults are :class:`TiledOptions`' and
+    :class:`~attnlab.masks.MaskSpec`'s own."""
+    parts = {name: keywords.pop(name) for name in _MASK_KEYWORDS if name in keywords}
+    return TiledOptions(MaskSpec.build(mask, **parts), **keywords)
 
 
 @dataclass(frozen=True)
