@@ -119,13 +119,13 @@ def _with_more_docstrings(walk_tree: Callable[[Any], Any]) -> Callable[[Any], An
     """pdoc's ``walk_tree`` plus ``#:`` comments and re-exported constants' docstrings (a docstring string after the
     assignment still wins)."""
 
-    done: set[int] = set()
+    done: dict[int, object] = {}  # id(obj) -> obj (kept alive, so an id is never reused): extras already added
 
     def wrapped(obj: types.ModuleType | type) -> Any:
         info = walk_tree(obj)
-        if id(info) in done:
+        if id(obj) in done:
             return info
-        done.add(id(info))
+        done[id(obj)] = obj
         extra = _comment_docstrings(obj)
         if isinstance(obj, types.ModuleType):
             extra = {**_reexported_docstrings(obj, wrapped), **extra}
