@@ -9,19 +9,26 @@ expected, got what``: a bad value (checked by the option's ``type=`` before anyt
 fit together (the command's ``check_args(args)``, also before anything runs), a value outside a range that is
 only known once a model or an example is loaded, or an :class:`~attnlab.errors.AttnlabError` raised by the work
 itself. Any other exception is a bug in attnlab and keeps its traceback.
+
+Standard output closed (``attnlab cost 8 >&-``) is one line on stderr and status 2 before anything runs; a reader
+that goes away (``attnlab cost 8 16 | head -0``, a broken pipe) ends the command quietly with status 1, as
+Python's documentation of ``SIGPIPE`` recommends. Colour follows ``--no-color``, then ``NO_COLOR``, then
+``FORCE_COLOR``, then whether the stream is a terminal (:func:`use_color`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
 
 from .commands import COMMANDS
 from .errors import AttnlabError
 
-__all__ = ["main", "one_line"]
+__all__ = ["build_parser", "main", "one_line", "stdout_gone", "use_color"]
 
 
 def _flag(names: str) -> str:
@@ -46,8 +53,9 @@ class _Parser(argparse.ArgumentParser):
         return super()._get_values(action, arg_strings)
 
 
-def _build_parser(lang: str = "en") -> tuple[argparse.ArgumentParser, dict, dict]:
-    """The parser; a command whose ``add_arguments`` takes ``lang`` writes its help in that language."""
+def build_parser(lang: str = "en") -> tuple[argparse.ArgumentParser, dict, dict]:
+    """``(parser, modules, parsers)``: the ``attnlab`` parser, each subcommand's module and its subparser, by
+    name; a command whose ``add_arguments`` takes ``lang`` writes its help in that language."""
     import inspect
 
     from . import __version__
@@ -73,9 +81,31 @@ def _build_parser(lang: str = "en") -> tuple[argparse.ArgumentParser, dict, dict
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status (see the module)."""
+    if sys.stdout is None:  # the process was started with standard output closed (``>&-``)
+        if sys.stderr is not None:
+            sys.stderr.write("attnlab: error: standard output is closed; redirect it to a file or /dev/null\n")
+        return 2
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (``| head -0``): stop quietly
+        stdout_gone()
+        return 1
+
+
+def stdout_gone() -> None:
+    """Point standard output at ``os.devnull`` after a broken pipe, so that the interpreter's last flush at exit
+    raises nothing more (the recipe of Python's documentation, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a captured stream in tests)
+        pass
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from .i18n import cli_lang
 
-    parser, modules, parsers = _build_parser(cli_lang(sys.argv[1:] if argv is None else argv))
+    parser, modules, parsers = build_parser(cli_lang(sys.argv[1:] if argv is None else argv))
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:
@@ -90,7 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_args = getattr(mod, "check_args", None)
         if check_args is not None:
             check_args(args)
-        return mod.run(args)
+        status = mod.run(args)
+        sys.stdout.flush()  # a broken pipe shows here, not in the interpreter's flush at exit
+        return status
     except AttnlabError as err:
         from .i18n import error_message, tr
 
@@ -99,6 +131,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = one_line(error_message(err, lang)) if lang != "en" else one_line(err)
         sys.stderr.write(tr("cli.error", lang, prog=f"attnlab {mod.NAME}", msg=msg) + "\n")
         return 2
+
+
+def use_color(stream: IO[Any] | Any, *, no_color: bool = False, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether output to ``stream`` is coloured: never with ``no_color`` (``--no-color``) or a non-empty
+    ``NO_COLOR`` (no-color.org); always with a non-empty ``FORCE_COLOR``; otherwise when ``stream`` is a terminal.
+    ``environ`` defaults to ``os.environ``.
+
+    >>> import io
+    >>> use_color(io.StringIO(), environ={}), use_color(io.StringIO(), environ={"FORCE_COLOR": "1"})
+    (False, True)
+    >>> use_color(io.StringIO(), environ={"FORCE_COLOR": "1", "NO_COLOR": "1"})
+    False
+    """
+    env = os.environ if environ is None else environ
+    if no_color or env.get("NO_COLOR"):
+        return False
+    if env.get("FORCE_COLOR"):
+        return True
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty is not None and isatty())
+    except ValueError:  # a closed stream
+        return False
 
 
 def one_line(err: BaseException) -> str:

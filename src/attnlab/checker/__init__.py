@@ -88,7 +88,9 @@ def _importable(fn: Any) -> str:
     return f"{mod}:{qual}"
 
 
-def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
+def check(
+    fn: Callable[..., Any] | str, *, progress: Callable[[str, int, int], None] | None = None, **options: Any
+) -> Report:
     """Run ``fn`` through the probes and return a :class:`Report` (``report.ok`` when the verdict is clean).
 
     The keyword options are :class:`Spec`'s fields (the signature and the list below are generated from them).
@@ -100,6 +102,8 @@ def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
             in module mode, see :mod:`attnlab.checker.modules`); or a target string ``"path/to/file.py:NAME"`` /
             ``"package.module:NAME"``, imported in a worker process.
         OPTIONS
+        progress: called as ``progress(step, done, total)`` before each step of the run (importing the target,
+            each probe, the gradient battery); ``attnlab check`` draws its progress display from it.
 
     Shapes: the checker passes ``q [B, h, n_q, d_k]``, ``k [B, h_kv, n_k, d_k]``, ``v [B, h_kv, n_k, d_v]``
     (``[B, n, h, d]`` with ``layout="bnhd"``; also 3-D ``[h, n, d]`` when rank is supported) and masks
@@ -121,17 +125,19 @@ def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
     if target is None and not callable(fn):
         raise UsageError(f"fn: expected a callable attention function, got {type(fn).__name__}")
     spec = Spec(**options)
-    return _check(fn, target, spec)
+    return _check(fn, target, spec, progress)
 
 
 _OPTION_NAMES = tuple(name for name, _, _ in spec_options())
 check.__signature__ = keyword_signature(  # type: ignore[attr-defined]
-    [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)], Report
+    [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
+    Report,
+    last=[inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None)],
 )
 check.__doc__ = (check.__doc__ or "").replace("OPTIONS", args_doc(8))
 
 
-def _check(fn: Any, target: str | None, spec: Spec) -> Report:
+def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int, int], None] | None = None) -> Report:
     """:func:`check` once the options are a valid :class:`Spec`."""
     from .isolation import WorkerBackend, available
     from .runner import InProcessBackend
@@ -177,12 +183,16 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
             if not left:
                 why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
                 raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
-            battery = Battery(backend, backend.resolved.spec or s, timeout=timeout, seed=seed, probes=selected)
+            battery = Battery(
+                backend, backend.resolved.spec or s, timeout=timeout, seed=seed, probes=selected, progress=progress
+            )
             battery.run()
         finally:
             backend.close()
         return backend, battery
 
+    if progress is not None:
+        progress("importing the target" if isolated else "preparing", 0, len(selected) + 1)
     backend, battery = run(spec)
     if battery is None:
         return _import_report(label, backend, spec, selected, time.perf_counter() - t0, import_timeout)
@@ -230,6 +240,8 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
     if backward is not None:
         from .backward import with_backward
 
+        if progress is not None:
+            progress("the gradient battery (--backward)", len(selected) + 1, len(selected) + 2)
         return with_backward(
             report,
             fn,

@@ -454,10 +454,12 @@ def options() -> list[tuple[str, Any, Option]]:
     return [(f.name, f.default, f.metadata["option"]) for f in dataclasses.fields(Spec)]
 
 
-def keyword_signature(first: list[inspect.Parameter], returns: Any) -> inspect.Signature:
-    """A signature ``first..., *, <every option>=default`` (``check()``'s, for ``help()`` and IDEs)."""
+def keyword_signature(
+    first: list[inspect.Parameter], returns: Any, last: list[inspect.Parameter] = ()
+) -> inspect.Signature:
+    """A signature ``first..., *, <every option>=default, last...`` (``check()``'s, for ``help()`` and IDEs)."""
     kw = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d, _ in options()]
-    return inspect.Signature([*first, *kw], return_annotation=returns)
+    return inspect.Signature([*first, *kw, *last], return_annotation=returns)
 
 
 def args_doc(indent: int = 8) -> str:

@@ -27,4 +27,6 @@ COMMANDS: tuple[str, ...] = (
     # real models
     "generate",
     "intervene",
+    # the shell
+    "completion",
 )

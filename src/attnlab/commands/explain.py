@@ -152,8 +152,10 @@ def run(args: argparse.Namespace) -> int:
         return _error(msg, lang)
     fmt = args.format
     if fmt == "auto":
-        fmt = "text"
-        if sys.stdout.isatty():
+        from ..cli import use_color
+
+        fmt = "text"  # rich on a terminal (rich itself drops colour with NO_COLOR) or with FORCE_COLOR
+        if sys.stdout.isatty() or use_color(sys.stdout):
             try:
                 import rich  # noqa: F401
 
@@ -161,7 +163,10 @@ def run(args: argparse.Namespace) -> int:
             except ImportError:
                 pass
     if fmt == "json":
-        sys.stdout.write(json.dumps(to_dict(e, mistakes), indent=2, ensure_ascii=False) + "\n")
+        from ..schemas import name as schema_name
+
+        doc = {"schema": schema_name("explain"), **to_dict(e, mistakes)}
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     elif fmt == "markdown":
         sys.stdout.write(to_markdown(e, mistakes))
     elif fmt == "rich":
