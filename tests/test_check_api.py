@@ -110,7 +110,7 @@ def test_timeout_stops_the_battery_and_names_the_case():
     ("options", "message"),
     [
         ({"mask_convention": "inverted"}, "mask_convention: expected one of 'allow', 'block', 'additive', 'keep'"),
-        ({"layout": "nhd"}, "layout: expected one of 'bhnd', 'bnhd', got 'nhd'"),
+        ({"layout": "nhd"}, "layout: expected one of 'auto', 'bhnd', 'bnhd', got 'nhd'"),
         ({"dtypes": ("float8",)}, "dtypes: expected one of"),
         ({"unsupported": ("flash",)}, "unsupported: expected one of"),
         ({"probes": ("speed",)}, "probes: unknown probe 'speed'"),

@@ -121,6 +121,14 @@ def test_every_command_with_json_output_has_a_schema():
     assert with_json == set(schemas.VERSIONS)
 
 
+def test_the_docs_example_validates_a_report_and_prints_what_it_says(capsys):
+    text = (ROOT / "docs" / "checker.md").read_text()
+    block = text.split("2020-12) of every document ships with the package")[1].split("```python\n")[1].split("```")[0]
+    exec(compile(block, "docs/checker.md", "exec"), {})
+    shown = block.strip().splitlines()[-1].removeprefix("# ")
+    assert capsys.readouterr().out.strip() == shown
+
+
 def test_a_schema_rejects_a_document_without_a_field():
     doc = json.loads(json.dumps({"schema": "attnlab.cost/1", "dtype": "float16", "rows": [], "crossover": 3}))
     with pytest.raises(jsonschema.ValidationError):  # minItems 1
@@ -207,6 +215,29 @@ def test_intervene_json_matches_its_schema(smollm2, monkeypatch, capsys):
     doc = _json(capsys, ["intervene", "The capital of France is", "--layer", "0", "--json"], 0)
     assert doc["schema"] == "attnlab.intervene/1" and doc["model"] == "SmolLM2-135M-Instruct"
     _validate(doc)
+
+
+# --- the layout of a library function ----------------------------------------------------------------------------
+
+
+def test_jax_dot_product_attention_is_checked_in_its_documented_layout():
+    """jax.nn.dot_product_attention takes [B, T, N, H]: layout "auto" (the default) knows it, so the real function
+    is clean; declared heads-first, the same function gets findings."""
+    import functools
+
+    import jax
+
+    from attnlab import check
+
+    fn = jax.nn.dot_product_attention
+    r = check(fn, probes=("reference", "causal"), dtypes=("float32",))
+    assert r.codes == () and r.spec["layout"] == "bnhd", r.to_text()
+    assert "layout bnhd: jax.nn.dot_product_attention takes [B, T, N, H]" in r.detected
+    wrapped = check(functools.partial(fn, implementation="xla"), probes=("reference",), dtypes=("float32",))
+    assert wrapped.codes == () and wrapped.spec["layout"] == "bnhd"
+    wrong = check(fn, layout="bhnd", probes=("reference",), dtypes=("float32",))
+    assert "reference-mismatch" in wrong.codes and wrong.spec["layout"] == "bhnd"
+    assert "(layout bhnd)" in wrong.to_text()
 
 
 # --- help text and exit statuses ---------------------------------------------------------------------------------
@@ -483,9 +514,12 @@ CLOSED_STDOUT = [
 def test_closed_stdout_is_one_line_not_a_traceback(user_dir, argv):
     """``attnlab ... >&-``: standard output closed when the process starts."""
     proc = subprocess.run(
-        [sys.executable, "-m", "attnlab", *argv], capture_output=True, text=True, cwd=user_dir, timeout=300,
-        preexec_fn=lambda: os.close(1),  # after capture_output's pipes are in place: fd 1 closed in the child
-    )  # fmt: skip
+        ["bash", "-c", 'exec "$@" >&-', "bash", sys.executable, "-m", "attnlab", *argv],
+        capture_output=True,
+        text=True,
+        cwd=user_dir,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr == "attnlab: error: standard output is closed; redirect it to a file or /dev/null\n"
 

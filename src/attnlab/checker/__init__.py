@@ -229,7 +229,7 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
         incomplete=tuple(battery.incomplete),
         calls=battery.runner.calls,
         seconds=time.perf_counter() - t0,
-        spec=dict(spec.as_dict(), device=r.device or None),
+        spec=dict(spec.as_dict(), device=r.device or None, layout=getattr(r.spec, "layout", spec.layout)),
         isolation=backend.description,
         import_seconds=getattr(backend, "import_seconds", 0.0),
         detected=detected,

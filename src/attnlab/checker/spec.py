@@ -14,7 +14,7 @@ field when it is built (a bad value is a :class:`UsageError` naming the option),
 >>> Spec(layout="nhd")
 Traceback (most recent call last):
 ...
-attnlab.checker.spec.UsageError: layout: expected one of 'bhnd', 'bnhd', got 'nhd'
+attnlab.checker.spec.UsageError: layout: expected one of 'auto', 'bhnd', 'bnhd', got 'nhd'
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class UsageError(AttnlabError, ValueError):
 FRAMEWORKS = ("auto", "numpy", "torch", "jax")
 SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
 CONVENTIONS = ("allow", "block", "additive", "keep")
-LAYOUTS = ("bhnd", "bnhd")
+LAYOUTS = ("auto", "bhnd", "bnhd")
 RETURNS = ("auto", "output", "output+weights", "output+lse")
 ALIGNS = (None, "top_left", "bottom_right")
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -255,8 +255,10 @@ class Spec:
         choices=CONVENTIONS,
     )
     layout: str = option(
-        "bhnd",
-        "``bhnd`` (``[B, h, n, d]``, heads first; any leading dims) or ``bnhd`` (``[B, n, h, d]``).",
+        "auto",
+        "``bhnd`` (``[B, h, n, d]``, heads first; any leading dims), ``bnhd`` (``[B, n, h, d]``), or ``auto``: the "
+        "layout the function's library documents (``bnhd`` for ``jax.nn.dot_product_attention``, whose inputs are "
+        "``[B, T, N, H]``), else ``bhnd``; the report's ``spec`` records the layout used.",
         "choice",
         choices=LAYOUTS,
     )
