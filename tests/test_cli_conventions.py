@@ -101,6 +101,15 @@ def test_every_schema_file_is_a_valid_schema_named_by_its_command():
     assert schemas.name("check --backward") == "attnlab.check/1"
 
 
+def test_the_schemas_are_package_data():
+    import fnmatch
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["attnlab"]
+    files = [f"schemas/{p.name}" for p in Path(schemas.__file__).parent.glob("*.json")]
+    assert files and all(any(fnmatch.fnmatch(f, pattern) for pattern in data) for f in files)
+
+
 def test_check_and_check_model_schemas_differ_only_in_their_names():
     a, b = schemas.schema("attnlab.check/1"), schemas.schema("attnlab.check-model/1")
     for s in (a, b):
@@ -228,13 +237,20 @@ def test_jax_dot_product_attention_is_checked_in_its_documented_layout():
     import jax
 
     from attnlab import check
+    from attnlab.checker.adapters import LIBRARY_LAYOUTS, library_layout
 
-    fn = jax.nn.dot_product_attention
-    r = check(fn, probes=("reference", "causal"), dtypes=("float32",))
+    static = ("is_causal", "scale")  # jitted: eager dispatch compiles every primitive for every new shape
+    fn = jax.jit(jax.nn.dot_product_attention, static_argnames=static)
+    r = check(fn, probes=("reference",), dtypes=("float32",))
     assert r.codes == () and r.spec["layout"] == "bnhd", r.to_text()
     assert "layout bnhd: jax.nn.dot_product_attention takes [B, T, N, H]" in r.detected
-    wrapped = check(functools.partial(fn, implementation="xla"), probes=("reference",), dtypes=("float32",))
-    assert wrapped.codes == () and wrapped.spec["layout"] == "bnhd"
+    wrapped = jax.jit(functools.partial(jax.nn.dot_product_attention, implementation="xla"), static_argnames=static)
+    assert (
+        library_layout(wrapped)
+        == library_layout(jax.nn.dot_product_attention)
+        == LIBRARY_LAYOUTS[("jax._src.nn.functions", "dot_product_attention")]
+    )
+    assert library_layout(jax.numpy.matmul) is None
     wrong = check(fn, layout="bhnd", probes=("reference",), dtypes=("float32",))
     assert "reference-mismatch" in wrong.codes and wrong.spec["layout"] == "bhnd"
     assert "(layout bhnd)" in wrong.to_text()
