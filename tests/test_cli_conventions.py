@@ -256,6 +256,25 @@ def test_jax_dot_product_attention_is_checked_in_its_documented_layout():
     assert "(layout bhnd)" in wrong.to_text()
 
 
+def test_a_function_that_takes_bnhd_is_told_the_layout_is_the_likely_cause():
+    """An unknown function taking [B, n, h, d], called heads-first: its findings come with a ``layout`` note whose
+    evidence is a rerun of the reference probe in bnhd; a real head-mixing bug gets no such note."""
+    from zoo import numpy_zoo as z
+
+    from attnlab import check
+
+    r = check(z.correct_bnhd, probes=("reference", "batch"))
+    assert {"reference-mismatch", "batch-leak"} <= set(r.codes)
+    note = next(n for n in r.notes if n.code == "layout")
+    assert "--layout bnhd" in note.fix and "transpose" not in note.fix
+    assert re.fullmatch(r"reference probe rerun with layout bnhd: \d+ calls, no finding", note.evidence)
+    assert check(z.correct_bnhd, layout="bnhd", probes=("reference", "batch")).codes == ()
+    declared = check(z.correct_bnhd, layout="bhnd", probes=("reference", "batch"))
+    assert declared.codes == r.codes and "layout" not in [n.code for n in declared.notes]  # declared: believed
+    leak = check(z.batch_reshape, probes=("reference", "batch"))
+    assert "layout" not in [n.code for n in leak.notes], leak.to_text()
+
+
 # --- help text and exit statuses ---------------------------------------------------------------------------------
 
 #: Options hidden from --help on purpose (test hooks), each named here so that a new one is a decision.

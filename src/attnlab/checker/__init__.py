@@ -173,7 +173,7 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
         except TargetError as err:  # pragma: no cover - parse_target ran first
             raise UsageError(str(err)) from None
 
-    def run(s: Spec) -> tuple[Any, Battery]:
+    def run(s: Spec, probes: tuple[str, ...] = selected) -> tuple[Any, Battery]:
         backend = backend_for(s)
         if isolated and backend.import_failure is not None:
             backend.close()
@@ -184,7 +184,7 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
                 why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
                 raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
             battery = Battery(
-                backend, backend.resolved.spec or s, timeout=timeout, seed=seed, probes=selected, progress=progress
+                backend, backend.resolved.spec or s, timeout=timeout, seed=seed, probes=probes, progress=progress
             )
             battery.run()
         finally:
@@ -236,6 +236,9 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
         kind=r.kind,
         mode=r.mode,
     )
+    hint = _layout_hint(report, spec, run)
+    if hint is not None:
+        report = replace(report, notes=(*report.notes, hint))
     backward = spec.backward  # the gradient battery after the forward's (attnlab.checker.backward)
     if backward is not None:
         from .backward import with_backward
@@ -254,6 +257,36 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
             import_timeout=import_timeout,
         )
     return report
+
+
+#: The findings a function that takes ``[B, n, h, d]`` gets when it is called heads-first (``[B, h, n, d]``).
+_LAYOUT_SYMPTOMS = frozenset({"reference-mismatch", "batch-leak"})
+
+
+def _layout_hint(report: Report, spec: Spec, run: Callable[..., tuple[Any, Any]]) -> Finding | None:
+    """A ``layout`` note when the layout was not declared, the function was called heads-first and failed as a
+    ``[B, n, h, d]`` function does, and the reference probe called ``[B, n, h, d]`` finds nothing: the layout is
+    the likely cause of the findings (one more reference run, only for such reports)."""
+    if spec.layout != "auto" or report.spec.get("layout") != "bhnd" or not _LAYOUT_SYMPTOMS <= set(report.codes):
+        return None
+    try:
+        _, battery = run(replace(spec, layout="bnhd"), ("reference",))
+    except UsageError:
+        return None
+    if battery is None or not battery.dtypes:
+        return None
+    findings, _ = battery.findings_list()
+    if findings:
+        return None
+    return Finding(
+        "layout",
+        "the findings above are likely the layout: called with [B, n, h, d] inputs (layout bnhd) instead of "
+        "[B, h, n, d], your function passes the reference probe",
+        f"reference probe rerun with layout bnhd: {battery.runner.calls} calls, no finding",
+        "declare the layout, --layout bnhd (layout='bnhd'); the function itself needs no change",
+        "reference",
+        severity="note",
+    )
 
 
 def check_backward(bwd: Callable[..., Any] | str, forward: Any = None, **options: Any) -> Report:
