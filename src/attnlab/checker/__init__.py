@@ -132,7 +132,7 @@ _OPTION_NAMES = tuple(name for name, _, _ in spec_options())
 check.__signature__ = keyword_signature(  # type: ignore[attr-defined]
     [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
     Report,
-    last=[inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None)],
+    last=(inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None),),
 )
 check.__doc__ = (check.__doc__ or "").replace("OPTIONS", args_doc(8))
 

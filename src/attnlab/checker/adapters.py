@@ -133,7 +133,7 @@ def library_layout(fn: Any) -> tuple[str, str] | None:
             continue
         key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
         if key in LIBRARY_LAYOUTS:
-            return LIBRARY_LAYOUTS[key]  # type: ignore[index]
+            return LIBRARY_LAYOUTS[key]
         inner = getattr(fn, "__wrapped__", None)
         if inner is None:
             return None

@@ -457,7 +457,7 @@ def options() -> list[tuple[str, Any, Option]]:
 
 
 def keyword_signature(
-    first: list[inspect.Parameter], returns: Any, last: list[inspect.Parameter] = ()
+    first: list[inspect.Parameter], returns: Any, last: tuple[inspect.Parameter, ...] = ()
 ) -> inspect.Signature:
     """A signature ``first..., *, <every option>=default, last...`` (``check()``'s, for ``help()`` and IDEs)."""
     kw = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d, _ in options()]
