@@ -110,7 +110,7 @@ def test_timeout_stops_the_battery_and_names_the_case():
     ("options", "message"),
     [
         ({"mask_convention": "inverted"}, "mask_convention: expected one of 'allow', 'block', 'additive', 'keep'"),
-        ({"layout": "nhd"}, "layout: expected one of 'bhnd', 'bnhd', got 'nhd'"),
+        ({"layout": "nhd"}, "layout: expected one of 'auto', 'bhnd', 'bnhd', got 'nhd'"),
         ({"dtypes": ("float8",)}, "dtypes: expected one of"),
         ({"unsupported": ("flash",)}, "unsupported: expected one of"),
         ({"probes": ("speed",)}, "probes: unknown probe 'speed'"),
@@ -137,6 +137,8 @@ def test_check_keywords_are_specs_fields_with_their_defaults_and_docs():
 
     params = list(inspect.signature(check).parameters.values())
     assert params[0].name == "fn"
+    assert (params[-1].name, params[-1].default) == ("progress", None)  # not an option: how the run is shown
+    params = params[:-1]
     fields = {f.name: f.default for f in dataclasses.fields(Spec)}
     assert {p.name: p.default for p in params[1:]} == fields
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])

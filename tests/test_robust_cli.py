@@ -374,6 +374,14 @@ def test_demo_takes_no_options():
     assert call("demo")[0] == 0
 
 
+@FEW
+@given(shell=st.text(min_size=1, max_size=8).filter(lambda s: s not in ("bash", "zsh") and not s.startswith("-")))
+def test_completion_takes_bash_or_zsh_only(shell):
+    code, out, err = call("completion", shell)
+    assert (code, out) == (2, "") and err.startswith("attnlab completion: error: shell: invalid choice"), err
+    assert call("completion", "zsh")[0] == 0
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # generate and intervene: every value they can check without the model fails before it is loaded
 

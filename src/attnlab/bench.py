@@ -300,8 +300,11 @@ class BenchResult:
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
 
     def to_json(self) -> dict[str, Any]:
-        """This result as JSON-ready data, with the BLAS and CPU lines and the timing summary."""
-        d = asdict(self)
+        """The JSON document ``attnlab bench --json PATH`` writes (schema ``attnlab.bench/1``,
+        :mod:`attnlab.schemas`)."""
+        from .schemas import name
+
+        d = {"schema": name("bench"), **asdict(self)}
         d["blas_line"] = self.blas.line()
         d["cpu_line"] = self.cpu.line() if self.cpu is not None else None
         d["timing"] = self.timing()

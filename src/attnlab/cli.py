@@ -9,73 +9,42 @@ expected, got what``: a bad value (checked by the option's ``type=`` before anyt
 fit together (the command's ``check_args(args)``, also before anything runs), a value outside a range that is
 only known once a model or an example is loaded, or an :class:`~attnlab.errors.AttnlabError` raised by the work
 itself. Any other exception is a bug in attnlab and keeps its traceback.
+
+Standard output closed (``attnlab cost 8 >&-``) is one line on stderr and status 2 before anything runs; a reader
+that goes away (``attnlab cost 8 16 | head -0``, a broken pipe) ends the command quietly with status 1, as
+Python's documentation of ``SIGPIPE`` recommends. Colour follows ``--no-color``, then ``NO_COLOR``, then
+``FORCE_COLOR``, then whether the stream is a terminal (:func:`attnlab.commands.terminal.use_color`).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
-from .commands import COMMANDS
+from .commands.parser import build_parser
+from .commands.terminal import stdout_gone
 from .errors import AttnlabError, one_line
 
 __all__ = ["main"]
 
 
-def _flag(names: str) -> str:
-    """The long name among argparse's ``--batch/-B`` (else the first)."""
-    parts = names.split("/")
-    return next((p for p in parts if p.startswith("--")), parts[0])
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``attnlab cost: error: --batch: expected an int >= 1, got 0`` (no usage)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        if message.startswith("argument ") and ": " in message:  # "argument --batch/-B: ..." -> "--batch: ..."
-            names, rest = message[len("argument ") :].split(": ", 1)
-            message = f"{_flag(names)}: {rest}"
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> object:
-        # Python 3.11's argparse drops the value of ``--flag=--`` and stores [] without calling the type
-        if action.nargs is None and arg_strings == ["--"]:
-            self.error(f"argument {'/'.join(action.option_strings) or action.dest}: expected a value, got '--'")
-        return super()._get_values(action, arg_strings)
-
-
-def _build_parser(lang: str = "en") -> tuple[argparse.ArgumentParser, dict, dict]:
-    """The parser; a command whose ``add_arguments`` takes ``lang`` writes its help in that language."""
-    import inspect
-
-    from . import __version__
-    from .i18n import localize_parser
-
-    parser = _Parser(prog="attnlab", description="Attention that is exact, checkable and visible.")
-    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    modules, parsers = {}, {}
-    for name in COMMANDS:
-        mod = importlib.import_module(f".commands.{name}", __package__)
-        localized = "lang" in inspect.signature(mod.add_arguments).parameters
-        p = sub.add_parser(mod.NAME, help=mod.HELP, description=(mod.__doc__ or "").strip().splitlines()[0])
-        if localized:
-            mod.add_arguments(p, lang=lang)
-            localize_parser(p, lang, command=mod.NAME)
-        else:
-            mod.add_arguments(p)
-        modules[mod.NAME] = mod
-        parsers[mod.NAME] = p
-    return parser, modules, parsers
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status (see the module)."""
+    if sys.stdout is None:  # the process was started with standard output closed (``>&-``)
+        if sys.stderr is not None:
+            sys.stderr.write("attnlab: error: standard output is closed; redirect it to a file or /dev/null\n")
+        return 2
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (``| head -0``): stop quietly
+        stdout_gone()
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
     from .i18n import cli_lang
 
-    parser, modules, parsers = _build_parser(cli_lang(sys.argv[1:] if argv is None else argv))
+    parser, modules, parsers = build_parser(cli_lang(sys.argv[1:] if argv is None else argv))
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:
@@ -90,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_args = getattr(mod, "check_args", None)
         if check_args is not None:
             check_args(args)
-        return mod.run(args)
+        status = mod.run(args)
+        sys.stdout.flush()  # a broken pipe shows here, not in the interpreter's flush at exit
+        return status
     except AttnlabError as err:
         from .i18n import error_message, tr
 

@@ -261,7 +261,7 @@ def localize_parser(parser: Any, lang: str, *, command: str) -> None:
         if isinstance(action, argparse._HelpAction):
             action.help = tr("argparse.help", lang)
 
-    def error(message: str) -> None:  # argparse's one-line error (cli._Parser's form), in ``lang``
+    def error(message: str) -> None:  # argparse's one-line error (the form of commands.parser), in ``lang``
         flag = ""
         if message.startswith("argument ") and ": " in message:
             names, message = message[len("argument ") :].split(": ", 1)

@@ -88,7 +88,9 @@ def _importable(fn: Any) -> str:
     return f"{mod}:{qual}"
 
 
-def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
+def check(
+    fn: Callable[..., Any] | str, *, progress: Callable[[str, int, int], None] | None = None, **options: Any
+) -> Report:
     """Run ``fn`` through the probes and return a :class:`Report` (``report.ok`` when the verdict is clean).
 
     The keyword options are :class:`Spec`'s fields (the signature and the list below are generated from them).
@@ -100,6 +102,8 @@ def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
             in module mode, see :mod:`attnlab.checker.modules`); or a target string ``"path/to/file.py:NAME"`` /
             ``"package.module:NAME"``, imported in a worker process.
         OPTIONS
+        progress: called as ``progress(step, done, total)`` before each step of the run (importing the target,
+            each probe, the gradient battery); ``attnlab check`` draws its progress display from it.
 
     Shapes: the checker passes ``q [B, h, n_q, d_k]``, ``k [B, h_kv, n_k, d_k]``, ``v [B, h_kv, n_k, d_v]``
     (``[B, n, h, d]`` with ``layout="bnhd"``; also 3-D ``[h, n, d]`` when rank is supported) and masks
@@ -121,17 +125,19 @@ def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
     if target is None and not callable(fn):
         raise UsageError(f"fn: expected a callable attention function, got {type(fn).__name__}")
     spec = Spec(**options)
-    return _check(fn, target, spec)
+    return _check(fn, target, spec, progress)
 
 
 _OPTION_NAMES = tuple(name for name, _, _ in spec_options())
 check.__signature__ = keyword_signature(  # type: ignore[attr-defined]
-    [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)], Report
+    [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
+    Report,
+    last=(inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None),),
 )
 check.__doc__ = (check.__doc__ or "").replace("OPTIONS", args_doc(8))
 
 
-def _check(fn: Any, target: str | None, spec: Spec) -> Report:
+def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int, int], None] | None = None) -> Report:
     """:func:`check` once the options are a valid :class:`Spec`."""
     from .isolation import WorkerBackend, available
     from .runner import InProcessBackend
@@ -167,7 +173,7 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
         except TargetError as err:  # pragma: no cover - parse_target ran first
             raise UsageError(str(err)) from None
 
-    def run(s: Spec) -> tuple[Any, Battery]:
+    def run(s: Spec, probes: tuple[str, ...] = selected) -> tuple[Any, Battery]:
         backend = backend_for(s)
         if isolated and backend.import_failure is not None:
             backend.close()
@@ -177,12 +183,16 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
             if not left:
                 why = "; ".join(f"{d}: {backend.structural[d]}" for d in DTYPES)
                 raise UsageError(f"dtypes: no dtype left to try ({why}); nothing could be tested")
-            battery = Battery(backend, backend.resolved.spec or s, timeout=timeout, seed=seed, probes=selected)
+            battery = Battery(
+                backend, backend.resolved.spec or s, timeout=timeout, seed=seed, probes=probes, progress=progress
+            )
             battery.run()
         finally:
             backend.close()
         return backend, battery
 
+    if progress is not None:
+        progress("importing the target" if isolated else "preparing", 0, len(selected) + 1)
     backend, battery = run(spec)
     if battery is None:
         return _import_report(label, backend, spec, selected, time.perf_counter() - t0, import_timeout)
@@ -211,13 +221,18 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
         t0,
         detected,
         signature=r.describe(),
-        spec=dict(spec.as_dict(), device=r.device or None),
+        spec=dict(spec.as_dict(), device=r.device or None, layout=getattr(r.spec, "layout", spec.layout)),
         mode=r.mode,
     )
+    hint = _layout_hint(report, spec, run)
+    if hint is not None:
+        report = replace(report, notes=(*report.notes, hint))
     backward = spec.backward  # the gradient battery after the forward's (attnlab.checker.gradient_oracle)
     if backward is not None:
         from .gradient_oracle import with_backward
 
+        if progress is not None:
+            progress("the gradient battery (--backward)", len(selected) + 1, len(selected) + 2)
         return with_backward(
             report,
             fn,
@@ -230,6 +245,36 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
             import_timeout=import_timeout,
         )
     return report
+
+
+#: The findings a function that takes ``[B, n, h, d]`` gets when it is called heads-first (``[B, h, n, d]``).
+_LAYOUT_SYMPTOMS = frozenset({"reference-mismatch", "batch-leak"})
+
+
+def _layout_hint(report: Report, spec: Spec, run: Callable[..., tuple[Any, Any]]) -> Finding | None:
+    """A ``layout`` note when the layout was not declared, the function was called heads-first and failed as a
+    ``[B, n, h, d]`` function does, and the reference probe called ``[B, n, h, d]`` finds nothing: the layout is
+    the likely cause of the findings (one more reference run, only for such reports)."""
+    if spec.layout != "auto" or report.spec.get("layout") != "bhnd" or not _LAYOUT_SYMPTOMS <= set(report.codes):
+        return None
+    try:
+        _, battery = run(replace(spec, layout="bnhd"), ("reference",))
+    except UsageError:
+        return None
+    if battery is None or not battery.dtypes:
+        return None
+    findings, _ = battery.findings_list()
+    if findings:
+        return None
+    return Finding(
+        "layout",
+        "the findings above are likely the layout: called with [B, n, h, d] inputs (layout bnhd) instead of "
+        "[B, h, n, d], your function passes the reference probe",
+        f"reference probe rerun with layout bnhd: {battery.runner.calls} calls, no finding",
+        "declare the layout, --layout bnhd (layout='bnhd'); the function itself needs no change",
+        "reference",
+        severity="note",
+    )
 
 
 def check_backward(bwd: Callable[..., Any] | str, forward: Any = None, **options: Any) -> Report:

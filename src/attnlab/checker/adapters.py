@@ -115,6 +115,32 @@ def _params(fn: Any) -> dict[str, inspect.Parameter] | None:
     return signature_of(fn)
 
 
+#: The layout of library functions whose inputs are not heads-first, by ``(module, qualname)`` of the function (its
+#: documentation says so): ``layout="auto"`` uses it. jax.nn.dot_product_attention: query ``[B, T, N, H]``.
+LIBRARY_LAYOUTS: dict[tuple[str, str], tuple[str, str]] = {
+    ("jax._src.nn.functions", "dot_product_attention"): ("bnhd", "jax.nn.dot_product_attention takes [B, T, N, H]"),
+}
+
+
+def library_layout(fn: Any) -> tuple[str, str] | None:
+    """``(layout, why)`` for a library function listed in :data:`LIBRARY_LAYOUTS` (also inside a
+    ``functools.partial`` or a wrapper), else None."""
+    import functools
+
+    for _ in range(8):  # partial of partial of a wrapped function: a few levels at most
+        if isinstance(fn, functools.partial):
+            fn = fn.func
+            continue
+        key = (getattr(fn, "__module__", None), getattr(fn, "__qualname__", None))
+        if key in LIBRARY_LAYOUTS:
+            return LIBRARY_LAYOUTS[key]
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            return None
+        fn = inner
+    return None
+
+
 @dataclass(frozen=True)
 class Resolved:
     """The spec after detection: concrete framework and argument names (None = not accepted)."""
@@ -479,6 +505,11 @@ class Adapter:
                 scale_arg=None,
             )
         r = resolve(self.fn, spec)
+        if spec.layout == "auto":  # the library's documented layout, else heads first
+            known = library_layout(self.fn)
+            spec = replace(spec, layout=known[0] if known else "bhnd")
+            if known:
+                r = replace(r, detected=f"{r.detected}; layout {known[0]}: {known[1]}")
         if spec.mask_form == "full" and r.mask_arg in _FORM_NAMES and mode is None:
             spec = replace(spec, mask_form=_FORM_NAMES[r.mask_arg])
         self.spec = spec

@@ -131,8 +131,18 @@ class Battery:
     #: The fix line of each finding code this battery reports.
     fixes: dict[str, str] = FIXES
 
-    def __init__(self, backend: Any, spec: Any, *, timeout: float, seed: int, probes: tuple[str, ...]):
+    def __init__(
+        self,
+        backend: Any,
+        spec: Any,
+        *,
+        timeout: float,
+        seed: int,
+        probes: tuple[str, ...],
+        progress: Callable[[str, int, int], None] | None = None,
+    ):
         self.backend = backend
+        self.progress = progress  # progress(step, done, total) before each probe (attnlab check's display)
         self.spec = spec
         self.runner = Runner(backend, timeout=timeout)
         self.rng = np.random.default_rng(seed)
@@ -1450,9 +1460,12 @@ class Battery:
                 self.preflight_name, status, self.runner.calls, time.perf_counter() - t0, codes=tuple(self.probe_codes)
             )
         )
+        steps = [n for n in self.probe_names if n in self.selected]
         for name in self.probe_names:
             if name not in self.selected:
                 continue
+            if self.progress is not None:
+                self.progress(f"probe {name}", 1 + steps.index(name), len(steps) + 1)
             if aborted:
                 self.probe_results.append(ProbeResult(name, "not run", detail=self._stop_reason()))
                 continue

@@ -15,17 +15,20 @@ from enum import IntEnum
 from typing import Any
 
 from ..errors import missing_extra
+from ..schemas import name as schema_name
 
 __all__ = ["CODES", "CORE_PROBES", "PROBES", "ExitStatus", "Finding", "ProbeResult", "Report", "Unsupported"]
 
 
 class ExitStatus(IntEnum):
-    """The exit statuses of ``attnlab check`` (and ``check-model``), defined here and only here.
+    """The exit statuses of ``attnlab check`` (and ``check-model``), defined here and only here (each one's
+    meaning is :attr:`meaning`; ``attnlab check --help`` lists them from it).
 
     ``CLEAN`` (0): every core probe ran and no bug was found. ``BUG`` (1): at least one finding.
     ``USAGE`` (2): a bad target or option (nothing was checked). ``INCOMPLETE`` (3): no bug found, but a core
     probe could not run for a capability the function has (the report names it and why).
-    ``CHECKER_FAILURE`` (4): attnlab itself failed (a bug in the checker; the report, if any, says so).
+    ``CHECKER_FAILURE`` (4): attnlab itself failed (a bug in the checker; the report, if any, says so), or the
+    report could not be written (standard output closed or broken).
     """
 
     CLEAN = 0
@@ -33,6 +36,29 @@ class ExitStatus(IntEnum):
     USAGE = 2
     INCOMPLETE = 3
     CHECKER_FAILURE = 4
+
+    @property
+    def meaning(self) -> str:
+        """What this status says, in a few words (``attnlab check --help`` lists them).
+
+        >>> ExitStatus.INCOMPLETE.meaning
+        'incomplete: no bug found, but a core probe could not run'
+        """
+        return _EXIT_MEANINGS[self]
+
+    @classmethod
+    def listing(cls) -> str:
+        """Every status with its meaning, one per line (the epilog of ``attnlab check --help``)."""
+        return "\n".join(f"  {int(s)}  {s.meaning}" for s in cls)
+
+
+_EXIT_MEANINGS = {
+    ExitStatus.CLEAN: "clean: every core probe ran and no bug was found",
+    ExitStatus.BUG: "bug: at least one finding",
+    ExitStatus.USAGE: "usage error: a bad target or option, nothing was checked",
+    ExitStatus.INCOMPLETE: "incomplete: no bug found, but a core probe could not run",
+    ExitStatus.CHECKER_FAILURE: "checker failure: a bug in attnlab, or the report could not be written",
+}
 
 
 #: The forward battery's probes, in the order they run (``probes=`` selects a subset; each is one ``@probe``
@@ -234,8 +260,10 @@ class Report:
         return f"{head}{tail}; {self.calls} call{'s' if self.calls != 1 else ''} in {self.seconds:.2f} s"
 
     def as_dict(self) -> dict[str, Any]:
-        """The whole report as JSON-ready data (what ``attnlab check --json`` prints)."""
+        """The report as the JSON document ``--json`` prints (schema ``attnlab.check/1`` or
+        ``attnlab.check-model/1``, :mod:`attnlab.schemas`)."""
         return {
+            "schema": schema_name(self.command),
             "command": self.command,
             "target": self.target,
             "ok": self.ok,

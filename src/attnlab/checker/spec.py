@@ -14,7 +14,7 @@ field when it is built (a bad value is a :class:`UsageError` naming the option),
 >>> Spec(layout="nhd")
 Traceback (most recent call last):
 ...
-attnlab.checker.spec.UsageError: layout: expected one of 'bhnd', 'bnhd', got 'nhd'
+attnlab.checker.spec.UsageError: layout: expected one of 'auto', 'bhnd', 'bnhd', got 'nhd'
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class UsageError(AttnlabError, ValueError):
 FRAMEWORKS = ("auto", "numpy", "torch", "jax")
 SIGNATURES = ("auto", "plain", "sdpa", "jax", "qkv")
 CONVENTIONS = ("allow", "block", "additive", "keep")
-LAYOUTS = ("bhnd", "bnhd")
+LAYOUTS = ("auto", "bhnd", "bnhd")
 RETURNS = ("auto", "output", "output+weights", "output+lse")
 ALIGNS = (None, "top_left", "bottom_right")
 #: The input dtypes a function can declare it supports, from the most precise.
@@ -255,8 +255,10 @@ class Spec:
         choices=CONVENTIONS,
     )
     layout: str = option(
-        "bhnd",
-        "``bhnd`` (``[B, h, n, d]``, heads first; any leading dims) or ``bnhd`` (``[B, n, h, d]``).",
+        "auto",
+        "``bhnd`` (``[B, h, n, d]``, heads first; any leading dims), ``bnhd`` (``[B, n, h, d]``), or ``auto``: the "
+        "layout the function's library documents (``bnhd`` for ``jax.nn.dot_product_attention``, whose inputs are "
+        "``[B, T, N, H]``), else ``bhnd``; the report's ``spec`` records the layout used.",
         "choice",
         choices=LAYOUTS,
     )
@@ -454,10 +456,12 @@ def options() -> list[tuple[str, Any, Option]]:
     return [(f.name, f.default, f.metadata["option"]) for f in dataclasses.fields(Spec)]
 
 
-def keyword_signature(first: list[inspect.Parameter], returns: Any) -> inspect.Signature:
-    """A signature ``first..., *, <every option>=default`` (``check()``'s, for ``help()`` and IDEs)."""
+def keyword_signature(
+    first: list[inspect.Parameter], returns: Any, last: tuple[inspect.Parameter, ...] = ()
+) -> inspect.Signature:
+    """A signature ``first..., *, <every option>=default, last...`` (``check()``'s, for ``help()`` and IDEs)."""
     kw = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d) for n, d, _ in options()]
-    return inspect.Signature([*first, *kw], return_annotation=returns)
+    return inspect.Signature([*first, *kw, *last], return_annotation=returns)
 
 
 def args_doc(indent: int = 8) -> str:

@@ -29,4 +29,6 @@ COMMANDS: tuple[str, ...] = (
     # real models
     "generate",
     "intervene",
+    # the shell
+    "completion",
 )

@@ -33,19 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The sizes, head dims, block sizes, threads and modes to time, and the files to write (``--json``, ``--plot``)."""
     parser.add_argument("--sizes", "-n", type=int, nargs="+", default=[1024, 2048, 4096], help="sequence lengths")
     parser.add_argument("--d", type=int, nargs="+", default=[64], help="head dims")
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--batch", "-B", type=int, default=1)
-    parser.add_argument("--causal", choices=["no", "yes", "both"], default="both")
+    parser.add_argument("--heads", type=int, default=8, help="attention heads h (default 8)")
+    parser.add_argument("--batch", "-B", type=int, default=1, help="batch size B (default 1)")
+    parser.add_argument(
+        "--causal", choices=["no", "yes", "both"], default="both", help="time without, with or both (default both)"
+    )
     parser.add_argument("--repetitions", "-r", type=int, default=3, help="timed runs per cell (median reported)")
     parser.add_argument(
         "--methods",
         nargs="+",
         default=["naive", "tiled", "floor", "torch"],
         choices=["naive", "tiled", "floor", "torch"],
+        help="what to time: naive dense, attnlab's tiled kernel, the GEMM floor, PyTorch SDPA (default all)",
     )
     parser.add_argument("--backward", action="store_true", help="also time the backward pass")
-    parser.add_argument("--block-q", type=int, default=None)
-    parser.add_argument("--block-k", type=int, default=None)
+    parser.add_argument("--block-q", type=int, default=None, help="tiled kernel: query rows per block")
+    parser.add_argument("--block-k", type=int, default=None, help="tiled kernel: keys per block")
     parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: every core)")
     parser.add_argument("--naive-max-gb", type=float, default=4.0, help="skip naive above this score memory")
     decode_help = "also time KV-cache decode steps at these contexts (default 1024 2048 4096 8192)"
@@ -56,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--isolate", type=int, nargs="?", const=3, default=None, metavar="P", help=isolate_help)
     parser.add_argument("--json", default=None, metavar="PATH", help="write every measurement as JSON")
     parser.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of time and memory against n")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
 
 class _PlainProgress:

@@ -26,6 +26,17 @@ HELP = "check a Hugging Face model: causal LMs by future tokens, encoders by pad
 
 BUILTIN = {"gpt2-tiny": "gpt2", "llama-tiny": "llama", "bert-tiny": "bert"}
 
+#: ``--attn-implementation``'s values (Hugging Face's attention implementations; each also as ``paged|NAME``), checked
+#: before transformers is imported; a hub kernel ``org/repo`` is passed on as given.
+ATTN_IMPLEMENTATIONS = (
+    "eager",
+    "sdpa",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+)
+
 #: ``--seq-len`` at most for any model (a model's own position limit may be lower), ``--vocab-size`` at most.
 MAX_SEQ_LEN, MAX_VOCAB = 2**20, 2**31 - 1
 
@@ -37,7 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--break-causal", action="store_true", help="smollm2 only: run it without its causal mask (a planted leak)"
     )
     parser.add_argument("--kind", choices=("causal-lm", "encoder"), default=None, help="default: from the model")
-    parser.add_argument("--attn-implementation", default="eager", help="eager, sdpa, or a registered name")
+    parser.add_argument(
+        "--attn-implementation",
+        default="eager",
+        help=f"Hugging Face's attention: {', '.join(ATTN_IMPLEMENTATIONS)} (or paged|NAME; default eager)",
+    )
     parser.add_argument(
         "--vocab-size",
         type=int_type(minimum=2, maximum=MAX_VOCAB),
@@ -51,11 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tokens per checked sequence, 4 up to the model's maximum positions (default 12)",
     )
     parser.add_argument("--seed", type=int_type(minimum=0), default=0, help="random seed, >= 0 (default 0)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON (schema attnlab.check-model/1)")
     parser.add_argument(
         "--width", type=int_type(minimum=20), default=None, help="columns of the text report (default 100)"
     )
-    parser.add_argument("--no-color", action="store_true", help="plain text without colour")
+    parser.add_argument(
+        "--no-color", action="store_true", help="plain text without colour (also NO_COLOR=1; FORCE_COLOR=1 forces it)"
+    )
 
 
 def max_positions(model: Any) -> int | None:
@@ -87,6 +104,11 @@ def check_args(args: argparse.Namespace) -> None:
 
     if args.break_causal and args.model != "smollm2":
         raise OptionError("--break-causal: applies to smollm2 only")
+    impl = args.attn_implementation
+    if impl.removeprefix("paged|") not in ATTN_IMPLEMENTATIONS and "/" not in impl:  # before torch is imported
+        raise OptionError(
+            f"--attn-implementation: expected one of {', '.join(ATTN_IMPLEMENTATIONS)} (or paged|NAME), got {impl!r}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,7 +173,9 @@ def _print(report, args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(report.to_json() + "\n")
     else:
-        color = not args.no_color and sys.stdout.isatty()
+        from .terminal import use_color
+
+        color = use_color(sys.stdout, no_color=args.no_color)
         try:
             sys.stdout.write(
                 report.render(width=args.width or (shutil.get_terminal_size().columns if color else 100), color=color)

@@ -108,6 +108,27 @@ def cost_text(lengths: list[int], **options: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cost_json(lengths: list[int], **options: Any) -> dict[str, Any]:
+    """What ``attnlab cost --json`` prints (schema ``attnlab.cost/1``): every field of
+    :class:`~attnlab.cost.AttentionCost` per length (exact ints), its ``attention_flops`` and ``kind``, and the
+    self-attention crossover length. ``options`` as in :func:`cost_text`."""
+    import dataclasses
+
+    from ..cost import attention_cost, crossover_length
+    from ..schemas import name
+
+    dtype = options.get("dtype", inspect.signature(attention_cost).parameters["dtype"].default)
+    costs = [attention_cost(n, **options) for n in lengths]
+    rows = [{**dataclasses.asdict(c), "attention_flops": c.attention_flops, "kind": c.kind} for c in costs]
+    c0 = costs[0]
+    return {
+        "schema": name("cost"),
+        "dtype": dtype,
+        "rows": rows,
+        "crossover": crossover_length(c0.d_model, heads=c0.heads, kv_heads=c0.kv_heads),
+    }
+
+
 def _dtype(text: str) -> str:
     from ..cost import bytes_per_element
     from ..errors import DTypeError
@@ -124,13 +145,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = int_type(minimum=1, maximum=MAX_SIZE)
     parser.add_argument("n", type=size, nargs="+", metavar="N", help="sequence length(s) n_q (several: growth)")
     parser.add_argument("--n-k", type=size, default=None, help="keys / cached tokens L (default: n)")
-    parser.add_argument("--batch", "-B", type=size, default=1)
-    parser.add_argument("--d-model", type=size, default=512)
-    parser.add_argument("--heads", type=size, default=8)
+    parser.add_argument("--batch", "-B", type=size, default=1, help="sequences in the batch B (default 1)")
+    parser.add_argument("--d-model", type=size, default=512, help="model width d_model (default 512)")
+    parser.add_argument("--heads", type=size, default=8, help="query heads h; must divide --d-model (default 8)")
     parser.add_argument("--kv-heads", type=size, default=None, help="key/value heads (GQA/MQA; default: heads)")
-    parser.add_argument("--layers", type=size, default=1)
+    parser.add_argument("--layers", type=size, default=1, help="attention layers counted (default 1)")
     parser.add_argument("--dtype", type=_dtype, default="float16", help="float16, bfloat16, float32, float64, int8 ...")
     parser.add_argument("--causal", action="store_true", help="count only causal pairs in the FLOPs")
+    parser.add_argument("--json", action="store_true", help="print the numbers as JSON (schema attnlab.cost/1)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -149,6 +171,12 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print :func:`cost_text` for the parsed ``args``; returns 0."""
-    sys.stdout.write(cost_text(args.n, **{name: getattr(args, name) for name in cost_options()}))
+    """Print :func:`cost_text` (or, with ``--json``, :func:`cost_json`) for the parsed ``args``; returns 0."""
+    options = {name: getattr(args, name) for name in cost_options()}
+    if args.json:
+        import json
+
+        sys.stdout.write(json.dumps(cost_json(args.n, **options), indent=2) + "\n")
+    else:
+        sys.stdout.write(cost_text(args.n, **options))
     return 0

@@ -48,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     fmt = args.format
     if fmt == "auto":
-        fmt = "text"
-        if sys.stdout.isatty():
+        from .terminal import use_color
+
+        fmt = "text"  # rich on a terminal (rich itself drops colour with NO_COLOR) or with FORCE_COLOR
+        if sys.stdout.isatty() or use_color(sys.stdout):
             try:
                 import rich  # noqa: F401
 
@@ -60,7 +62,10 @@ def run(args: argparse.Namespace) -> int:
     if shown.text is not None or fmt == "text":
         sys.stdout.write(shown.to_text(args.width))
     elif fmt == "json":
-        sys.stdout.write(json.dumps(to_dict(e, mistakes), indent=2, ensure_ascii=False) + "\n")
+        from ..schemas import name as schema_name
+
+        doc = {"schema": schema_name("explain"), **to_dict(e, mistakes)}
+        sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     elif fmt == "markdown":
         sys.stdout.write(to_markdown(e, mistakes))
     else:

@@ -30,7 +30,9 @@ HELP = "attention received vs. the effect of deleting/replacing each token (Smol
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """TEXT and what to intervene on."""
     parser.add_argument("text", type=text_type, help="the prompt (SmolLM2) or sentence (MiniLM)")
-    parser.add_argument("--model", choices=("smollm2", "minilm"), default="smollm2")
+    parser.add_argument(
+        "--model", choices=("smollm2", "minilm"), default="smollm2", help="the model (default smollm2, a causal LM)"
+    )
     parser.add_argument(
         "--target",
         type=int_type(minimum=0),
@@ -42,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="SmolLM2: the next token to track (one token of text; default: the model's prediction)",
     )
-    parser.add_argument("--method", choices=("delete", "replace"), default="delete")
+    parser.add_argument(
+        "--method",
+        choices=("delete", "replace"),
+        default="delete",
+        help="delete each token or replace it (default delete)",
+    )
     parser.add_argument(
         "--replacement",
         default=None,
@@ -57,12 +64,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot", type=output_file((".png", ".svg", ".pdf")), default=None, metavar="PATH", help="save a plot"
     )
-    parser.add_argument("--json", action="store_true", help="print the numbers as JSON instead of the table")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the numbers as JSON instead of the table (schema attnlab.intervene/1)",
+    )
 
 
 def _as_json(r) -> str:
+    from ..schemas import name
+
     return json.dumps(
         {
+            "schema": name("intervene"),
             "model": r.model,
             "tokens": list(r.tokens),
             "sources": list(r.sources),

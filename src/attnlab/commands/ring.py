@@ -41,7 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-v", type=int_or_text, default=None, help="value head size (default d_k)")
     parser.add_argument("--causal", action="store_true", help="causal attention (zig-zag needs n >= 2P)")
     parser.add_argument("--layout", choices=("contiguous", "zigzag"), default=None, help="default: zigzag if causal")
-    parser.add_argument("--dtype", choices=("float32", "float64", "float16", "bfloat16"), default="float32")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float64", "float16", "bfloat16"),
+        default="float32",
+        help="dtype of Q, K, V (default float32)",
+    )
     parser.add_argument("--backward", action="store_true", help="also run the backward pass in the ring")
     parser.add_argument("--block", type=int_or_text, default=256, help="tile size block_q = block_k (default 256)")
     parser.add_argument(
@@ -51,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare with the single-process float64 reference on rank 0 (auto: when B·h·n² <= 4M)",
     )
     parser.add_argument("--repeats", type=int_or_text, default=1, help="passes to time; the fastest is reported")
-    parser.add_argument("--seed", type=int_or_text, default=0)
+    parser.add_argument("--seed", type=int_or_text, default=0, help="seed of the random Q, K, V, >= 0 (default 0)")
     parser.add_argument(
         "--timeout",
         type=float_or_text,
