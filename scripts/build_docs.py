@@ -95,9 +95,13 @@ def _comment_docstrings(obj: types.ModuleType | type) -> dict[str, str]:
     return found
 
 
-def _reexported_docstrings(module: types.ModuleType, walk_tree: Callable[[Any], Any]) -> dict[str, str]:
+def _reexported_docstrings(
+    module: types.ModuleType, walk_tree: Callable[[Any], Any], visiting: frozenset[str] = frozenset()
+) -> dict[str, str]:
     """A constant imported into a package (``from .report import CODES``) keeps the docstring it has where it is
-    defined: pdoc reads variable docstrings from the module's own source only."""
+    defined (its ``#:`` comment, its docstring string, or the docstring it has where *that* module imported it):
+    pdoc reads variable docstrings from the module's own source only. Computed from the sources alone, so the
+    order in which pdoc walks the modules does not matter."""
     import pdoc.doc_ast
 
     found: dict[str, str] = {}
@@ -106,11 +110,15 @@ def _reexported_docstrings(module: types.ModuleType, walk_tree: Callable[[Any], 
             continue
         package = module.__name__ if hasattr(module, "__path__") else module.__name__.rpartition(".")[0]
         source = sys.modules.get(importlib.util.resolve_name("." * node.level + (node.module or ""), package))
-        if source is None:
+        if source is None or source.__name__ in visiting:
             continue
-        docs = walk_tree(source).var_docstrings
+        docs = {
+            **_reexported_docstrings(source, walk_tree, visiting | {module.__name__}),
+            **_comment_docstrings(source),
+            **walk_tree(source).var_docstrings,
+        }
         for alias in node.names:
-            if alias.name in docs:
+            if docs.get(alias.name):
                 found[alias.asname or alias.name] = docs[alias.name]
     return found
 
@@ -119,13 +127,13 @@ def _with_more_docstrings(walk_tree: Callable[[Any], Any]) -> Callable[[Any], An
     """pdoc's ``walk_tree`` plus ``#:`` comments and re-exported constants' docstrings (a docstring string after the
     assignment still wins)."""
 
-    done: dict[int, object] = {}  # id(obj) -> obj (kept alive, so an id is never reused): extras already added
+    done: dict[int, tuple[object, Any]] = {}  # id(obj) -> (obj, info) with its extras; kept alive (no id reused)
 
     def wrapped(obj: types.ModuleType | type) -> Any:
         info = walk_tree(obj)
-        if id(obj) in done:
+        if done.get(id(obj), (None, None))[1] is info:
             return info
-        done[id(obj)] = obj
+        done[id(obj)] = (obj, info)
         extra = _comment_docstrings(obj)
         if isinstance(obj, types.ModuleType):
             extra = {**_reexported_docstrings(obj, wrapped), **extra}

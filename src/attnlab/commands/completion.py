@@ -15,11 +15,14 @@ import sys
 NAME = "completion"
 HELP = "print the bash or zsh completion script (needs shtab: pip install 'attnlab[completion]')"
 
+__all__ = ["SHELLS", "add_arguments", "completion_script", "run"]
+
+#: The shells `attnlab completion` writes a script for.
 SHELLS = ("bash", "zsh")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The shell."""
+    """completion's one argument: the shell."""
     parser.add_argument("shell", choices=SHELLS, help="the shell to complete in: bash or zsh")
 
 
@@ -45,5 +48,6 @@ def completion_script(shell: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the completion script for ``args.shell``; returns 0."""
     sys.stdout.write(completion_script(args.shell))
     return 0
