@@ -544,16 +544,22 @@ def _position_pattern(
 ) -> tuple[np.ndarray, bool]:
     """``(blocked [bq, bk], all blocked)`` for the causal/window constraints, True = *blocked*, where ``offset`` is the
     block's first key position minus its first query position (key j, query i blocked when ``j + offset - i`` is
-    beyond the window or, causal, above 0). Compared by broadcasting: no ``[bq, bk]`` integer array."""
-    qi = np.arange(bq)[:, None] - offset  # [bq, 1]
+    beyond the window or, causal, above 0). Compared by broadcasting: no ``[bq, bk]`` integer array. Each bound is
+    moved into the block (in Python's integers) before it meets the arrays: a window of ``2**63 - 1`` or a huge
+    offset never wraps around in int64."""
+    qi = np.arange(bq)[:, None]  # [bq, 1]
     kj = np.arange(bk)[None, :]  # [1, bk]
+
+    def inside(t: int) -> int:  # kj - qi lies in [-(bq - 1), bk - 1]: a bound beyond that range cuts all or nothing
+        return min(max(t, -bq), bk)
+
     bad = np.zeros((bq, bk), dtype=bool)
     if causal:
-        bad |= kj > qi
+        bad |= kj - qi > inside(-offset)
     if right is not None:
-        bad |= kj > qi + right
+        bad |= kj - qi > inside(right - offset)
     if left is not None:
-        bad |= kj < qi - left
+        bad |= kj - qi < inside(-left - offset)
     bad.flags.writeable = False
     return bad, bool(bad.all())
 
@@ -813,8 +819,10 @@ class MaskSpec:
 
     def key_range(self, i0: int, i1: int, seq: int = 0) -> tuple[int, int]:
         """Keys ``[lo, hi)`` that query rows ``[i0, i1)`` of sequence ``seq`` may see at most (causal, window, key
-        lengths; empty when ``hi <= lo``)."""
+        lengths; empty when ``hi <= lo``, as when every row is a padded query, ``i0 >= query_lengths[seq]``)."""
         lo, hi = 0, self.n_keys(seq)
+        if self.query_lengths is not None and i0 >= int(self._row(self.query_lengths, seq)):
+            return 0, 0
         shift = self.shift(seq)
         if self.causal:
             hi = min(hi, i1 + shift)
@@ -845,8 +853,17 @@ class MaskSpec:
         """Block ``[i0:i1, j0:j1]`` of sequence ``seq`` for the kernels: ``None`` if nothing in it is blocked,
         ``False`` if everything is (skip it), else a :class:`BlockMask` (True = *blocked*). ``dense`` is this batch
         index's ``[n_q, n_k]`` dense mask (True = may attend) or None: the kernels index their own layout.
-        Query and key lengths are not looked at: :meth:`key_range` and :meth:`query_range` cut them."""
+        Key lengths are not looked at (:meth:`key_range` cuts them); rows of padded queries (``i >=
+        query_lengths[seq]``) are blocked here, since a query block can straddle the last real query."""
         parts: list[np.ndarray] = []
+        if self.query_lengths is not None:
+            n_real = int(self._row(self.query_lengths, seq))
+            if n_real <= i0:
+                return False
+            if n_real < i1:
+                pad = np.zeros((i1 - i0, j1 - j0), dtype=bool)
+                pad[n_real - i0 :] = True
+                parts.append(pad)
         shift = self.shift(seq)
         left, right = self.window if self.window is not None else (None, None)
         need_rel = (
@@ -955,21 +972,25 @@ class MaskSpec:
     def empty_rows(self) -> np.ndarray:
         """``[S, n_q]``: True for the query rows of each sequence that may see no key at all (the structure; the
         dense part is not looked at)."""
-        n_q, _ = self._need_sizes()
+        n_q, n_k = self._need_sizes()
         seqs = self._sequences()
         out = np.zeros((seqs, n_q), dtype=bool)
         rows = np.arange(n_q)
+
+        def inside(t: int) -> int:  # rows + t for rows in [0, n_q): beyond [-n_q, n_k] it cuts all keys or none
+            return min(max(t, -n_q), n_k)
+
         for s in range(seqs):
             lo, hi = np.zeros(n_q, np.int64), np.full(n_q, self.n_keys(s), np.int64)
-            shift = self.shift(s)
+            shift = self.shift(s)  # Python ints from here to inside(): a window of 2**63 - 1 does not wrap
             if self.causal:
-                hi = np.minimum(hi, rows + 1 + shift)
+                hi = np.minimum(hi, rows + inside(1 + shift))
             if self.window is not None:
                 left, right = self.window
                 if right is not None:
-                    hi = np.minimum(hi, rows + 1 + shift + right)
+                    hi = np.minimum(hi, rows + inside(1 + shift + right))
                 if left is not None:
-                    lo = np.maximum(lo, rows + shift - left)
+                    lo = np.maximum(lo, rows + inside(shift - left))
             empty = hi <= lo
             if self.query_lengths is not None:
                 empty |= rows >= int(self._row(self.query_lengths, s))
