@@ -419,6 +419,22 @@ def test_lab_server_starts_answers_on_localhost_and_stops():
     assert lab.process.poll() is not None
 
 
+def test_a_killed_lab_leaves_no_marimo_state_in_the_home_folder(tmp_path, monkeypatch):
+    """marimo registers each server in ``$XDG_STATE_HOME/marimo/servers/HOST_PORT.json`` (default ``~/.local/state``)
+    and removes it only on a clean shutdown: a killed lab left it in the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    with start() as lab:
+        lab.wait_ready(60)
+        state = Path(lab.state.name)
+        registry = list(state.rglob("servers/*.json"))  # where marimo keeps it now: the lab's own folder
+        assert [p.name for p in registry] == [f"127.0.0.1_{lab.port}.json"]
+        os.killpg(lab.process.pid, signal.SIGKILL)  # no clean shutdown
+        lab.process.wait(10)
+    assert not state.exists()  # stop() removed the folder
+    assert not (tmp_path / ".local" / "state" / "marimo").exists()
+
+
 def test_lab_command_prints_the_url(capsys):
     assert main(["lab", "--exit-when-ready"]) == 0
     out = capsys.readouterr().out
