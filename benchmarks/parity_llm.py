@@ -1,6 +1,6 @@
 """SmolLM2's float32 logits against float64: attnlab's error and Hugging Face's, on many short prompts.
 
-    python benchmarks/parity_llm.py [--quick]
+    python benchmarks/parity_llm.py [--quick | --unusual]
 
 For 26 texts, each cut to 1, 2 and 3 tokens and taken whole (104 prompts; ``--quick``: the first 6 texts), prints
 attnlab's and HF's float32 max-abs error against attnlab's float64 model, their ratio, HF's float64 run against
@@ -29,9 +29,33 @@ TEXTS = [
 ]  # fmt: skip
 
 
+#: ``--unusual``: the prompts on which a fuzz run found the largest errors (issue 23): single tokens, one token many
+#: times, and long prose (the texts above joined, repeated).
+UNUSUAL_ONE = ["The", "!", "x", "Ü", "\n", "1", " the", "<|im_start|>"]
+UNUSUAL_REPEATED = [("the " * 128, (8, 32, 128)), ("!" * 128, (8, 32, 128)), ("1 " * 128, (16, 64, 128))]
+UNUSUAL_LONG = (" ".join(TEXTS) + " ") * 8
+
+
+def _prompts(model, args):
+    """``(text, cuts)`` pairs: the texts cut to 1, 2, 3 tokens and whole (cuts None), or ``--unusual``'s."""
+    if not args.unusual:
+        return [(t, None) for t in (TEXTS[:6] if args.quick else TEXTS)]
+    n_long = len(model.encode(UNUSUAL_LONG))
+    return (
+        [(t, (1,)) for t in UNUSUAL_ONE]
+        + UNUSUAL_REPEATED
+        + [(UNUSUAL_LONG, tuple(n for n in (100, 200, 400) if n <= n_long))]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the first 6 texts only")
+    parser.add_argument(
+        "--unusual",
+        action="store_true",
+        help="unusual prompts instead: one token, one token repeated (8 to 128 times), and long (~100 to ~400 tokens)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -56,9 +80,9 @@ def main() -> None:
     hf64 = copy.deepcopy(hf).double()
     rows = []
     with threadpool_limits(1, user_api="blas"), torch.no_grad():
-        for text in TEXTS[:6] if args.quick else TEXTS:
+        for text, cuts in _prompts(model, args):
             full = model.encode(text)
-            for n in (1, 2, 3, len(full)):
+            for n in cuts or (1, 2, 3, len(full)):
                 ids = full[:n]
                 exact = llama_forward(model64, ids).logits
                 ours = llama_forward(model, ids).logits.astype(np.float64)

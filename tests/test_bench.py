@@ -303,3 +303,16 @@ def test_unwritable_output_is_refused_before_the_run(monkeypatch, capsys, tmp_pa
     monkeypatch.setattr(bench, "run_bench", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("ran")))
     assert main(["bench", "--json", path]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("methods", ["naive", "tiled"])
+def test_a_size_beyond_the_machine_is_a_memory_limit_error_before_any_work(capsys, methods):
+    """``--sizes 100000000`` once allocated q first and died in NumPy with a traceback."""
+    assert main(["bench", "--sizes", "100000000", "--methods", methods, "--no-progress"]) == 1
+    out = capsys.readouterr()
+    assert out.err.startswith("attnlab bench: error: --sizes: n=100000000 needs 763 GiB for its float32 arrays")
+    assert "more than this machine's" in out.err and "Traceback" not in out.err and out.out == ""
+    from attnlab.errors import MemoryLimitError
+
+    with pytest.raises(MemoryLimitError, match="pass smaller --sizes"):
+        bench.run_bench(sizes=(100_000_000,), methods=("naive",))

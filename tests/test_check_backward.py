@@ -490,3 +490,41 @@ def test_docs_backward_example_output_is_real(tmp_path, capsys, monkeypatch):
         if line.startswith(("FAILED", "probes:")):
             continue  # timings and wrapping
         assert line in out, line
+
+
+def _zeros_plain(q, k, v, d_out, mask=None, scale=None):
+    return np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+
+
+@pytest.mark.parametrize("shape", ["numpy scalar", "0-d array", "1-d array"])
+def test_a_gradient_of_the_wrong_rank_is_a_finding_not_a_checker_failure(shape):
+    def bwd(q, k, v, d_out, mask=None, scale=None):
+        g = attention_backward(attention_trace(q, k, v, mask, scale=scale, masked_rows="zero"), d_out)
+        dq, dk, dv = g.dq, g.dk, g.dv
+        wrong = {"numpy scalar": np.float64(0.0), "0-d array": np.array(1.0), "1-d array": np.ravel(dq)}[shape]
+        return wrong, dk, dv
+
+    r = check_backward(bwd, dtypes=("float64",))  # was: IndexError inside the grad-batch probe (exit 4)
+    if shape == "1-d array":
+        assert "grad-mismatch" in r.codes, r.to_text()  # "dq has the wrong shape"
+    else:
+        f = next(f for f in r.findings if f.code == "output-type")
+        said = {"numpy scalar": "the dq is a numpy.float64", "0-d array": "the dq is a 0-d array (one number)"}[shape]
+        assert said in f.message, r.to_text()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"timeout": -1}, "timeout: expected a positive number of seconds, got -1"),
+        ({"timeout": float("inf")}, "timeout: expected a number of seconds at most"),
+        ({"seed": -1}, "seed: expected an int >= 0"),
+        ({"forward": 42}, "forward: expected None, a callable forward"),
+    ],
+)
+def test_check_backward_refuses_what_check_refuses(options, message):
+    with pytest.raises(UsageError, match=message):
+        check_backward(_zeros_plain, **options)
+    if "forward" not in options:
+        with pytest.raises(UsageError, match=message):
+            check(_zeros_plain, **options)

@@ -371,3 +371,36 @@ def test_packed_variable_length_batches():
         return varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_q, max_seqlen_q, max_seqlen_q, causal, softmax_scale)
 
     assert not check(ignores_cu_seqlens_k, gqa=True, dtypes=("float32",), probes=("reference",)).ok
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ("framework", "numpy"),
+        ("layout", "bnhd"),
+        ("mask_convention", "block"),
+        ("signature", "plain"),
+        ("returns", "output+weights"),
+        ("mask_form", "varlen"),
+        ("mask_form", "key_padding"),
+    ],
+)
+def test_module_mode_refuses_options_it_cannot_honour(option, capsys, tmp_path):
+    """Module mode builds the layer's call itself: these options were ignored (and the verdict said clean), and
+    ``--mask-form varlen`` crashed inside the checker's own wrapper; now each is a usage error naming the option."""
+    from attnlab.checker import UsageError
+    from attnlab.cli import main
+
+    name, value = option
+    layer = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    with pytest.raises(UsageError) as err:
+        check(layer, **{name: value})
+    message = str(err.value)
+    assert message.startswith(f"{name}={value!r} (--{name.replace('_', '-')}): ") and "module mode" in message
+    if option != ("mask_form", "varlen"):
+        return  # the command line once (a worker process imports torch: seconds)
+    f = tmp_path / "layer.py"
+    f.write_text("import torch\nlayer = torch.nn.MultiheadAttention(8, 2, batch_first=True)\n")
+    assert main(["check", f"{f}:layer", f"--{name.replace('_', '-')}", value]) == 2
+    err = capsys.readouterr().err
+    assert f"--{name.replace('_', '-')} cannot be honoured" in err and "Traceback" not in err

@@ -89,6 +89,14 @@ def test_intervene_errors(capsys):
     )
     assert main(["intervene", "--model", "minilm", "A cat.", "--replacement", "dog"]) == 2
     assert "--replacement: applies to --model smollm2 only" in capsys.readouterr().err
+    # "two words" was accepted (and ignored) with the default --method delete; it must be one token to replace with
+    assert main(["intervene", "The capital of France is", "--replacement", "two words"]) == 2
+    assert capsys.readouterr().err == (
+        "attnlab intervene: error: --replacement: applies to --method replace only (--method delete removes the "
+        "token); got 'two words'\n"
+    )
+    assert main(["intervene", "The capital of France is", "--method", "replace", "--replacement", "two words"]) == 2
+    assert "replacement: 'two words' is 2 tokens" in capsys.readouterr().err
 
 
 def test_heatmap_of_a_real_model(model, capsys, tmp_path):

@@ -117,6 +117,8 @@ def test_intervention_errors(model):
         intervene(model, PROMPT, target=9)
     with pytest.raises(OptionError, match=r"replacement: ' New York' is 2 tokens"):
         intervene(model, PROMPT, method="replace", replacement=" New York")
+    with pytest.raises(OptionError, match=r"replacement: ' New York' is 2 tokens"):  # checked with delete too
+        intervene(model, PROMPT, method="delete", replacement=" New York")
     with pytest.raises(OptionError, match=r"layer: expected an int in \[0, 30\), got 30"):
         intervene(model, PROMPT, layer=30)
     with pytest.raises(OptionError, match=r"^layer: expected an int, got True$"):  # a bool is not layer 1

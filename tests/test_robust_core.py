@@ -570,3 +570,27 @@ def test_integer_bool_and_long_double_inputs_are_float64(dtype, seed):
     ref, _ = reference_attention(*(x.astype(np.float64) for x in (q, k, v)))
     L = _logit_bound(q.astype(np.float64), k.astype(np.float64), None, 1 / math.sqrt(2), 1.0)
     np.testing.assert_allclose(got.output, ref, rtol=0, atol=C * _eps(np.float64) * (1 + L) * (1 + _max(v)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(big=st.integers(100, 250), e_q=st.integers(100, 300), over=st.integers(0, 100), seed=st.integers(0, 2**16))
+def test_huge_factors_that_cancel_are_computed_when_the_logits_fit(big, e_q, over, seed):
+    """``Q Kᵀ`` overflows float64 (about 10**(e_q + e_k) > 10**308) while the logits ``Q Kᵀ · scale / T`` are finite
+    (about 10**big): the dense core computes them, as flash_attention does (it raised RangeError, since
+    ``scale · 2**(a + b)`` overflowed before the temperature was applied). Logits that large make each row one-hot
+    at its largest ``q · k`` (exactly: the runner-up is 10**100 smaller in the exponent)."""
+    e_k = min(310 + over, 307 + big) - e_q  # Q Kᵀ ~ 10**(e_q + e_k), beyond float64 when e_q + e_k >= 310
+    if not 0 <= e_k <= 307 or e_q + e_k < 310:
+        return
+    rng = np.random.default_rng(seed)
+    x, y, v = rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    q, k = x * 10.0**e_q, y * 10.0**e_k
+    temperature = 10.0 ** (e_q + e_k - big)
+    want = v[np.argmax(x @ y.T, axis=-1)]  # [3, 2]
+    np.testing.assert_array_equal(attnlab.scaled_dot_product_attention(q, k, v, temperature=temperature), want)
+    np.testing.assert_array_equal(attnlab.flash_attention(q, k, v, temperature=temperature).output, want)
+
+
+def test_the_reported_case_of_cancelling_factors():
+    q = np.diag([1e200, 1e200])
+    np.testing.assert_allclose(attnlab.scaled_dot_product_attention(q, q, np.eye(2), temperature=1e200), np.eye(2))

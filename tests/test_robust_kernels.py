@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.errors import AttnlabError, RangeError
-from attnlab.kernels import KVCache, decode_step, flash_attention, flash_attention_backward
+from attnlab.kernels import KVCache, cached_attention, decode_step, flash_attention, flash_attention_backward
 
 #: A few seconds in the suite; ``ATTNLAB_ROBUST_EXAMPLES=500`` for a longer search by hand.
 SETTINGS = settings(max_examples=int(os.environ.get("ATTNLAB_ROBUST_EXAMPLES", "25")), deadline=None)
@@ -198,3 +198,31 @@ def test_cached_attention_equals_one_full_forward_at_any_magnitude(n, block_q, b
     assert (steps is None) == (full is None)
     if full is not None:
         np.testing.assert_allclose(steps, full, rtol=1e-9, atol=1e-300 + 1e-9 * np.abs(v).max())
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 120),
+    dt=st.sampled_from(["float32", "float64"]),
+    sign=st.sampled_from([1.0, -1.0]),
+    tiled=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_cached_attention_at_the_largest_value_with_tied_keys_stays_finite(n, dt, sign, tiled, seed):
+    """Values at the dtype's largest magnitude and keys that tie (equal weights 1/n, whose rounded sum passes 1):
+    each output is an average of the values, so it stays within them; the dense path returned inf."""
+    from attnlab.kernels.config import override
+
+    big = sign * float(np.finfo(dt).max)
+    rng = np.random.default_rng(seed)
+    v = np.full((1, 1, n, 2), big, dtype=dt)
+    v[..., 1] = rng.choice([big, big / 2], size=n)  # some ties, some not
+    cache = KVCache(1, 1, 2, dtype=dt)
+    cache.append(np.zeros((1, 1, n, 2), dtype=dt), v)
+    with override(dense_limit=0 if tiled else 1 << 22):
+        out = cached_attention(np.zeros((1, 1, 1, 2), dtype=dt), cache)
+    assert np.isfinite(out).all()
+    if not tiled:  # the dense path's convex combination is clipped to the values' range
+        assert (v.min(axis=2) <= out[:, :, 0]).all() and (out[:, :, 0] <= v.max(axis=2)).all()
+    mean = (v[0, 0].astype(np.float64) / n).sum(axis=0, dtype=np.longdouble)  # x86-64: a wider exponent
+    np.testing.assert_allclose(out[0, 0, 0].astype(np.longdouble), mean, rtol=1e-5)

@@ -760,6 +760,33 @@ def _time_isolated(
     return times, peaks, fastest
 
 
+def _physical_memory() -> int | None:
+    """Bytes of RAM on this machine (None where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(o: BenchOptions) -> None:
+    """A :class:`~attnlab.errors.MemoryLimitError` before any work when the largest cell's float32 arrays (q, k, v,
+    the output, and with ``backward`` its four gradients) cannot fit in this machine's memory."""
+    from .errors import MemoryLimitError
+
+    ram = _physical_memory()
+    if ram is None:
+        return
+    n, dd = max(o.sizes), max(o.d)
+    arrays = 4 + (4 if o.backward else 0)
+    need = arrays * o.batch * o.heads * n * dd * 4
+    if need > ram:
+        raise MemoryLimitError(
+            f"--sizes: n={n} needs {need / 2**30:.3g} GiB for its float32 arrays alone ({arrays} of [batch={o.batch}, "
+            f"heads={o.heads}, n={n}, d={dd}]), more than this machine's {ram / 2**30:.3g} GiB of memory; pass "
+            f"smaller --sizes"
+        )
+
+
 def run_bench(
     options: BenchOptions | None = None,
     /,
@@ -779,6 +806,7 @@ def run_bench(
 
     Raises:
         OptionError: an option that cannot run, before any work.
+        MemoryLimitError: the largest size's arrays cannot fit in this machine's memory, before any work.
 
     Returns:
         :class:`BenchResult`; ``result.table()`` is what ``attnlab bench`` prints.
@@ -792,6 +820,7 @@ def run_bench(
     kw = o.kernel_options()
     passes = ("forward", "backward") if o.backward else ("forward",)
     cells = [(p, n, dd, c) for p in passes for dd in o.d for c in o.causal for n in o.sizes]
+    _check_memory(o)
     per_cell = o.isolate if o.isolate else o.repetitions + 1
     total = len(cells) * per_cell + 1 + len(o.decode_contexts) + (1 if o.long_n else 0)
     done = 0

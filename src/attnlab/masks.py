@@ -146,8 +146,18 @@ def _position_allowed(key_pos: Any, query_pos: Any, back: int | None, ahead: int
     return ok
 
 
+def _bounded(bound: int | None, span: int) -> int | None:
+    """``bound`` (a window side, in Python's integers) cut to ``[-span - 1, span]``, or None (unbounded) from ``span``
+    on: positions that differ by at most ``span`` cannot tell the difference, and no sum with it wraps in int64."""
+    if bound is None or bound >= span:
+        return None
+    return max(int(bound), -span - 1)
+
+
 def _visible_keys(pos: Any, back: int | None, ahead: int | None, n_keys: Any) -> tuple[Any, Any]:
     """Keys ``[lo, hi)`` that queries at positions ``pos`` (an int or an array) may see among ``n_keys`` keys."""
+    span = int(np.max(np.abs(pos), initial=0)) + int(np.max(n_keys, initial=0)) + 1
+    back, ahead = _bounded(back, span), _bounded(ahead, span)
     lo = 0 if back is None else np.maximum(0, pos - back)
     hi = n_keys if ahead is None else np.minimum(n_keys, pos + 1 + ahead)
     return lo, hi
@@ -155,8 +165,17 @@ def _visible_keys(pos: Any, back: int | None, ahead: int | None, n_keys: Any) ->
 
 def _position_mask(n_q: int, n_k: int, shift: int, back: int | None, ahead: int | None) -> np.ndarray:
     """``[n_q, n_k]``, True = may attend: query i, at key position ``i + shift``, sees keys within ``(back, ahead)``:
-    what :func:`causal`, :func:`window` and every block of a :class:`MaskSpec` draw."""
-    return _position_allowed(np.arange(n_k)[None, :], np.arange(n_q)[:, None] + shift, back, ahead)
+    what :func:`causal`, :func:`window` and every block of a :class:`MaskSpec` draw. Key j is allowed when
+    ``j - i`` lies in ``[shift - back, shift + ahead]``; those bounds are cut to ``[-n_q - n_k, n_q + n_k]`` in
+    Python's integers first, so a window of ``2**63 - 1`` or a huge ``shift`` never wraps around in int64."""
+    span = n_q + n_k
+
+    def cut(t: int) -> int:
+        return min(max(int(t), -span), span)
+
+    lo = None if back is None else cut(shift - back)
+    hi = None if ahead is None else cut(shift + ahead)
+    return _position_allowed(np.arange(n_k)[None, :], np.arange(n_q)[:, None], None if lo is None else -lo, hi)
 
 
 def _below(lengths: np.ndarray, n: int) -> np.ndarray:
@@ -863,7 +882,9 @@ class MaskSpec:
 
     def key_range(self, i0: int, i1: int, seq: int = 0) -> tuple[int, int]:
         """Keys ``[lo, hi)`` that query rows ``[i0, i1)`` of sequence ``seq`` may see at most (causal, window, key
-        lengths; empty when ``hi <= lo``)."""
+        lengths; empty when ``hi <= lo``, as when every row is a padded query, ``i0 >= query_lengths[seq]``)."""
+        if self.query_lengths is not None and i0 >= int(self._row(self.query_lengths, seq)):
+            return 0, 0
         shift, (back, ahead) = self.shift(seq), self.reach
         lo, _ = _visible_keys(i0 + shift, back, ahead, self.n_keys(seq))
         _, hi = _visible_keys(i1 - 1 + shift, back, ahead, self.n_keys(seq))
@@ -884,8 +905,17 @@ class MaskSpec:
         """Block ``[i0:i1, j0:j1]`` of sequence ``seq`` for the kernels: ``None`` if nothing in it is blocked,
         ``False`` if everything is (skip it), else a :class:`BlockMask` (True = *blocked*). ``dense`` is this batch
         index's ``[n_q, n_k]`` dense mask (True = may attend) or None: the kernels index their own layout.
-        Query and key lengths are not looked at: :meth:`key_range` and :meth:`query_range` cut them."""
+        Key lengths are not looked at (:meth:`key_range` cuts them); rows of padded queries (``i >=
+        query_lengths[seq]``) are blocked here, since a query block can straddle the last real query."""
         parts: list[np.ndarray] = []
+        if self.query_lengths is not None:
+            n_real = int(self._row(self.query_lengths, seq))
+            if n_real <= i0:
+                return False
+            if n_real < i1:
+                pad = np.zeros((i1 - i0, j1 - j0), dtype=bool)
+                pad[n_real - i0 :] = True
+                parts.append(pad)
         shift = self.shift(seq)
         left, right = self.window if self.window is not None else (None, None)
         back, ahead = self.reach  # does the block's corner farthest from the diagonal on either side fall outside?
@@ -997,6 +1027,7 @@ class MaskSpec:
         seqs = self._sequences()
         out = np.zeros((seqs, n_q), dtype=bool)
         rows = np.arange(n_q)
+
         for s in range(seqs):
             lo, hi = _visible_keys(rows + self.shift(s), *self.reach, self.n_keys(s))
             lo, hi = np.broadcast_to(lo, (n_q,)), np.broadcast_to(hi, (n_q,))

@@ -469,6 +469,36 @@ class Returned:
     wrong_type: str | None = None
 
 
+#: What module mode's wrapper ``fn(q, k, v, mask=None)`` fixes itself, and the values of those options it honours
+#: (the default, or the value the wrapper uses anyway); any other value is refused, not ignored.
+_MODULE_MODE_FIXES = {
+    "framework": ("auto", "torch"),
+    "signature": ("auto",),
+    "mask_convention": ("allow",),
+    "layout": ("bhnd",),
+    "returns": ("auto", "output"),
+    "mask_form": ("full", "batch"),
+    "mask_arg": (None,),
+    "causal_arg": (None,),
+    "scale_arg": (None,),
+}
+
+
+def _refuse_in_module_mode(spec: Spec, kind: str) -> None:
+    """A :class:`~attnlab.errors.UsageError` naming the first option module mode cannot honour (it builds the call
+    to the layer itself: its own projections, its mask in the layer's convention)."""
+    for name, honoured in _MODULE_MODE_FIXES.items():
+        value = getattr(spec, name)
+        if value not in honoured:
+            flag = "--" + name.replace("_", "-")
+            keeps = " or ".join(repr(x) for x in honoured)
+            raise UsageError(
+                f"{name}={value!r} ({flag}): {kind} is checked in module mode, which calls the layer on hidden "
+                f"states and builds its arguments itself, so {flag} cannot be honoured (module mode takes {keeps}); "
+                f"leave it out, or check the attention function the layer calls (q, k, v) with it"
+            )
+
+
 class Adapter:
     """Translate canonical float64 cases into the calls ``fn`` expects, and its results back: a
     :class:`Framework` strategy for the arrays and an :class:`~attnlab.checker.interfaces.Interface` for the mask."""
@@ -490,6 +520,8 @@ class Adapter:
                     prepared = replace(prepared, fn=mode.fn)
         self.mode = mode
         self.fn = prepared.fn
+        if mode is not None:
+            _refuse_in_module_mode(spec, prepared.kind)
         if mode is not None:  # the wrapper takes fn(q, k, v, mask=None) in attnlab's conventions
             spec = replace(
                 spec,

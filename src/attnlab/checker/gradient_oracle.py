@@ -470,9 +470,12 @@ class GradAdapter(Adapter):
                 a = np.array(self.host(g), dtype=np.float64)
             except Exception as err:
                 return GradReturned(problem=f"returned {name} that could not be read as an array ({err})")
-            got[name] = a if name == "dbias" else self.from_layout(a)
             dtypes[name] = framework_dtype_name(g)
             wrong = wrong or self.fw.foreign(g, name)
+            if a.ndim == 0:  # one number where an array shaped like the input belongs: not compared, not indexed
+                wrong = wrong or f"the {name} is a 0-d array (one number); a gradient has the shape of its input"
+                continue
+            got[name] = a if name == "dbias" else self.from_layout(a)
         out = None
         if value.out is not None and self.is_array(value.out):
             out = self.from_layout(np.array(self.host(value.out), dtype=np.float64))
@@ -1271,7 +1274,7 @@ class GradBattery(Battery):
             keep0 = (slice(other, other + 1),) if axis == 0 else (slice(None), slice(other, other + 1))
             for name in ("dq", "dk", "dv"):
                 a, b = out.returned.grads.get(name), moved.returned.grads.get(name)
-                if a is None or b is None or a.shape != b.shape:
+                if a is None or b is None or a.shape != b.shape or a.ndim < 2:  # no batch and head axes to pick
                     continue
                 a, b = a[keep0], b[keep0]
                 finite = np.isfinite(a) & np.isfinite(b)
@@ -1600,18 +1603,23 @@ def check_backward(
     if not isinstance(fn, str) and not callable(fn):
         raise UsageError(f"bwd: expected a callable backward or a target string, got {type(fn).__name__}")
     fwd = forward
+    if fwd is not None and not isinstance(fwd, str) and not callable(fwd):
+        raise UsageError(
+            f"forward: expected None, a callable forward fwd(q, k, v, ...) -> (out, lse) or a target string, got "
+            f"{type(fwd).__name__} {fwd!r}"
+        )
     if kind == "auto":  # a backward: FlashAttention-2's signature, or else the plain one (read where it is imported)
         kind = "backward"
     extra = [u for u in options.get("unsupported", ()) if u in GRAD_CAPABILITIES]
-    spec = spec_from_options(**options)
+    spec = spec_from_options(timeout=timeout, seed=seed, **options)  # timeout and seed checked as check() does
     return run_gradients(
         fn,
         spec,
         kind=kind,
         forward=fwd,
         lse_units=lse_units,
-        timeout=timeout,
-        seed=seed,
+        timeout=spec.timeout,
+        seed=spec.seed,
         probes=probes,
         name=label,
         extra_unsupported=extra,

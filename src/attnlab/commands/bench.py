@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                         bar.update(task, description=desc, completed=done, total=total)
 
                     result = run_bench(options, progress=update)
-    except (ValueError, RuntimeError) as err:
+    except (ValueError, RuntimeError, MemoryError) as err:  # MemoryLimitError, or an allocation that failed
         sys.stderr.write(f"attnlab bench: error: {err}\n")
         return 1
     sys.stdout.write(result.table())

@@ -105,6 +105,11 @@ def check_args(args: argparse.Namespace) -> None:
         for flag, value in (("--target-token", args.target_token), ("--replacement", args.replacement)):
             if value is not None:
                 raise OptionError(f"{flag}: applies to --model smollm2 only (MiniLM replaces with [MASK])")
+    if args.replacement is not None and args.method != "replace":
+        raise OptionError(
+            f"--replacement: applies to --method replace only (--method {args.method} removes the token); got "
+            f"{args.replacement!r}"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

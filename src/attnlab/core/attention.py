@@ -151,30 +151,35 @@ def _power_of_two(m: float) -> int:
 
 
 def _rescaled_scores(p: Prepared) -> tuple[Any, float] | None:
-    """``(Q' K'ᵀ, scale')`` with ``Q' = Q · 2**-a``, ``K' = K · 2**-b`` (exact) and ``scale' = scale · 2**(a + b)``:
-    ``scale · Q Kᵀ`` without forming ``Q Kᵀ``, which may overflow when the scale is small. ``None`` when
-    ``scale'`` itself overflows."""
+    """``(Q' K'ᵀ, factor')`` with ``Q' = Q · 2**-a``, ``K' = K · 2**-b`` (exact) and ``factor' = scale / temperature ·
+    2**(a + b)``: the logits ``Q Kᵀ · scale / temperature`` without forming ``Q Kᵀ``, which may overflow when the
+    factor is small, nor ``scale · 2**(a + b)``, which may overflow when a huge temperature brings it back (the
+    powers of two of scale and temperature are combined before ``ldexp``). ``None`` when ``factor'`` overflows."""
     xp = p.xp
     a, b = _power_of_two(max_abs(xp, p.q)), _power_of_two(max_abs(xp, p.k))
+    (ms, es), (mt, et) = math.frexp(p.scale), math.frexp(p.temperature)
     try:
-        scale = math.ldexp(p.scale, a + b)
+        factor = math.ldexp(ms / mt, es - et + a + b)
     except OverflowError:
         return None
-    return (p.q * 2.0**-a) @ xp.matrix_transpose(p.k * 2.0**-b), scale
+    return (p.q * 2.0**-a) @ xp.matrix_transpose(p.k * 2.0**-b), factor
 
 
 def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) -> AttentionTrace:
     xp = p.xp
     float32 = p.q.dtype != xp.float64
     scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]; may hold inf if rescale
-    s = scores * p.scale
     if rescale:
-        unit, scale = _rescaled_scores(p)
-        s = unit * scale
-    if p.bias is not None:
-        s = s + p.bias
-    if p.temperature != 1.0:
-        s = s / p.temperature
+        unit, factor = _rescaled_scores(p)  # the temperature is in the factor: scale · 2**(a + b) may overflow
+        s = unit * factor
+        if p.bias is not None:
+            s = s + (p.bias / p.temperature if p.temperature != 1.0 else p.bias)
+    else:
+        s = scores * p.scale
+        if p.bias is not None:
+            s = s + p.bias
+        if p.temperature != 1.0:
+            s = s / p.temperature
     allowed = p.allowed()  # [..., n_q, n_k]
     bad = None
     total = xp.sum(s)

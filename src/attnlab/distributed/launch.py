@@ -806,6 +806,43 @@ def torchrun_environment() -> tuple[int, int, str, int]:
     return rank, world, addr, port
 
 
+class _RendezvousSilent(Exception):
+    """``init_process_group`` did not return within its own timeout (and a grace period)."""
+
+
+#: Seconds beyond ``timeout`` that joining may take before it counts as hung (torch's own retries overrun a little).
+_JOIN_GRACE_S = 5.0
+
+
+def _join_bounded(dist: Any, backend: str, timeout: float) -> None:
+    """``dist.init_process_group(backend, timeout=timeout)``, given up after ``timeout`` (+ a grace period).
+
+    torch's TCPStore client waits without a limit for a server that accepts the connection but never answers (any
+    other program on MASTER_PORT), whatever ``timeout`` says, and in C++, where no signal reaches it. So it runs on a
+    daemon thread that the caller stops waiting for (:class:`_RendezvousSilent`); that thread ends when the other
+    side closes the connection, or with the process."""
+    outcome: dict[str, BaseException | None] = {}
+
+    def join() -> None:
+        try:
+            if backend == "nccl":  # the current CUDA device is per thread
+                import torch
+
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+            outcome["error"] = None
+        except BaseException as err:  # handed to the caller's thread, re-raised there
+            outcome["error"] = err
+
+    worker = threading.Thread(target=join, name="attnlab-rendezvous", daemon=True)
+    worker.start()
+    worker.join(timeout + _JOIN_GRACE_S)
+    if "error" not in outcome:
+        raise _RendezvousSilent
+    if outcome["error"] is not None:
+        raise outcome["error"]
+
+
 def run_ring_torchrun(cfg: RingRunConfig, *, timeout: float = DEFAULT_TIMEOUT) -> RingRunReport | None:
     """:func:`run_ring` inside ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set):
     NCCL when CUDA is available, gloo otherwise; rank 0's report, None on the other ranks.
@@ -825,7 +862,13 @@ def run_ring_torchrun(cfg: RingRunConfig, *, timeout: float = DEFAULT_TIMEOUT) -
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     try:
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        _join_bounded(dist, backend, timeout)
+    except _RendezvousSilent:
+        raise SpawnError(
+            f"rank {rank} of {world} waited {timeout:g} s for the other ranks at {addr}:{port} (MASTER_ADDR:"
+            f"MASTER_PORT) and gave up: something accepts connections there but does not answer as torch.distributed's "
+            f"TCPStore (is MASTER_PORT another program's port?)"
+        ) from None
     except Exception as err:
         if not _is_communication_error(err):
             raise

@@ -19,6 +19,7 @@ require grad is refused.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -361,7 +362,7 @@ def _cached(
         allowed = np.broadcast_to(allowed[:, None, None], (B, 1, g, t, L)).reshape(B, 1, g * t, L)
         _check_logits(s, allowed, qc, K, sc, (B, h_kv, g, t, L))
         w, lse_d, empty = masked_softmax(s, allowed)
-        out = (w @ V).reshape(B, h_kv, g, t, -1)
+        out = _weighted_values(w, V).reshape(B, h_kv, g, t, -1)
         lse = lse_d.reshape(B, h_kv, g, t)
         empty = empty.reshape(B, h_kv, g, t)
     else:
@@ -399,6 +400,21 @@ def _cached(
         if masked_rows == "nan":
             out[empty] = np.nan
     return out.reshape(B, h, t, -1), saved
+
+
+def _weighted_values(w: np.ndarray, V: np.ndarray) -> np.ndarray:
+    """``w @ V`` (``w [B, h_kv, g·t, L]`` rows of weights that sum to 1, ``V [B, h_kv, L, d_v]``) that does not
+    overflow when V is near its dtype's largest value: each output is a convex combination of the values, so it lies
+    within ``[min V, max V]``; near the limit V is divided by a power of two (exact), the product clipped to that
+    range (rounding of many tied weights could pass it, which became inf) and multiplied back (exact)."""
+    v_max = float(np.abs(V).max(initial=0.0))
+    room = float(np.finfo(V.dtype).max) / 4
+    if v_max <= room:
+        return w @ V
+    shift = math.ceil(math.log2(v_max / room))
+    Vs = np.ldexp(V, -shift)
+    out = np.clip(w @ Vs, Vs.min(axis=-2, keepdims=True), Vs.max(axis=-2, keepdims=True))
+    return np.ldexp(out, shift)
 
 
 def _check_logits(s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarray, sc: float, full: tuple) -> None:

@@ -266,6 +266,29 @@ def run_intervention(key: str, text: str) -> Any:
     return _cached("intervene", key, text, go).result()
 
 
+def show_live(
+    key: str, text: str, layer: int, head: int, lang: str, show: Callable[[str], None], stopped: Callable[[], bool]
+) -> None:
+    """What the live section's background thread does: load the model (showing the seconds so far), run the sentence,
+    and ``show`` the heatmaps, or the error in a box (a missing model package: its install command), never nothing.
+    ``stopped()`` says the cell was re-run meanwhile (then nothing more is shown)."""
+    from .logic import error_html
+
+    ld = loader(key)
+    ld.start()
+    while ld.status()[0] == "loading" and not stopped():
+        show(status_html(key, lang))
+        ld.wait_done(1.0)
+    try:
+        res = run(key, text)
+    except Exception as err:  # shown in the page, never a traceback
+        if not stopped():
+            show(error_html(str(err), "al-live-error"))
+        return
+    if not stopped():
+        show(live_html(res, layer, head, lang))
+
+
 # --------------------------------------------------------------------------------------------------------------
 # HTML
 

@@ -440,26 +440,13 @@ def _(LV, T, lang, live_head, live_layer, live_model, live_text, mo):
     elif LV.cached("forward", _key, _text) is not None:
         mo.output.replace(mo.Html(LV.live_html(LV.cached("forward", _key, _text), _layer, _head, lang)))
     else:
-
+        # the thread runs attnlab.lab.live.show_live, tested there: a helper defined in this cell and called from the
+        # thread (marimo renames a cell's _names) raised NameError in the thread, so a load error never showed
         def _work():
             me = mo.current_thread()
-            LV.loader(_key).start()
-            while LV.loader(_key).status()[0] == "loading" and not me.should_exit:
-                mo.output.replace(mo.Html(LV.status_html(_key, lang)))
-                LV.loader(_key).wait_done(1.0)
-            try:
-                res = LV.run(_key, _text)
-            except Exception as err:  # shown in the page, never a traceback
-                if not me.should_exit:
-                    mo.output.replace(mo.Html(_error_box(str(err))))
-                return
-            if not me.should_exit:
-                mo.output.replace(mo.Html(LV.live_html(res, _layer, _head, lang)))
-
-        def _error_box(msg):
-            from attnlab.lab.logic import error_html
-
-            return error_html(msg, "al-live-error")
+            LV.show_live(
+                _key, _text, _layer, _head, lang, lambda h: mo.output.replace(mo.Html(h)), lambda: me.should_exit
+            )
 
         mo.output.replace(mo.Html(LV.status_html(_key, lang)))
         mo.Thread(target=_work, daemon=True).start()

@@ -68,10 +68,15 @@ def command(port: int, *, notebook: Path | str = NOTEBOOK, edit: bool = False) -
     return [sys.executable, "-m", "marimo", *mode, str(notebook), "--headless", "--host", HOST, "--port", str(port)]
 
 
-def environment() -> dict[str, str]:
-    """The environment for the server: no update checks, no hub downloads."""
+def environment(state: Path | str | None = None) -> dict[str, str]:
+    """The environment for the server: no update checks, no hub downloads; with ``state``, marimo's state folder
+    (``XDG_STATE_HOME``: its server registry ``marimo/servers/HOST_PORT.json`` and recent files) inside that folder,
+    which the lab owns and removes, instead of ``~/.local/state``, where a killed server's registry file stayed
+    behind. The cache folder (other libraries' too) and the user's marimo configuration are left as they are."""
     env = dict(os.environ)
     env.update({"MARIMO_SKIP_UPDATE_CHECK": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    if state is not None:
+        env["XDG_STATE_HOME"] = str(state)
     return env
 
 
@@ -79,7 +84,8 @@ def environment() -> dict[str, str]:
 class LabServer:
     """A running lab; use as a context manager (``with start() as lab: ...``) so the process always ends.
 
-    ``token`` is the access token of an edit-mode server (None in app mode); ``log`` holds marimo's output.
+    ``token`` is the access token of an edit-mode server (None in app mode); ``log`` holds marimo's output;
+    ``state`` is the temporary folder marimo keeps its state in (removed by :meth:`stop`).
     """
 
     process: subprocess.Popen
@@ -87,6 +93,7 @@ class LabServer:
     notebook: Path
     token: str | None = None
     log: IO[str] | None = None
+    state: tempfile.TemporaryDirectory | None = None
 
     @property
     def url(self) -> str:
@@ -124,6 +131,8 @@ class LabServer:
         stop_group(self.process, timeout)
         if self.log is not None:
             self.log.close()
+        if self.state is not None:
+            self.state.cleanup()
 
     def __enter__(self) -> LabServer:
         return self
@@ -162,13 +171,14 @@ def start(
     token = secrets.token_urlsafe(24) if edit else None
     cmd = command(port, notebook=nb, edit=edit)
     log = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+    state = tempfile.TemporaryDirectory(prefix="attnlab-lab-", ignore_cleanup_errors=True)  # marimo's state, not ~'s
     proc = subprocess.Popen(
         orphan_proof(cmd) if die_with_parent else cmd,
         stdin=subprocess.PIPE if edit else subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
         text=True,
-        env=environment(),
+        env=environment(state.name),
         cwd=str(nb.parent),
         start_new_session=True,
     )
@@ -178,4 +188,4 @@ def start(
             proc.stdin.close()  # marimo reads the token up to the end of its input
         except BrokenPipeError:  # it already exited: wait_ready reports why
             pass
-    return LabServer(proc, port, nb, token, log)
+    return LabServer(proc, port, nb, token, log, state)

@@ -302,7 +302,7 @@ def intervene(
         if not 0 <= y < model.config.vocab_size:
             raise OptionError(f"target_token: id {y} is outside the vocabulary [0, {model.config.vocab_size})")
     rep_id = 0
-    if method != "delete":
+    if method != "delete" or replacement is not None:  # one token, whatever the method (checked, never ignored)
         rep = 0 if replacement is None else replacement
         rep_id = _single_token(model, rep, "replacement") if isinstance(rep, str) else check_int("replacement", rep)
         if not 0 <= rep_id < model.config.vocab_size:
