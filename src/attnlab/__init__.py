@@ -51,7 +51,7 @@ from .errors import (
 )
 from .kernels import FlashGrads, FlashResult, KVCache, cached_attention, flash_attention, flash_attention_backward
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the only place the version is written (pyproject reads it)
 
 __all__ = [
     "AttentionGrads",
