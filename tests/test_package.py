@@ -87,7 +87,11 @@ def test_the_installed_version_is_the_package_version():
     from importlib.metadata import version
 
     assert attnlab.__version__ == "0.2.0"
-    assert version("attnlab") == attnlab.__version__
+    installed = version("attnlab")
+    assert installed == attnlab.__version__, (
+        f"the installed metadata says {installed}, attnlab.__version__ is {attnlab.__version__}: the install is "
+        "stale (made before the version changed); run pip install -c constraints.txt -e . again"
+    )
 
 
 def test_metadata_built_from_pyproject_has_the_version_and_the_licence_without_warnings(tmp_path):
