@@ -42,9 +42,11 @@ __all__ = [
     "config_kind",
     "hf_causal_lm",
     "hf_encoder",
+    "kind_mismatch",
     "load_local",
     "minilm",
     "model_kind",
+    "read_config",
     "tiny_model",
 ]
 
