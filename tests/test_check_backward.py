@@ -479,11 +479,12 @@ def test_docs_backward_example_output_is_real(tmp_path, capsys, monkeypatch):
 
     part = DOCS.read_text(encoding="utf-8").split("\n## Backward\n")[1]
     source = part.split("```python\n")[1].split("```")[0]
-    shown = part.split("$ attnlab check my_backward.py:attention --backward attention_bwd\n")[1]
+    shown = part.split("$ attnlab check examples/my_backward.py:attention --backward attention_bwd\n")[1]
     shown = shown.split("```")[0].strip("\n").splitlines()
-    (tmp_path / "my_backward.py").write_text(source)
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "my_backward.py").write_text(source)
     monkeypatch.chdir(tmp_path)
-    target = "my_backward.py:attention"
+    target = "examples/my_backward.py:attention"
     assert main(["check", target, "--backward", "attention_bwd", "--no-color", "--width", "100"]) == 1
     out = capsys.readouterr().out.splitlines()
     for line in shown:

@@ -112,3 +112,49 @@ def test_moved_names_live_in_one_place_only():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True", "True", "False", "True"]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_installed_version_is_the_package_version():
+    """The version is written once (``attnlab.__version__``); the installed metadata reads it from there. (An editable
+    install made before the version changed shows the old one: ``pip install -c constraints.txt -e .`` again.)"""
+    from importlib.metadata import version
+
+    assert attnlab.__version__ == "0.2.0"
+    installed = version("attnlab")
+    assert installed == attnlab.__version__, (
+        f"the installed metadata says {installed}, attnlab.__version__ is {attnlab.__version__}: the install is "
+        "stale (made before the version changed); run pip install -c constraints.txt -e . again"
+    )
+
+
+def test_metadata_built_from_pyproject_has_the_version_and_the_licence_without_warnings(tmp_path):
+    """What ``pip install .`` / ``python -m build`` write, built here offline with every warning an error: the version
+    comes from ``attnlab.__version__`` (single-sourced), the licence is the SPDX expression and LICENSE ships."""
+    code = "import sys; from setuptools import build_meta as b; print(b.prepare_metadata_for_build_wheel(sys.argv[1]))"
+    out = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Deprecat" not in out.stdout + out.stderr
+    dist_info = tmp_path / out.stdout.strip().splitlines()[-1]
+    meta = (dist_info / "METADATA").read_text()
+    assert f"\nVersion: {attnlab.__version__}\n" in meta
+    assert "\nLicense-Expression: MIT\n" in meta
+    assert "\nLicense-File: LICENSE\n" in meta
+    shipped = next(dist_info.rglob("LICENSE")).read_text()
+    assert shipped.startswith("MIT License") and "Copyright (c) 2026 attnlab contributors" in shipped
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    project = pyproject.split("[tool.setuptools.dynamic]")[0]
+    assert 'dynamic = ["version"]' in project and "\nversion = " not in project
+
+
+def test_cli_version_is_the_package_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"attnlab {attnlab.__version__}"

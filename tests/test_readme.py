@@ -32,9 +32,9 @@ def test_readme_check_example_is_real(tmp_path, capsys):
     from attnlab.cli import main
 
     text = README.read_text()
-    part = text.split("For this `my_attention.py`:")[1]
+    part = text.split("For this `examples/my_attention.py`")[1]
     source = part.split("```python\n")[1].split("```")[0]
-    shown = part.split("$ attnlab check my_attention.py:attn\n")[1].split("```")[0].strip("\n").splitlines()
+    shown = part.split("$ attnlab check examples/my_attention.py:attn\n")[1].split("```")[0].strip("\n").splitlines()
     (tmp_path / "my_attention.py").write_text(source)
     assert main(["check", f"{tmp_path / 'my_attention.py'}:attn", "--no-color", "--width", "100"]) == 1
     out = capsys.readouterr().out.splitlines()

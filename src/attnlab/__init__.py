@@ -50,8 +50,8 @@ from .errors import (
     ShapeError,
 )
 
-#: attnlab's version (PEP 440), as ``attnlab --version`` prints it.
-__version__ = "0.1.0"
+#: attnlab's version (PEP 440), as ``attnlab --version`` prints it: the only place it is written (pyproject reads it).
+__version__ = "0.2.0"
 
 __all__ = [
     "AttentionGrads",

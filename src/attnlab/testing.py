@@ -14,6 +14,9 @@
 ... except AssertionError as err:
 ...     print(str(err).split(" (float32")[0])
 output: max |actual - expected| = 0.01 at (0, 1) exceeds the tolerance 1e-05
+
+Every helper sets ``__tracebackhide__`` (as pytest's own helpers do), so a failing assertion in pytest shows the
+line of your test and the message, not attnlab's source.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import numpy as np
 
 from ._arrays import to_numpy
 from .checker.tolerance import FLOORS
+from .errors import AttnlabError, DTypeError, OptionError
+from .validate import check_choice, check_float
 
 __all__ = [
     "assert_attention_close",
@@ -36,6 +41,31 @@ __all__ = [
 
 def _dtype_name(x: Any) -> str:
     return str(getattr(x, "dtype", "float64")).replace("torch.", "")
+
+
+def _bound_options(factor: Any, floor: Any, dtype: Any) -> tuple[float, float | None]:
+    """``factor`` and ``floor`` as finite numbers >= 0 (NaN or inf would pass anything), ``dtype`` a known floor."""
+    __tracebackhide__ = True
+    try:  # re-raised here so that pytest shows this message, not the validator's source
+        fac = check_float("factor", factor, minimum=0)
+        fl = None if floor is None else check_float("floor", floor, minimum=0)
+        if dtype is not None:
+            check_choice("dtype", dtype, tuple(FLOORS))
+    except OptionError as err:
+        raise OptionError(str(err)) from None
+    return fac, fl
+
+
+def _real(name: str, x: Any) -> np.ndarray:
+    """``x`` as float64 NumPy; a complex array is refused (its imaginary part would be dropped silently)."""
+    __tracebackhide__ = True
+    arr = np.asarray(to_numpy(x))
+    if arr.dtype.kind == "c":
+        raise DTypeError(
+            f"{name}: complex dtype {arr.dtype} (shape {arr.shape}); attention outputs are real: compare "
+            "x.real and x.imag separately if you mean to"
+        )
+    return np.asarray(arr, dtype=np.float64)
 
 
 def assert_attention_close(
@@ -63,17 +93,22 @@ def assert_attention_close(
     Raises:
         AssertionError: naming the largest error, where it is, and the bound it broke; also when shapes differ
             or ``actual`` holds NaN/inf where ``expected`` is finite.
+        OptionError: ``factor`` or ``floor`` is negative, NaN or infinite (a bound that passes anything), or
+            ``dtype`` is not one of float64, float32, float16, bfloat16.
+        DTypeError: ``actual``, ``expected`` or ``reference`` is complex.
     """
+    __tracebackhide__ = True
+    factor, floor = _bound_options(factor, floor, dtype)
     dt = dtype or _dtype_name(actual)
-    a = np.asarray(to_numpy(actual), dtype=np.float64)
-    e = np.asarray(to_numpy(expected), dtype=np.float64)
+    a = _real(name, actual)
+    e = _real("expected", expected)
     if a.shape != e.shape:
         raise AssertionError(f"{name}: shape {a.shape} does not match expected {e.shape}")
-    fl = FLOORS.get(dt, 1e-5) if floor is None else float(floor)
+    fl = FLOORS.get(dt, 1e-5) if floor is None else floor
     mag = max(1.0, float(np.max(np.abs(e[np.isfinite(e)]))) if np.isfinite(e).any() else 1.0)
     base = 0.0
     if reference is not None:
-        r = np.asarray(to_numpy(reference), dtype=np.float64)
+        r = _real("reference", reference)
         if r.shape != e.shape:
             raise AssertionError(f"reference: shape {r.shape} does not match expected {e.shape}")
         err_r = np.abs(r - e)
@@ -105,9 +140,13 @@ def assert_attention_correct(fn: Callable[..., Any], **options: Any) -> Any:
     ``options`` are :func:`~attnlab.checker.check`'s keyword arguments (framework, signature, mask_convention, ...).
     Returns the :class:`~attnlab.checker.Report` when ``fn`` is clean, so tests can look at its notes.
     """
+    __tracebackhide__ = True
     from .checker import check
 
-    report = check(fn, **options)
+    try:
+        report = check(fn, **options)
+    except AttnlabError as err:  # a usage error: its message, without the checker's frames
+        raise err.with_traceback(None) from None
     if not report.ok:
         raise AssertionError(f"{report.summary}\n{report.to_text()}")
     return report
@@ -145,7 +184,9 @@ def assert_grads_close(
     Raises:
         AssertionError: naming the first gradient that breaks its bound, the error, where, and the bound; also when
             the number of gradients or a shape differs.
+        OptionError, DTypeError: as :func:`assert_attention_close`.
     """
+    __tracebackhide__ = True
     many = isinstance(actual, (tuple, list))
     acts = tuple(actual) if many else (actual,)
     exps = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
@@ -170,22 +211,27 @@ def assert_attention_grads_correct(fn_or_bwd: Callable[..., Any] | str, **option
     :func:`attnlab.checker.check` / :func:`attnlab.checker.check_backward` (``backward=bwd`` checks ``fn``
     as the forward of ``bwd``). Returns the :class:`~attnlab.checker.Report` when clean.
     """
+    __tracebackhide__ = True
     from .checker import check
     from .checker.gradient_oracle import check_backward, detect_kind
 
-    if "backward" in options:
-        report = check(fn_or_bwd, **options)
-    else:
-        fn = fn_or_bwd
-        if isinstance(fn, str):
-            from .checker.gradient_oracle import load_callable
-
-            fn = load_callable(fn)
-        if detect_kind(fn) == "autograd" and "forward" not in options and options.get("kind") in (None, "autograd"):
-            options.pop("kind", None)
-            report = check(fn_or_bwd, backward=True, **options)
+    try:
+        if "backward" in options:
+            report = check(fn_or_bwd, **options)
         else:
-            report = check_backward(fn_or_bwd, **options)
+            fn = fn_or_bwd
+            if isinstance(fn, str):
+                from .checker.gradient_oracle import load_callable
+
+                fn = load_callable(fn)
+            autograd = detect_kind(fn) == "autograd" and "forward" not in options
+            if autograd and options.get("kind") in (None, "autograd"):
+                options.pop("kind", None)
+                report = check(fn_or_bwd, backward=True, **options)
+            else:
+                report = check_backward(fn_or_bwd, **options)
+    except AttnlabError as err:  # a usage error: its message, without the checker's frames
+        raise err.with_traceback(None) from None
     if not report.ok:
         raise AssertionError(f"{report.summary}\n{report.to_text()}")
     return report

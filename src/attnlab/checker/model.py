@@ -39,10 +39,14 @@ __all__ = [
     "check_causal_lm",
     "check_encoder",
     "check_model",
+    "config_kind",
     "hf_causal_lm",
     "hf_encoder",
+    "kind_mismatch",
     "load_local",
     "minilm",
+    "model_kind",
+    "read_config",
     "tiny_model",
 ]
 
@@ -434,31 +438,129 @@ def minilm(*, attn_implementation: str = "eager") -> Any:
     ).eval()
 
 
-def load_local(path: str, *, kind: str = "causal-lm", attn_implementation: str = "eager") -> Any:
-    """A Hugging Face model from a local directory, offline (``AutoModelForCausalLM`` for ``kind="causal-lm"``,
-    ``AutoModel`` for ``"encoder"``); transformers' own errors (a bad directory, an unknown
-    ``attn_implementation``) pass through."""
+#: The ends of Hugging Face class names (a config's ``architectures``) that say which kind a model is.
+CAUSAL_ARCHITECTURES = ("ForCausalLM", "LMHeadModel")
+ENCODER_ARCHITECTURES = ("ForMaskedLM",)
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    if isinstance(config, dict):
+        return config
+    return {name: getattr(config, name, None) for name in ("architectures", "is_decoder", "model_type")}
+
+
+def config_kind(config: Any) -> tuple[str | None, str]:
+    """Which kind a Hugging Face config says its model is: ``("causal-lm" | "encoder" | None, what it says)``.
+
+    ``config`` is a ``PretrainedConfig`` or the dict of a ``config.json``. In this order: ``is_decoder: true`` is a
+    causal LM; an ``architectures`` entry ``*ForCausalLM`` / ``*LMHeadModel`` a causal LM, ``*ForMaskedLM`` an
+    encoder; then ``model_type``: one that transformers builds a masked LM for (``bert``, ``roberta``, ...) is an
+    encoder, one it builds only causal LMs for (``gpt2``, ``llama``, ...) a causal LM. None when the config does not
+    tell (the second element then says what it holds).
+
+    >>> config_kind({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    ('causal-lm', "architectures ['LlamaForCausalLM']")
+    >>> config_kind({"architectures": ["BertModel"], "model_type": "bert"})[0]
+    'encoder'
+    """
+    cfg = _config_dict(config)
+    archs = cfg.get("architectures") or []
+    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, (list, tuple)) else []
+    model_type = cfg.get("model_type")
+    said = ", ".join(
+        [*([f"architectures {archs}"] if archs else []), f"model_type {model_type!r}"]
+        + (["is_decoder true"] if cfg.get("is_decoder") is True else [])
+    )
+    if cfg.get("is_decoder") is True:
+        return "causal-lm", "is_decoder true"
+    if any(a.endswith(CAUSAL_ARCHITECTURES) for a in archs):
+        return "causal-lm", f"architectures {archs}"
+    if any(a.endswith(ENCODER_ARCHITECTURES) for a in archs):
+        return "encoder", f"architectures {archs}"
+    if isinstance(model_type, str):
+        try:
+            from transformers.models.auto import modeling_auto as auto
+        except ImportError:  # pragma: no cover - the models extra is what reads configs
+            return None, said
+        if model_type in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+            return "encoder", said + " (a masked-LM family)"
+        if model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return "causal-lm", said + " (a causal-LM family)"
+    return None, said
+
+
+def model_kind(config: Any, kind: str | None = None, *, name: str = "model", flag: str = "kind") -> str | None:
+    """The kind to check a model as: ``kind`` if given (it must agree with the config), else the config's.
+
+    Raises:
+        OptionError: ``kind`` is not ``"causal-lm"`` or ``"encoder"``, or the config says the other kind (checking
+            an encoder for future-token leaks, or a causal LM for padding leaks, would blame the model for the
+            wrong question); the message names the kind asked for and what the config says.
+    """
+    if kind is not None:
+        kind = check_choice(flag, kind, MODEL_KINDS)
+    said_kind, said = config_kind(config)
+    if kind is not None and said_kind is not None and kind != said_kind:
+        raise kind_mismatch(flag, name, kind, said_kind, said)
+    return kind or said_kind
+
+
+def kind_mismatch(flag: str, name: str, kind: str, said_kind: str, said: str) -> OptionError:
+    """The usage error for a model asked to be checked as ``kind`` whose config says ``said_kind``."""
+    article = {"causal-lm": "a causal LM", "encoder": "an encoder"}
+    return OptionError(
+        f"{flag} {kind}: {name} is {article[said_kind]} by its config ({said}), so it cannot be checked as {kind}; "
+        f"leave {flag} out (or pass {flag} {said_kind}) to check it as {article[said_kind]}"
+    )
+
+
+def load_local(path: str, *, kind: str | None = None, attn_implementation: str = "eager") -> Any:
+    """A Hugging Face model from a local directory, offline: ``AutoModelForCausalLM`` for ``kind="causal-lm"``,
+    ``AutoModel`` for ``"encoder"``; by default the kind its ``config.json`` says (:func:`config_kind`), AutoModel
+    when it does not say. transformers' own errors (a bad directory, an unknown ``attn_implementation``) pass
+    through."""
+    if kind is None:
+        kind = _dir_kind(path) or "encoder"
     kind = check_choice("kind", kind, MODEL_KINDS)
     tr = _transformers()
     cls = tr.AutoModelForCausalLM if kind == "causal-lm" else tr.AutoModel
     return cls.from_pretrained(str(path), local_files_only=True, attn_implementation=attn_implementation)
 
 
+def read_config(path: str) -> dict[str, Any] | None:
+    """The ``config.json`` of a model directory as a dict; None when there is none or it is not a JSON object."""
+    import json
+    from pathlib import Path
+
+    file = Path(path) / "config.json"
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _dir_kind(path: str) -> str | None:
+    cfg = read_config(path)
+    return None if cfg is None else config_kind(cfg)[0]
+
+
 def check_model(
     model: Any, *, kind: str | None = None, seq_len: int = 12, seed: int = 0, name: str | None = None
 ) -> Report:
-    """Check a Hugging Face model: causal LMs by future tokens, encoders by padding (``kind`` overrides).
+    """Check a Hugging Face model: causal LMs by future tokens, encoders by padding.
 
-    ``kind`` is ``"causal-lm"`` or ``"encoder"``; by default a model with ``lm_head``/``is_decoder`` or a
-    ``*ForCausalLM`` class is a causal LM, anything else an encoder.
+    ``kind`` is ``"causal-lm"`` or ``"encoder"``; by default the kind its config says (:func:`config_kind`:
+    ``architectures``, ``is_decoder``, ``model_type``), else a ``*ForCausalLM`` / ``*LMHeadModel`` class is a
+    causal LM and anything else an encoder. A ``kind`` the config contradicts is an :class:`OptionError`.
     """
     cfg = getattr(model, "config", None)
     if cfg is None:
         raise OptionError(f"model: expected a Hugging Face model with a .config, got {type(model).__name__}")
+    kind = model_kind(cfg, kind, name=name or type(model).__name__)
     if kind is None:
-        causal = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) or bool(getattr(cfg, "is_decoder", 0))
+        causal = type(model).__name__.endswith(CAUSAL_ARCHITECTURES)
         kind = "causal-lm" if causal else "encoder"
-    check_choice("kind", kind, MODEL_KINDS)
     vocab = int(cfg.vocab_size)
     label = name or f"{type(model).__name__} ({getattr(cfg, 'model_type', '?')}, attn {cfg._attn_implementation})"
     if kind == "causal-lm":

@@ -1,5 +1,9 @@
 """Naming a function to check: ``path/to/file.py:func`` or ``package.module:func`` (``func`` may be dotted).
 
+A ``package.module`` resolves against the current folder first, as ``python -m`` and pytest do: ``attnlab check
+mypackage.layers:attend`` finds ``./mypackage`` whether attnlab was started as ``python -m attnlab`` (which puts the
+current folder on ``sys.path`` itself) or as the ``attnlab`` console script (which does not).
+
 :func:`parse_target` validates the form (and that a file exists) without importing anything; :func:`load_target`
 imports the module and returns the callable. The checker's worker process calls :func:`load_target`, so the user's
 module is only ever imported there.
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,12 +49,28 @@ def _resolve_attr(obj: Any, dotted: str, where: str) -> Any:
     return obj
 
 
+def _current_folder_on_path() -> str | None:
+    """Put the current folder first on ``sys.path`` unless it is there already (``""`` or its absolute path), as
+    ``python -m`` does; it stays there once a module was imported from it (the package may import its own modules
+    later). Returns what was added, or None."""
+    cwd = os.getcwd()
+    for entry in sys.path:
+        try:
+            if os.path.abspath(entry or os.curdir) == cwd:
+                return None
+        except (TypeError, ValueError):  # a non-string entry on sys.path
+            continue
+    sys.path.insert(0, cwd)
+    return cwd
+
+
 def load_target(target: str) -> Any:
     """The callable named by ``target``.
 
     Raises:
         TargetError: the target is malformed, the file or module does not exist (an ``ImportError`` while
-            importing it), the attribute is missing or not callable.
+            importing it; a module is looked for in the current folder first), the attribute is missing or not
+            callable.
         BaseException: anything else the module raises while it is imported (including ``SystemExit``) passes
             through: that is the user's code failing, which the checker reports as a ``crash``.
     """
@@ -73,10 +94,16 @@ def load_target(target: str) -> Any:
             if folder in sys.path:
                 sys.path.remove(folder)
     else:
+        added = _current_folder_on_path()
         try:
             module = importlib.import_module(where)
         except ImportError as err:
-            raise TargetError(f"target {target!r}: cannot import module {where}: {type(err).__name__}: {err}") from err
+            if added is not None and added in sys.path:
+                sys.path.remove(added)
+            raise TargetError(
+                f"target {target!r}: cannot import module {where}: {type(err).__name__}: {err} (looked in the "
+                f"current folder {os.getcwd()} and on sys.path)"
+            ) from err
     fn = _resolve_attr(module, attr, where)
     if not callable(fn):
         raise TargetError(f"target {target!r}: {attr} is a {type(fn).__name__}, not a function")

@@ -37,6 +37,15 @@ ATTN_IMPLEMENTATIONS = (
     "flash_attention_4",
 )
 
+#: What the built-in models are, and what their configs say (``--kind`` is checked against it before loading).
+BUILTIN_KINDS = {
+    "gpt2-tiny": ("causal-lm", "architectures ['GPT2LMHeadModel'], model_type 'gpt2'"),
+    "llama-tiny": ("causal-lm", "architectures ['LlamaForCausalLM'], model_type 'llama'"),
+    "bert-tiny": ("encoder", "architectures ['BertModel'], model_type 'bert'"),
+    "minilm": ("encoder", "architectures ['BertModel'], model_type 'bert'"),
+    "smollm2": ("causal-lm", "the GGUF's general.architecture 'llama'"),
+}
+
 #: ``--seq-len`` at most for any model (a model's own position limit may be lower), ``--vocab-size`` at most.
 MAX_SEQ_LEN, MAX_VOCAB = 2**20, 2**31 - 1
 
@@ -47,7 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--break-causal", action="store_true", help="smollm2 only: run it without its causal mask (a planted leak)"
     )
-    parser.add_argument("--kind", choices=("causal-lm", "encoder"), default=None, help="default: from the model")
+    parser.add_argument(
+        "--kind",
+        choices=("causal-lm", "encoder"),
+        default=None,
+        help="default: from the model's config (architectures, is_decoder, model_type); a kind the config "
+        "contradicts is a usage error",
+    )
     parser.add_argument(
         "--attn-implementation",
         default="eager",
@@ -99,7 +114,9 @@ def check_seq_len(seq_len: int, model: Any, name: str) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """``--break-causal`` applies to ``smollm2`` only (checked before a model is loaded)."""
+    """``--break-causal`` applies to ``smollm2`` only, ``--attn-implementation`` is a known name, and ``--kind``
+    agrees with the model's config (all checked before a model is loaded or torch imported)."""
+    from ..checker.model import kind_mismatch
     from ..errors import OptionError
 
     if args.break_causal and args.model != "smollm2":
@@ -109,12 +126,26 @@ def check_args(args: argparse.Namespace) -> None:
         raise OptionError(
             f"--attn-implementation: expected one of {', '.join(ATTN_IMPLEMENTATIONS)} (or paged|NAME), got {impl!r}"
         )
+    if args.kind is not None and args.model in BUILTIN_KINDS:
+        said_kind, said = BUILTIN_KINDS[args.model]
+        if args.kind != said_kind:
+            raise kind_mismatch("--kind", args.model, args.kind, said_kind, said)
+    if Path(args.model).is_dir():
+        _dir_kind(args)
+
+
+def _dir_kind(args: argparse.Namespace) -> str | None:
+    """The kind to load and check a model directory as: ``--kind`` if its config.json agrees, else the config's."""
+    from ..checker.model import model_kind, read_config
+
+    config = read_config(args.model)
+    return args.kind if config is None else model_kind(config, args.kind, name=args.model, flag="--kind")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Load MODEL, check it (future tokens for causal LMs, padding for encoders) and print the report (text or
-    ``--json``); returns 0 when it is OK, 1 when a finding is reported."""
-    from ..checker.model import check_causal_lm, check_encoder, check_model, load_local, minilm, tiny_model
+    """Load MODEL, check it (future tokens for causal LMs, padding for encoders, the kind read from its config) and
+    print the report (text or ``--json``); returns 0 when it is OK, 1 when a finding is reported."""
+    from ..checker.model import check_causal_lm, check_encoder, check_model, load_local, minilm, model_kind, tiny_model
     from ..errors import OptionError
     from .check import TargetError, load_target
 
@@ -144,8 +175,10 @@ def run(args: argparse.Namespace) -> int:
         elif args.model == "minilm":
             model = minilm(attn_implementation=args.attn_implementation)
         elif Path(args.model).is_dir():
-            # without --kind: AutoModel, as before (check_model then tells the kind from the model's class)
-            model = load_local(args.model, kind=args.kind or "encoder", attn_implementation=args.attn_implementation)
+            # the kind config.json says (or --kind); a config that does not say: AutoModel, and check_model tells
+            # the kind from the model's class
+            kind = _dir_kind(args) or "encoder"
+            model = load_local(args.model, kind=kind, attn_implementation=args.attn_implementation)
         else:
             raise OptionError(
                 f"unknown model {args.model!r}; expected one of {', '.join([*BUILTIN, 'minilm', 'smollm2'])}, a local "
@@ -165,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         report = check_fn(model, vocab_size=args.vocab_size, seq_len=args.seq_len, seed=args.seed, name=args.model)
         return _print(report, args)
     check_seq_len(args.seq_len, model, args.model)
-    report = check_model(model, kind=args.kind, seq_len=args.seq_len, seed=args.seed, name=args.model)
+    kind = model_kind(model.config, args.kind, name=args.model, flag="--kind")
+    report = check_model(model, kind=kind, seq_len=args.seq_len, seed=args.seed, name=args.model)
     return _print(report, args)
 
 
