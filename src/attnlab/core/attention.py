@@ -127,7 +127,7 @@ def _overflow(p: Prepared, s: Any, bad: Any, note: str = "") -> Exception:
         str(p.q.dtype).replace("torch.", ""),
         q_max=max_abs(xp, p.q),
         k_max=max_abs(xp, p.k),
-        bias_max=max_abs(xp, p.bias_source),
+        bias_max=None if p.bias_source is None else max_abs(xp, p.bias_source),
         scale=p.scale,
         temperature=p.temperature,
         note=note,
@@ -169,7 +169,9 @@ def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) ->
     scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]; may hold inf if rescale
     s = scores * p.scale
     if rescale:
-        unit, scale = _rescaled_scores(p)
+        rescaled = _rescaled_scores(p)
+        assert rescaled is not None  # the caller checked
+        unit, scale = rescaled
         s = unit * scale
     if p.bias is not None:
         s = s + p.bias
