@@ -98,7 +98,8 @@ def flash_function(q: Any, k: Any, v: Any, bias: Any, options: Any) -> tuple[Any
         )
     if bias is not None and not isinstance(bias, torch.Tensor):
         bias = torch.as_tensor(bias, device=q.device)
-    return _flash_class().apply(q, k, v, bias, options)
+    out: tuple[Any, Any] = _flash_class().apply(q, k, v, bias, options)
+    return out
 
 
 @functools.cache

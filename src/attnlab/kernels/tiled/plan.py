@@ -11,7 +11,7 @@ import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -165,7 +165,9 @@ class Plan:
     def n_keys(self, idx: tuple[int, ...]) -> int:
         return self.spec.n_keys(self.seq(idx))
 
-    def blocked(self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
+    def blocked(
+        self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int
+    ) -> np.ndarray | PositionMask | Literal[False] | None:
         """The block's mask ``[i1-i0, j1-j0]`` (:meth:`MaskSpec.blocked <attnlab.masks.MaskSpec.blocked>`): ``None``
         if nothing is blocked, ``False`` if everything is (skip the block), else a bool array True = *blocked*, or
         (causal/window alone) a cached :class:`PositionMask`. Apply it before ``exp2`` with :func:`apply_mask` or
@@ -197,7 +199,7 @@ class PositionMask:
     bad: np.ndarray
 
 
-_position_masks: dict[tuple, PositionMask] = {}
+_position_masks: dict[tuple[Any, ...], PositionMask] = {}
 
 
 def position_mask(block: BlockMask, dtype: str) -> PositionMask:
