@@ -843,7 +843,9 @@ class MaskSpec:
                 hi = min(hi, j1 + left - shift)
         return lo, hi
 
-    def blocked(self, i0: int, i1: int, j0: int, j1: int, seq: int = 0, dense: Any = None) -> BlockMask | Literal[False] | None:
+    def blocked(
+        self, i0: int, i1: int, j0: int, j1: int, seq: int = 0, dense: Any = None
+    ) -> BlockMask | Literal[False] | None:
         """Block ``[i0:i1, j0:j1]`` of sequence ``seq`` for the kernels: ``None`` if nothing in it is blocked,
         ``False`` if everything is (skip it), else a :class:`BlockMask` (True = *blocked*). ``dense`` is this batch
         index's ``[n_q, n_k]`` dense mask (True = may attend) or None: the kernels index their own layout.
