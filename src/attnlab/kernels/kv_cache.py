@@ -404,7 +404,9 @@ def _cached(
     return out.reshape(B, h, t, -1), saved
 
 
-def _check_logits(s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarray, sc: float, full: tuple[int, ...]) -> None:
+def _check_logits(
+    s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarray, sc: float, full: tuple[int, ...]
+) -> None:
     """A :class:`~attnlab.errors.RangeError` if an allowed logit ``s [B, h_kv, g·t, L]`` is not finite."""
     bad = ~np.isfinite(s)
     if not bad.any():

@@ -60,7 +60,7 @@ def _has_threadpoolctl() -> bool:
     if not current_config().use_threadpoolctl:
         return False
     try:
-        import threadpoolctl  # noqa: F401
+        import threadpoolctl  # noqa: F401  # only whether it imports
     except ImportError:
         return False
     return True
