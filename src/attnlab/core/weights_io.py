@@ -4,5 +4,5 @@
 :mod:`attnlab.weights_io` (the same functions and classes).
 """
 
-from ..weights_io import *  # noqa: F403
-from ..weights_io import __all__  # noqa: F401
+from ..weights_io import *  # noqa: F403  # the re-export is the point of this module
+from ..weights_io import __all__  # noqa: F401  # the same public names
