@@ -125,7 +125,7 @@ def check(fn: Callable[..., Any] | str, **options: Any) -> Report:
 
 
 _OPTION_NAMES = tuple(name for name, _, _ in spec_options())
-check.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+check.__signature__ = keyword_signature(  # type: ignore[attr-defined]  # typeshed's functions lack __signature__
     [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)], Report
 )
 check.__doc__ = (check.__doc__ or "").replace("OPTIONS", args_doc(8))
@@ -162,12 +162,13 @@ def _check(fn: Any, target: str | None, spec: Spec) -> Report:
     def backend_for(s: Spec) -> Any:
         if not isolated:
             return InProcessBackend(Adapter(fn, s))
+        assert target is not None  # isolated implies a target (set above)
         try:
             return WorkerBackend(target, s, import_timeout=import_timeout)
         except TargetError as err:  # pragma: no cover - parse_target ran first
             raise UsageError(str(err)) from None
 
-    def run(s: Spec) -> tuple[Any, Battery]:
+    def run(s: Spec) -> tuple[Any, Battery | None]:
         backend = backend_for(s)
         if isolated and backend.import_failure is not None:
             backend.close()

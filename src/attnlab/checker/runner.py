@@ -166,7 +166,9 @@ class Outcome:
         return self.error is None and not self.timed_out and not self.skipped and self.returned.problem is None
 
     @property
-    def out(self) -> np.ndarray | None:
+    def out(self) -> Any:
+        """The output array once :attr:`ok` (``None`` when the call failed): typed ``Any`` because the probes read it
+        only after checking ``ok``, which a type checker cannot follow."""
         return self.returned.out
 
     @property
