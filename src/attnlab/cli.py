@@ -17,6 +17,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from .commands import COMMANDS
 from .errors import AttnlabError
@@ -33,7 +34,7 @@ def _flag(names: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``attnlab cost: error: --batch: expected an int >= 1, got 0`` (no usage)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         if message.startswith("argument ") and ": " in message:  # "argument --batch/-B: ..." -> "--batch: ..."
             names, rest = message[len("argument ") :].split(": ", 1)
             message = f"{_flag(names)}: {rest}"
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def one_line(err: BaseException) -> str:
+def one_line(err: BaseException | str) -> str:
     """The message of ``err`` on one line (a library message that draws a mask has several)."""
     return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
 

@@ -394,7 +394,7 @@ class JaxFramework(Framework):
         return None if ours in devices else ", ".join(sorted(str(d) for d in devices))
 
     def structural(self) -> dict[str, str]:
-        if not self.jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # jax defines its flags at run time
+        if not self.jax.config.jax_enable_x64:
             return {"float64": "JAX runs with jax_enable_x64 off, so float64 arrays become float32"}
         return {}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ..argtypes import int_type, probability
 from ..explain.args import add_input_arguments, add_lang_argument, examples_listing
@@ -123,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             if modes:
                 return _error(tr("cli.needs_qk", lang, flag=modes[0], name=setup), lang)
             e = explain_example(setup, lang=lang)
-            mistakes = []
+            mistakes: list[Any] = []
         elif args.tiled is not None:
             e = explain_online(setup, args.tiled, lang=lang)
             mistakes = []
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             mistakes = [compare(setup, n, heads=args.heads, lang=lang) for n in names]
     except AttnlabError as err:  # one line, exit 2 (cli.main's convention), in the user's language
         if getattr(err, "i18n_key", None) == "input.causal_align":  # the CLI spelling, not Python's
-            f = err.i18n_fields  # type: ignore[attr-defined]
+            f = err.i18n_fields
             err = causal_align_error(f["n_q"], f["n_k"], how="cli.causal_hint")
         msg = error_message(err, lang)
         if isinstance(err, MaskedRowError):
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         fmt = "text"
         if sys.stdout.isatty():
             try:
-                import rich  # noqa: F401
+                import rich  # noqa: F401  # only whether rich is installed
 
                 fmt = "rich"
             except ImportError:
