@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 python -m ruff check .
 python -m ruff format --check .
+python -m mypy  # the type checker over src/attnlab ([tool.mypy] in pyproject.toml; docs/typing.md)
 python -m pytest -q
