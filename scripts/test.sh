@@ -6,5 +6,6 @@ bash scripts/install-test-deps.sh
 python -m ruff check .
 python -m ruff format --check .
 bash scripts/build-docs.sh
+python -m mypy  # the type checker over src/attnlab ([tool.mypy] in pyproject.toml; docs/typing.md)
 python -m pytest -q
 python benchmarks/bench_import.py --runs 7   # import attnlab vs import numpy (prints, asserts nothing)

@@ -25,6 +25,7 @@ the larger of the traced NumPy allocations' peak and the process's peak-RSS grow
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -33,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -195,7 +196,7 @@ class CpuInfo:
 
 def cpu_report() -> CpuInfo:
     """The CPU this process runs on, its widest vector instruction set, and what NumPy and numba use of it."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -221,8 +222,8 @@ def cpu_report() -> CpuInfo:
             import numba
             from numba.core.codegen import get_host_cpu_features
 
-            name = numba.config.CPU_NAME or ll.get_host_cpu_name()
-            features = numba.config.CPU_FEATURES
+            name = numba.config.CPU_NAME or ll.get_host_cpu_name()  # type: ignore[attr-defined]  # set at run time
+            features = numba.config.CPU_FEATURES  # type: ignore[attr-defined]  # numba.config sets it at run time
             if features is None:
                 features = get_host_cpu_features()
             on = {f[1:] for f in features.split(",") if f.startswith("+")}
@@ -355,10 +356,10 @@ class BenchResult:
                 "",
                 f"{'context':>8} {'decode ms':>10} {'full causal ms':>15} {'speedup':>8} {'µs/1k tokens':>13}",
             ]
-            for r in self.decode:
+            for dr in self.decode:
                 lines.append(
-                    f"{r.context:>8} {r.decode_s * 1e3:>10.3f} {r.full_s * 1e3:>15.1f} {r.speedup:>8.0f} "
-                    f"{r.us_per_1k_tokens:>13.1f}"
+                    f"{dr.context:>8} {dr.decode_s * 1e3:>10.3f} {dr.full_s * 1e3:>15.1f} {dr.speedup:>8.0f} "
+                    f"{dr.us_per_1k_tokens:>13.1f}"
                 )
             fit = decode_fit(self.decode)
             if fit is not None:
@@ -470,7 +471,7 @@ def _make_methods(
     out: dict[str, Callable[[], Any] | str] = {}
     rng = np.random.default_rng(1)
     d_o = rng.standard_normal((*q.shape[:-1], v.shape[-1]), dtype=np.float32)
-    torch_mod = None
+    torch_mod: Any = None
     if "torch" in methods:
         try:
             import torch as torch_mod
@@ -488,13 +489,13 @@ def _make_methods(
                 from .core.gradients import attention_backward
 
                 trace = attention_trace(q, k, v, causal=causal)
-                out[name] = lambda trace=trace: attention_backward(trace, d_o)
+                out[name] = functools.partial(attention_backward, trace, d_o)
         elif name == "tiled":
             if not backward:
                 out[name] = lambda: flash_attention(q, k, v, causal=causal, **kw)
             else:
                 fwd = flash_attention(q, k, v, causal=causal, **kw)
-                out[name] = lambda fwd=fwd: flash_attention_backward(fwd, d_o)
+                out[name] = functools.partial(flash_attention_backward, fwd, d_o)
         elif name == "floor":
             if backward:
                 out[name] = "skipped: the floor is measured for the forward"
@@ -682,17 +683,18 @@ def _time_in_process(
         if callable(fn):
             _, peaks[name] = peak_memory(fn)
     tick()
-    times: dict[str, list[float]] = {name: [] for name, fn in fns.items() if callable(fn)}
+    calls = {name: fn for name, fn in fns.items() if callable(fn)}
+    times: dict[str, list[float]] = {name: [] for name in calls}
     groups = _groups(list(times))
     step = 0
     for group in groups:
         for name in group:  # untimed: absorbs what the previous group left behind (see SETTLE_S)
-            fns[name]()  # type: ignore[operator]
+            calls[name]()
         for _ in range(repetitions):
             for name in group:
                 time.sleep(SETTLE_S)
                 t = time.perf_counter()
-                r = fns[name]()  # type: ignore[operator]
+                r = calls[name]()
                 elapsed = time.perf_counter() - t
                 if name == "torch" and backward:
                     elapsed = float(r)  # the backward alone
@@ -855,18 +857,17 @@ def run_bench(
             spec = {"seed": seed + index, "batch": o.batch, "heads": o.heads, "n": n, "d": dd, "causal": c,
                     "backward": pass_ == "backward", "kw": kw, "repetitions": o.repetitions}  # fmt: skip
             times, peaks, fastest = _time_isolated(
-                fns, spec, o.isolate, lambda label=label: tick(f"{label}: one process of each method")
+                fns, spec, o.isolate, functools.partial(tick, f"{label}: one process of each method")
             )
         else:
             q, k, v = (rng.standard_normal((o.batch, o.heads, n, dd), dtype=np.float32) for _ in range(3))
             fns = _make_methods(q, k, v, c, pass_ == "backward", o.methods, kw, naive_ok)
             steps = iter(["warm-up", *(f"{i + 1}/{o.repetitions} of the repetitions" for i in range(o.repetitions))])
-            times, peaks = _time_in_process(
-                fns,
-                pass_ == "backward",
-                o.repetitions,
-                lambda label=label, steps=steps: tick(f"{label}: {next(steps)}"),
-            )
+
+            def step_done(label: str = label, steps: Iterator[str] = steps) -> None:
+                tick(f"{label}: {next(steps)}")
+
+            times, peaks = _time_in_process(fns, pass_ == "backward", o.repetitions, step_done)
         med = {name: statistics.median(ts) for name, ts in times.items()}
         fl = _flops(o.batch, o.heads, n, dd, c, pass_ == "backward")
         for name in o.methods:
@@ -1066,6 +1067,7 @@ def plot(result: BenchResult, path: str) -> None:
             ax_m.plot([m[0] for m in mem], [m[1] for m in mem], style, marker="o", label=label)
         if not ref_done and len(ns) > 1:
             n0, t0 = ns[0], rs[0].median_s
+            assert t0 is not None  # the rows plotted were timed
             ax_t.plot(ns, [t0 * (x / n0) ** 2 for x in ns], ":", color="gray", label="n² slope")
             ref_done = True
     for ax, ylabel in ((ax_t, "median time (s)"), (ax_m, "peak memory during one call (MB)")):

@@ -9,6 +9,7 @@ Every error names the argument at fault, its shape or value, and what was expect
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,10 @@ __all__ = [
 
 class AttnlabError(Exception):
     """Base class of every error attnlab raises on purpose."""
+
+    # set on the errors made by attnlab.i18n.localized (the catalogue key and its fields), absent on the others
+    i18n_key: str
+    i18n_fields: dict[str, Any]
 
 
 class AttnlabWarning(UserWarning):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .errors import AttnlabError, MaskedRowError
 from .validate import check_choice
@@ -137,12 +137,15 @@ def text(lang: str, english: str, /, **fields: Any) -> str:
     return s.format(**fields) if fields else s
 
 
-def localized(cls: type[AttnlabError], key: str, /, **fields: Any) -> AttnlabError:
+_E = TypeVar("_E", bound=AttnlabError)
+
+
+def localized(cls: type[_E], key: str, /, **fields: Any) -> _E:
     """An error of class ``cls`` with the English message ``key`` (fields filled in) that
     :func:`error_message` can give in any language."""
     err = cls(tr(key, "en", **fields))
-    err.i18n_key = key  # type: ignore[attr-defined]
-    err.i18n_fields = fields  # type: ignore[attr-defined]
+    err.i18n_key = key
+    err.i18n_fields = fields
     return err
 
 
@@ -155,7 +158,7 @@ def error_message(err: BaseException, lang: str) -> str:
     by its rows; any other attnlab error, in Chinese, by its class (its English text is left for ``--lang en``)."""
     key = getattr(err, "i18n_key", None)
     if key is not None:
-        fields = {k: tr(v.key, lang) if isinstance(v, Word) else v for k, v in err.i18n_fields.items()}  # type: ignore[attr-defined]
+        fields = {k: tr(v.key, lang) if isinstance(v, Word) else v for k, v in getattr(err, "i18n_fields", {}).items()}
         return tr(key, lang, **fields)
     if lang == "en":
         return str(err)
@@ -202,6 +205,7 @@ def localize_type(fn: Any, lang: str, key: str, /, **fields: Any) -> Any:
     if lang == "en":
         return fn
     if fn is None:
+        assert choices is not None  # fn=None comes with choices=
 
         def fn(text: str) -> str:
             if text not in choices:

@@ -120,7 +120,7 @@ def check_arrays(
         return out
     tol = tol_a
     ok = np.ones(a.shape, dtype=bool) if allowed is None else _allowed(allowed, a.shape)
-    live = ok.any(axis=-1)  # [..., n_q]: rows that may attend somewhere
+    live = np.asarray(ok.any(axis=-1))  # [..., n_q]: rows that may attend somewhere
     leaked = (~ok) & (a != 0) & live[..., None]
     if leaked.any():
         worst = float(np.nanmax(np.abs(np.where(leaked, a, 0.0))))

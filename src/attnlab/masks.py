@@ -356,7 +356,8 @@ def segments(q_segments: Any, k_segments: Any | None = None) -> np.ndarray:
             f"k_segments: leading dims of shape {ks.shape} do not broadcast with q_segments {qs.shape}"
         ) from None
     _check_dense("segments", shape)
-    return qs[..., :, None] == ks[..., None, :]  # [..., n_q, n_k]
+    same: np.ndarray = qs[..., :, None] == ks[..., None, :]  # [..., n_q, n_k]
+    return same
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -670,6 +671,7 @@ def _window_pair(window: Any) -> tuple[int | None, int | None] | None:
 def _offsets(q_offset: Any, causal: Any) -> np.ndarray | None:
     if q_offset is None:
         return None
+    off: np.ndarray | None
     if isinstance(q_offset, (int, np.integer)) and not isinstance(q_offset, bool) and q_offset >= 0:
         off = np.array([int(q_offset)], dtype=np.int64)
     else:
@@ -696,7 +698,7 @@ class BlockMask:
     ``(bq, bk, offset, causal, left, right)`` of its cached pattern (every diagonal block of a call shares one)."""
 
     blocked: np.ndarray
-    position: tuple | None = None
+    position: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -901,7 +903,9 @@ class MaskSpec:
             hi = min(hi, j1 + back - shift)
         return lo, hi
 
-    def blocked(self, i0: int, i1: int, j0: int, j1: int, seq: int = 0, dense: Any = None) -> BlockMask | bool | None:
+    def blocked(
+        self, i0: int, i1: int, j0: int, j1: int, seq: int = 0, dense: Any = None
+    ) -> BlockMask | Literal[False] | None:
         """Block ``[i0:i1, j0:j1]`` of sequence ``seq`` for the kernels: ``None`` if nothing in it is blocked,
         ``False`` if everything is (skip it), else a :class:`BlockMask` (True = *blocked*). ``dense`` is this batch
         index's ``[n_q, n_k]`` dense mask (True = may attend) or None: the kernels index their own layout.
@@ -955,7 +959,7 @@ class MaskSpec:
             return False
         return BlockMask(bad)
 
-    def block(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
+    def block(self, i0: int, i1: int, j0: int, j1: int) -> np.ndarray | Literal[False] | None:
         """Block ``[i0:i1, j0:j1]`` of every sequence at once, True = may attend: ``None`` if every pair is
         allowed, ``False`` if none is, else ``[S, i1-i0, j1-j0]`` (S = 1 or B). Not the dense part."""
         self._need_sizes()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -36,6 +36,30 @@ def _bounds(minimum: float | None, maximum: float | None) -> str:
     if maximum is not None:
         return f" <= {maximum}"
     return ""
+
+
+@overload
+def check_int(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    optional: Literal[False] = False,
+    error: type[Exception] = OptionError,
+) -> int: ...
+
+
+@overload
+def check_int(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    optional: bool,
+    error: type[Exception] = OptionError,
+) -> int | None: ...
 
 
 def check_int(
@@ -55,10 +79,10 @@ def check_int(
     what = "None or an int" if optional else "an int"
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise error(f"{name}: expected {what}{_bounds(minimum, maximum)}, got {value!r}")
-    value = int(value)
-    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise error(f"{name}: expected {what}{_bounds(minimum, maximum)}, got {value}")
-    return value
+    n = int(value)
+    if (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
+        raise error(f"{name}: expected {what}{_bounds(minimum, maximum)}, got {n}")
+    return n
 
 
 def check_float(

@@ -48,7 +48,7 @@ weights are imported as stored (no permutation), so apply RoPE the Hugging Face 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -88,6 +88,14 @@ def _arr(x: Any, dtype: Any, key: str) -> np.ndarray:
     if a.dtype.kind != "f" and "bfloat16" not in str(a.dtype):
         raise DTypeError(f"{key}: expected floating weights, got dtype {a.dtype} (shape {a.shape})")
     return a if dtype is None else a.astype(dtype)
+
+
+@overload
+def _get(sd: Mapping[str, Any], key: str, dtype: Any, *, required: Literal[True] = True) -> np.ndarray: ...
+
+
+@overload
+def _get(sd: Mapping[str, Any], key: str, dtype: Any, *, required: bool) -> np.ndarray | None: ...
 
 
 def _get(sd: Mapping[str, Any], key: str, dtype: Any, *, required: bool = True) -> np.ndarray | None:
@@ -212,6 +220,14 @@ def _matrix(sd: Mapping[str, Any], key: str, dtype: Any) -> np.ndarray:
     return np.ascontiguousarray(w.T)
 
 
+@overload
+def _expand_kv(a: np.ndarray, h_kv: int, n_rep: int) -> np.ndarray: ...
+
+
+@overload
+def _expand_kv(a: None, h_kv: int, n_rep: int) -> None: ...
+
+
 def _expand_kv(a: np.ndarray | None, h_kv: int, n_rep: int) -> np.ndarray | None:
     """Repeat each kv head's columns ``n_rep`` times: ``[..., h_kv * d] -> [..., h_kv * n_rep * d]``."""
     if a is None:
@@ -326,7 +342,7 @@ def to_torch_attention(weights: MultiHeadWeights, *, dtype: Any = None, device: 
         dtype = tensors["w_q"].dtype
         for x in tensors.values():
             dtype = torch.promote_types(dtype, x.dtype)
-    flags = tuple(getattr(w, b) is not None for b in ("b_q", "b_k", "b_v", "b_o"))
+    flags = (w.b_q is not None, w.b_k is not None, w.b_v is not None, w.b_o is not None)
     m = TorchMultiHeadAttention(
         w.d_model,
         w.num_heads,

@@ -168,6 +168,7 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
     def backend_for(s: Spec) -> Any:
         if not isolated:
             return InProcessBackend(Adapter(fn, s))
+        assert target is not None  # isolated implies a target (set above)
         try:
             return WorkerBackend(target, s, import_timeout=import_timeout)
         except TargetError as err:  # pragma: no cover - parse_target ran first

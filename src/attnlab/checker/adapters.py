@@ -81,8 +81,8 @@ def bfloat16_round(x: Any) -> np.ndarray:
     """``x`` rounded to the nearest bfloat16 (ties to even), returned as float32."""
     a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     b = a.view(np.uint32).astype(np.uint64)
-    b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
-    return b.astype(np.uint32).view(np.float32).reshape(a.shape)
+    rounded = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32).reshape(a.shape)
 
 
 def round_to(x: Any, dtype: str) -> np.ndarray:
@@ -622,10 +622,12 @@ class Adapter:
             if r.mask_positional:
                 args = (*args, inputs.mask)
             else:
+                assert r.mask_arg is not None  # a mask is passed only to a function that takes one
                 kwargs[r.mask_arg] = inputs.mask
         if causal and r.causal_arg is not None:
             kwargs[r.causal_arg] = causal
         if scale is not None:
+            assert r.scale_arg is not None  # a scale is passed only to a function that takes one
             kwargs[r.scale_arg] = scale
         if gqa and r.gqa_arg is not None and not self.interface.packed:
             kwargs[r.gqa_arg] = True

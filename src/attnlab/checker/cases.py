@@ -7,6 +7,7 @@ axis (``q [B, h, n_q, d_k]`` or ``[h, n_q, d_k]``), masks boolean with True = ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class Geom:
 
 
 #: The grid of the preflight and the reference probe: (label, geometry, required capabilities, extra).
-GRID = [
+GRID: list[tuple[str, Geom, tuple[str, ...], dict[str, Any]]] = [
     ("base", Geom(2, 2, 5, 5, 8, 8), (), {}),
     ("base-2", Geom(1, 3, 4, 4, 6, 6), (), {}),
     ("mask", Geom(2, 3, 9, 9, 4, 4), ("mask",), {"mask": True}),
@@ -75,7 +76,7 @@ GRID = [
     ("causal+cross-2", Geom(2, 1, 3, 7, 4, 4), ("causal-cross", "causal", "cross"), {"causal": True}),
 ]
 #: Combinations the reference probe adds once every capability they need is known to work.
-COMBOS = [
+COMBOS: list[tuple[str, Geom, tuple[str, ...], dict[str, Any]]] = [
     ("causal+mask", Geom(1, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
     ("mask+cross", Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
     ("mask+cross-2", Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
@@ -108,12 +109,13 @@ def random_mask(rng: np.random.Generator, g: Geom, form: str = "full") -> np.nda
     valid length per batch element (``valid_lens``). Key 0 is always allowed; the last key blocked somewhere."""
     full = (*g.lead(g.h), g.n_q, g.n_k)
     form = form if g.b is not None else "full"
+    b = g.b if g.b is not None else 1  # the batch size of every form but "full"
     if form == "full":
         m = rng.random(full) < 0.6
     elif form == "batch":
-        m = rng.random((g.b, 1, g.n_q, g.n_k)) < 0.6
+        m = rng.random((b, 1, g.n_q, g.n_k)) < 0.6
     elif form == "key_padding":
-        m = rng.random((g.b, 1, 1, g.n_k)) < 0.6
+        m = rng.random((b, 1, 1, g.n_k)) < 0.6
     elif form == "varlen":  # per sequence: L_q queries and L_k >= L_q keys (prefixes)
         lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, g.b)
         lq = np.minimum(rng.integers(1, g.n_q + 1, g.b), lk)
@@ -140,7 +142,7 @@ def random_mask(rng: np.random.Generator, g: Geom, form: str = "full") -> np.nda
 
 def drawn(n_q: int, n_k: int, align: str) -> str:
     """The first rows and keys of a causal mask with alignment ``align``, drawn."""
-    return _masks.to_string(_masks.causal(min(n_q, 4), min(n_k, 5), align=align))
+    return _masks.to_string(_masks.causal(min(n_q, 4), min(n_k, 5), align=cast(_masks.Align, align)))
 
 
 def indent(text: str) -> str:

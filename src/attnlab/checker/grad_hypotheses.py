@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 
@@ -143,7 +144,7 @@ def attention_grads(
     mapping: str = "interleave",
     dtype: str = "float64",
     variant: Variant | None = None,
-) -> dict[str, np.ndarray | None]:
+) -> dict[str, Any]:
     """Gradients ``{"dq", "dk", "dv", "dbias", "out"}`` of attention for the upstream gradient ``d_out``.
 
     Shapes: ``q [..., h, n_q, d_k]``, ``k [..., h_kv, n_k, d_k]``, ``v [..., h_kv, n_k, d_v]``,
@@ -154,7 +155,7 @@ def attention_grads(
     ``variant`` makes one step wrong (see :class:`Variant`). ``dbias`` is None without a bias.
     """
     var = variant or Variant()
-    work = np.float64 if dtype == "float64" else np.float32
+    work: Any = np.float64 if dtype == "float64" else np.float32
 
     def r(x: np.ndarray) -> np.ndarray:
         return x if dtype == "float64" else round_to(np.asarray(x, dtype=work), dtype).astype(work)
@@ -166,7 +167,7 @@ def attention_grads(
     n_q, n_k = q.shape[-2], k.shape[-2]
     full = (*np.broadcast_shapes(q.shape[:-2], kx.shape[:-2]), n_q, n_k)
     user = np.ones(full, bool) if allowed is None else np.broadcast_to(np.asarray(allowed, bool), full)
-    ok = user if causal is None else user & _masks.causal(n_q, n_k, align=causal)
+    ok = user if causal is None else user & _masks.causal(n_q, n_k, align=cast(_masks.Align, causal))
     s = r(r(q @ np.swapaxes(kx, -1, -2)) * sc)
     if bias is not None:
         s = r(s + np.asarray(bias, dtype=work))

@@ -54,7 +54,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -173,7 +173,8 @@ class GradCase(Case):
     """A forward case plus the upstream gradient ``d_out [..., h, n_q, d_v]`` and, optionally, a dropout keep mask
     ``keep [..., h, n_q, n_k]`` (True = kept) with ``dropout_p``, and a bias ``[..., h, n_q, n_k]``."""
 
-    d_out: np.ndarray | None = None
+    # always given (GradBattery.grad_case); the default is there only because Case's fields have defaults
+    d_out: np.ndarray = None  # type: ignore[assignment]  # a None default for a field that holds an array
     keep: np.ndarray | None = None
     dropout_p: float = 0.0
     bias: np.ndarray | None = None
@@ -342,9 +343,11 @@ class GradAdapter(Adapter):
         if req.bias is not None and self.bias_arg is not None:
             kwargs[self.bias_arg] = self.to_framework(req.bias, req.dtype)
         self.bias_given = req.bias is not None and self.bias_arg is not None
+        assert req.d_out is not None  # every gradient request carries d_out (GradRunner.request)
         d_out = self.to_framework(self.to_layout(req.d_out), req.dtype)
         pending: dict[str, Any] = {"d_out": d_out}
         if self.kind == "flash" and self.forward is None:
+            assert req.out is not None and req.lse is not None  # the golden ones (GradRunner: golden_lse)
             pending["out"] = self.to_framework(self.to_layout(req.out), req.dtype)
             pending["lse"] = self.to_framework(req.lse, "float64" if req.dtype == "float64" else "float32")
         self.pending = pending
@@ -398,20 +401,21 @@ class GradAdapter(Adapter):
         return value
 
     def _autograd(self, args: tuple, kwargs: dict, d_out: Any) -> _Value:
-        leaves_at = [0, 1, 2]
+        leaves_at: list[int | str] = [0, 1, 2]
         if self.bias_arg is not None and self.bias_arg in kwargs:
             leaves_at.append(self.bias_arg)
         if self.framework == "torch":
-            torch = self.fw.torch
-            args = list(args)
+            fw: Any = self.fw  # a TorchFramework
+            torch = fw.torch
+            args_list = list(args)
             for i in leaves_at:
                 if isinstance(i, int):
-                    args[i] = args[i].detach().requires_grad_(True)
+                    args_list[i] = args_list[i].detach().requires_grad_(True)
                 else:
                     kwargs[i] = kwargs[i].detach().requires_grad_(True)
-            leaves = [args[i] if isinstance(i, int) else kwargs[i] for i in leaves_at]
+            leaves = [args_list[i] if isinstance(i, int) else kwargs[i] for i in leaves_at]
             with torch.enable_grad():
-                out = _output_of(self.user_fn(*args, **kwargs))
+                out = _output_of(self.user_fn(*args_list, **kwargs))
                 if not isinstance(out, torch.Tensor) or not out.requires_grad:
                     raise TypeError(
                         "the output carries no autograd graph (computed outside torch, detached, or under no_grad): "
@@ -420,7 +424,8 @@ class GradAdapter(Adapter):
                 grads = torch.autograd.grad(out, leaves, grad_outputs=d_out, allow_unused=True)
             grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves, strict=True)]
             return _Value(tuple(grads), out.detach())
-        jax = self.fw.jax
+        fw_jax: Any = self.fw  # a JaxFramework
+        jax = fw_jax.jax
         rest = args[3:]
         bias_key = self.bias_arg if self.bias_arg in kwargs else None
 
@@ -506,7 +511,7 @@ class GradRunner(Runner):
         self.golden_lse = golden_lse
 
     def request(self, case: Case, causal_flag: bool | str, gqa: bool) -> CallRequest:
-        g: GradCase = case  # type: ignore[assignment]
+        g = cast(GradCase, case)
         out = lse = None
         if self.golden_lse:  # a flash backward without a forward (or one not yet known) gets the golden out and lse
             out, lse = golden_out_lse(g, self.gqa_map)
@@ -521,12 +526,14 @@ class GradRunner(Runner):
 # the golden
 
 
-def _allowed(case: Case) -> np.ndarray:
+def _allowed(case: Case) -> Any:
+    """The full boolean mask ``[..., h, n_q, n_k]`` (typed ``Any``: NumPy's stubs type its reductions as scalars or
+    arrays, and they are indexed)."""
     n_q, n_k = case.q.shape[-2], case.k.shape[-2]
     full = (*case.q.shape[:-2], n_q, n_k)
     a = np.ones(full, bool) if case.mask is None else np.broadcast_to(case.mask, full)
     if case.causal is not None:
-        a = a & _masks.causal(n_q, n_k, align=case.causal)
+        a = a & _masks.causal(n_q, n_k, align=cast(_masks.Align, case.causal))
     return a
 
 
@@ -540,7 +547,7 @@ def golden_out_lse(case: GradCase, mapping: str = "interleave") -> tuple[np.ndar
         k,
         v,
         case.mask,
-        causal=case.causal or False,
+        causal=cast(_masks.Align, case.causal) or False,
         scale=case.scale,
         bias=case.bias,
         masked_rows="zero",
@@ -564,7 +571,14 @@ def golden_grads(case: GradCase, mapping: str = "interleave") -> dict[str, np.nd
     h, h_kv = q.shape[-3], case.k.shape[-3]
     k, v = expand_kv(q, case.k, mapping), expand_kv(q, case.v, mapping)
     t = attention_trace(
-        q, k, v, case.mask, causal=case.causal or False, scale=case.scale, bias=case.bias, masked_rows="zero"
+        q,
+        k,
+        v,
+        case.mask,
+        causal=cast(_masks.Align, case.causal) or False,
+        scale=case.scale,
+        bias=case.bias,
+        masked_rows="zero",
     )
     drop = None if case.keep is None else Dropout(case.dropout_p, np.asarray(case.keep, bool))
     g = attention_backward(t, case.d_out, dropout=drop)
@@ -738,12 +752,10 @@ class GradBattery(Battery):
                 work = dt
         return work
 
-    def expected(  # type: ignore[override]
-        self, case: Case, *, causal: str | None = "same", work: str | None = None
-    ) -> Any:
+    def expected(self, case: Case, *, causal: str | None = "same", work: str | None = None) -> Any:
         """The golden gradients and each one's bound under FlashAttention's gradient rule."""
         c = case.causal if causal == "same" else causal
-        g = case if c == case.causal else replace(case, causal=c)
+        g = cast(GradCase, case if c == case.causal else replace(case, causal=c))
         golden = golden_grads(g, self.gqa_map)
         work = work or self.work_dtype(g.dtype)
         naive = attention_grads(
@@ -785,7 +797,7 @@ class GradBattery(Battery):
         """Compare one outcome's gradients (and, with a forward, its output) with the golden; diagnose a mismatch."""
         if not out.ok or not isinstance(out.returned, GradReturned):
             return False
-        case: GradCase = out.case  # type: ignore[assignment]
+        case = cast(GradCase, out.case)
         key = self.case_key or self.key(case)
         ret = out.returned
         if out.mutated:  # seen in this case too: the gradients were computed from the written-over inputs
@@ -864,7 +876,7 @@ class GradBattery(Battery):
     ) -> dict[str, Any]:
         """The gradients that break their bound: name -> Comparison (shape mismatches have max_error inf)."""
         rows = _allowed(case).any(axis=-1)
-        bad = {}
+        bad: dict[str, Any] = {}
         for name in ("dq", "dk", "dv", "dbias"):
             if golden.get(name) is None or name not in grads:
                 continue
@@ -1046,6 +1058,7 @@ class GradBattery(Battery):
         k, v = base.k.copy(), base.v.copy()
         k[..., -1, :] = round_to(np.full(k.shape[-1], 30.0), base.dtype)
         v[..., -1, :] = round_to(np.full(v.shape[-1], 1e3), base.dtype)
+        assert base.mask is not None  # mask=True
         m = base.mask.copy()
         m[..., -1] = False
         case = self.grad_case(replace(base, k=k, v=v, mask=m))
@@ -1054,7 +1067,7 @@ class GradBattery(Battery):
         if not out.ok:
             self.crash(out)
             return
-        ret: GradReturned = out.returned  # type: ignore[assignment]
+        ret = cast(GradReturned, out.returned)
         leak = []
         for name in ("dk", "dv"):
             x = ret.grads.get(name)
@@ -1110,6 +1123,7 @@ class GradBattery(Battery):
             raise ProbeSkip("needs a mask argument")
         g = Geom(2, 2, 5, 6, 8, 8)
         base = self.make(g, self.primary, label="masked rows", mask=True)
+        assert base.mask is not None  # mask=True
         m = base.mask.copy()
         if self.mask_form in LENGTH_FORMS:  # lengths or key padding: only a whole sequence can have no key
             m[1] = False
@@ -1137,7 +1151,7 @@ class GradBattery(Battery):
             return
         if not out.ok:
             return
-        ret: GradReturned = out.returned  # type: ignore[assignment]
+        ret = cast(GradReturned, out.returned)
         nonfinite = [n for n, x in ret.grads.items() if not np.all(np.isfinite(x))]
         if nonfinite:
             if policy != "nan":
@@ -1206,6 +1220,7 @@ class GradBattery(Battery):
         """An additive ``finfo.min`` mask: a fully masked row is ``softmax(s + c)``, uniform in floating point, and
         autograd of such a forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches
         dQ, dK and dV. That is the policy of additive masks (a note), not a bug of the backward."""
+        assert case.mask is not None  # an additive mask convention: the case has a mask
         m = np.array(np.broadcast_to(case.mask, (*rows.shape, case.k.shape[-2])))
         m[rows] = True
         # those rows' weights are uniform (s + c rounds to c) and the Jacobian is taken there: a bias of -s on them
@@ -1322,7 +1337,7 @@ class GradBattery(Battery):
 
     # the forward battery's run loop (Battery.run) over the gradient probes
     preflight_name = "grad-preflight"
-    probe_names = GRAD_PROBES  # type: ignore[assignment]
+    probe_names = GRAD_PROBES
 
     def run_probe(self, name: str) -> None:
         getattr(self, "p_" + name.replace("-", "_"))()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -95,7 +95,7 @@ class Context:
             alignment_received,
             inverted_text,
             gqa_map,
-            allowed.any(axis=-1),
+            np.asarray(allowed.any(axis=-1)),
         )
 
     # ----------------------------------------------------------------------------------------- building blocks
@@ -142,7 +142,7 @@ class Context:
         """The causal part ``[n_q, n_k]`` with the case's alignment (or ``align``; all True when not causal)."""
         a = self.case.causal if align == "same" else align
         n_q, n_k = self.q.shape[-2], self.k.shape[-2]
-        return np.ones((n_q, n_k), bool) if a is None else _masks.causal(n_q, n_k, align=a)
+        return np.ones((n_q, n_k), bool) if a is None else _masks.causal(n_q, n_k, align=cast(_masks.Align, a))
 
     def inverted(self) -> np.ndarray | None:
         """The mask as a function that reads it inverted uses it (None when it received no mask)."""
@@ -416,6 +416,7 @@ def _finite_fill(ctx: Context, mode: str) -> tuple[np.ndarray, dict[str, Any]] |
         err = float(np.max(np.abs(alt - ctx.out)[np.broadcast_to(ctx.rows[..., None], alt.shape)], initial=0.0))
         if best is None or err < best[0]:
             best = (err, alt, fill)
+    assert best is not None  # FILLS has more than one fill
     return best[1], {"fill": f"{best[2]:g}"}
 
 
@@ -550,7 +551,7 @@ def _not_normalized(ctx: Context) -> np.ndarray:
 _Masks = tuple[np.ndarray, np.ndarray | None]
 
 _MASK_BUGS: list[tuple[str, str, Callable[[Context], _Masks | None]]] = [
-    ("mask-inverted", "{inverted}", lambda c: None if c.inverted() is None else (c.inverted(), None)),
+    ("mask-inverted", "{inverted}", lambda c: None if (m := c.inverted()) is None else (m, None)),
     ("causal-leak", "ignores the causal mask", lambda c: None if c.case.causal is None else (c.user_mask(), None)),
     (
         "padding-leak",

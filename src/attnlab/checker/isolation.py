@@ -78,7 +78,7 @@ class WorkerBackend:
     def __init__(
         self,
         target: str,
-        spec: Spec,
+        spec: Spec | Any,  # a Spec, or the gradient battery's GradTarget (attnlab.checker.backward)
         *,
         import_timeout: float = 60.0,
         max_restarts: int = 5,
@@ -97,7 +97,7 @@ class WorkerBackend:
         self.streams = {"stdout": Captured("stdout"), "stderr": Captured("stderr")}
         self.deaths = 0
         self.restarts = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | _Forked | None = None
         self.conn: Connection | None = None
         self._pipes: dict[int, str] = {}
         self._sel: selectors.BaseSelector | None = None

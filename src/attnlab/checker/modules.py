@@ -69,7 +69,7 @@ def _torch() -> Any:
 
 
 def _feed_class() -> Any:
-    nn = _torch().nn
+    from torch import nn
 
     class Feed(nn.Module):
         """Stands in for a projection: returns the tensor the checker set, whatever the input."""
@@ -420,6 +420,7 @@ def _hf_named(layer: Any, names: tuple[str, ...], packing: str, params: set[str]
     if rotary:
         family += ", rotary cos = 1 and sin = 0"
     if not standard:
+        assert old_scale is not None  # standard when the layer has no scaling
         family += (
             f"; the layer scales the scores by {float(old_scale):.6g}, not 1/sqrt(head_dim = {old_d}) (T5 folds "
             "1/sqrt(d_k) into its W_q): checked with its scaling set to 1/sqrt(d_k)"
@@ -507,7 +508,10 @@ def module_mode(layer: Any) -> ModuleMode | None:
     nn = torch.nn
     if isinstance(layer, nn.MultiheadAttention):
         return _mha(layer)
-    has = lambda *names: all(hasattr(layer, n) for n in names)  # noqa: E731
+
+    def has(*names: str) -> bool:
+        return all(hasattr(layer, n) for n in names)
+
     try:
         params = set(inspect.signature(layer.forward).parameters)
     except (TypeError, ValueError):

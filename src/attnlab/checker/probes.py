@@ -41,7 +41,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -172,6 +172,7 @@ class Battery:
         self.lower_seen: str | None = None
         self.float32_oracle = False
         r = backend.resolved
+        self.causal_mode: str | None
         if self.spec.causal_only:
             self.causal_mode = "only"
         elif r.causal_arg is not None:
@@ -273,14 +274,15 @@ class Battery:
             )
         return base
 
-    def allowed(self, case: Case, *, causal: str | None = "same") -> np.ndarray:
-        """The full boolean mask of ``case`` ``[..., h, n_q, n_k]`` (user mask AND causal)."""
+    def allowed(self, case: Case, *, causal: str | None = "same") -> Any:
+        """The full boolean mask of ``case`` ``[..., h, n_q, n_k]`` (user mask AND causal). Typed ``Any``: NumPy's
+        stubs type a reduction such as ``.any(axis=-1)`` as a scalar or an array, and the probes index it."""
         n_q, n_k = case.q.shape[-2], case.k.shape[-2]
         full = (*case.q.shape[:-2], n_q, n_k)
         a = np.ones(full, bool) if case.mask is None else np.broadcast_to(case.mask, full)
         c = case.causal if causal == "same" else causal
         if c is not None:
-            a = a & _masks.causal(n_q, n_k, align=c)
+            a = a & _masks.causal(n_q, n_k, align=cast(_masks.Align, c))
         return a
 
     def causal_in_mask(self, case: Case) -> bool:
@@ -386,9 +388,10 @@ class Battery:
         first = (e.text.splitlines() or [e.type_name])[0][:300]
         self.bug("crash", message, f"case {out.case.label}: {out.call}: {first}")
 
-    def refusal(self, cap: str, e: CallError) -> bool:
+    def refusal(self, cap: str, e: CallError | None) -> bool:
         """A clean refusal: NotImplementedError, the library refusing the input, or a ValueError, TypeError or
         RuntimeError whose message names ``cap`` (its argument, dtype or shape)."""
+        assert e is not None  # called for outcomes that raised
         if e.died or e.type_name in ("SystemExit", "KeyboardInterrupt", "WorkerExit"):
             return False
         if e.not_implemented or e.library:
@@ -547,7 +550,7 @@ class Battery:
                 continue
             matched = evidence + f"; the output matches that explanation to {c:.2g}{rule}"
             if align != case.causal:
-                matched += f" (with the function's own causal alignment, {align.replace('_', '-')})"
+                matched += f" (with the function's own causal alignment, {str(align).replace('_', '-')})"
             if "+" in code:  # two bugs at once, each named (with the combination as its evidence)
                 for i, part in enumerate(code.split("+")):
                     self.bug(part, _single(i, message), matched + f" ({message})")
@@ -650,7 +653,7 @@ class Battery:
                         "the output changes when the K/V of keys the mask blocks change",
                         ev + f", with a mask; max change {m:.3g} (tolerance {tol:.2g})",
                     )
-        pairs = []
+        pairs: list[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = []
         if case.q.ndim == 4 and case.q.shape[0] > 1:
             pairs += [("batch element", (1,), (0,)), ("batch element", (0,), (1,))]
         if case.q.ndim >= 3 and case.q.shape[-3] > 1 and not case.gqa:
@@ -731,7 +734,10 @@ class Battery:
                     "top_left": "top-left (PyTorch is_causal, JAX)",
                     "bottom_right": "bottom-right (FlashAttention, KV-cache decoding)",
                 }
-                leaks = (_masks.causal(n_q, n_k, align=other) & ~_masks.causal(n_q, n_k, align=case.causal)).any()
+                leaks = (
+                    _masks.causal(n_q, n_k, align=cast(_masks.Align, other))
+                    & ~_masks.causal(n_q, n_k, align=cast(_masks.Align, case.causal))
+                ).any()
                 if self.spec.causal_align is not None:
                     # the declared alignment is the one the caller relies on (a decode step, a KV cache): either
                     # difference changes the output there, a looser mask leaks the future, a stricter one hides
@@ -892,8 +898,8 @@ class Battery:
             raise ProbeSkip("the function returns no weights")
         wanted = ("causal+mask", "mask", "causal", "base")
         pick = None
-        for w in wanted:
-            pick = next((o for o in self.grid if o.case.label == w and o.ok and o.weights is not None), None)
+        for label in wanted:
+            pick = next((o for o in self.grid if o.case.label == label and o.ok and o.weights is not None), None)
             if pick is not None:
                 break
         if pick is None:
@@ -903,6 +909,7 @@ class Battery:
         allowed = self.allowed(case)
         q, k, v = case.q, self.expand(case.q, case.k), self.expand(case.q, case.v)
         w = pick.weights
+        assert w is not None  # picked for its weights
         if w.shape != allowed.shape:
             self.bug(
                 "reference-mismatch",
@@ -918,7 +925,8 @@ class Battery:
             ev = f"case {case.label}: {case.shapes()}; {viol.message}; at {list(viol.positions[:4])}"
             if viol.name == "masked-weight":
                 future = case.causal is not None and any(
-                    not _masks.causal(q.shape[-2], k.shape[-2], align=case.causal)[p[-2], p[-1]] for p in viol.positions
+                    not _masks.causal(q.shape[-2], k.shape[-2], align=cast(_masks.Align, case.causal))[p[-2], p[-1]]
+                    for p in viol.positions
                 )
                 if future:
                     self.bug("causal-leak", "your function gives weight to keys in a query's future", ev)
@@ -1036,7 +1044,7 @@ class Battery:
                 diff = np.where(own[b, :, : t + 1, :].any(axis=-1)[..., None], diff, 0.0)
                 if not np.all(diff <= tol):
                     idx = np.argwhere(~(diff <= tol))[0]
-                    lengths = case.mask.any(axis=-2)[:, 0].sum(axis=-1) if case.mask is not None else None
+                    lengths = np.asarray(case.mask.any(axis=-2))[:, 0].sum(axis=-1) if case.mask is not None else None
                     self.bug(
                         "causal-leak",
                         f"query {int(idx[-2])} of batch element {int(b)} changes when keys only later queries may "
@@ -1221,6 +1229,7 @@ class Battery:
             raise ProbeSkip("needs mask")
         g = Geom(2, 2, 4, 6, 4, 4) if "cross" in self.caps else Geom(2, 2, 6, 6, 4, 4)
         case = self.make(g, self.primary, label="fully masked row", mask=True)
+        assert case.mask is not None  # mask=True
         m = case.mask.copy()
         form = self.mask_form
         if form in LENGTH_FORMS:  # a sequence with no valid key: every row of batch element 1
@@ -1661,8 +1670,9 @@ def _single(index: int, combined: str) -> str:
     return first if index == 0 else "your function " + second
 
 
-def _raised(e: CallError) -> str:
+def _raised(e: CallError | None) -> str:
     """``raised ValueError``, ``called sys.exit(3) (SystemExit)``, ``ended its process: ...``."""
+    assert e is not None  # called for outcomes that raised
     if e.died:
         return f"ended the process it ran in ({e.message.split(';')[0]})"
     if e.type_name == "SystemExit":

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from .. import masks as _masks
 from ..core import attention_trace
 from .adapters import round_to
 
@@ -64,7 +65,9 @@ def golden_output(
     q64 = np.asarray(q, dtype=np.float64)
     k64 = expand_kv(q64, np.asarray(k, dtype=np.float64), gqa)
     v64 = expand_kv(q64, np.asarray(v, dtype=np.float64), gqa)
-    t = attention_trace(q64, k64, v64, allowed, causal=causal or False, scale=scale, masked_rows="zero")
+    t = attention_trace(
+        q64, k64, v64, allowed, causal=cast(_masks.Align, causal) or False, scale=scale, masked_rows="zero"
+    )
     return np.asarray(t.output)
 
 

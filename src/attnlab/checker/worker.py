@@ -70,7 +70,7 @@ def forked(fd: int, parent: int, out_fd: int, err_fd: int) -> None:
         sys.stdin = open(0, encoding="utf-8", closefd=False)
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+        sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]  # Final in typeshed
         serve(fd)
     except BaseException:  # never unwind into the parent's code
         status = 70

@@ -26,6 +26,7 @@ def demo_text() -> str:
     lines = []
     for name in ("2x2", "2x2-causal"):
         ex = example(name)
+        assert ex.q is not None and ex.k is not None and ex.v is not None  # the two examples have arrays
         t = attention_trace(ex.q, ex.k, ex.v, causal=ex.causal)
         lines += [
             f"{ex.title}  [article {ex.source}]",

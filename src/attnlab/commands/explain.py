@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         fmt = "text"  # rich on a terminal (rich itself drops colour with NO_COLOR) or with FORCE_COLOR
         if sys.stdout.isatty() or use_color(sys.stdout):
             try:
-                import rich  # noqa: F401
+                import rich  # noqa: F401  # only whether rich is installed
 
                 fmt = "rich"
             except ImportError:

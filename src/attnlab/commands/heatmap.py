@@ -121,7 +121,7 @@ def from_model(args: argparse.Namespace) -> HeatmapData:
     if args.model == "smollm2":
         from ..models.gguf import load_smollm2
 
-        model = load_smollm2()
+        model: Any = load_smollm2()
         name = "SmolLM2-135M"
     else:
         from ..models.minilm import MiniLM
@@ -208,11 +208,13 @@ def _figure(kind: str, d: HeatmapData | None, args: argparse.Namespace) -> Any:
         )
     if kind == "last-row":
         w2 = w[0] if w.ndim == 3 else w
-        allowed = None if d.allowed is None else np.broadcast_to(d.allowed, w.shape)
-        if allowed is not None and allowed.ndim == 3:
-            allowed = allowed[0]
+        row_allowed = None if d.allowed is None else np.broadcast_to(d.allowed, w.shape)
+        if row_allowed is not None and row_allowed.ndim == 3:
+            row_allowed = row_allowed[0]
         ql = d.query_labels[-1] if d.query_labels else None
-        return plot.last_row_bar(w2, allowed, key_labels=d.key_labels, query_label=ql, title=args.title, lang=args.lang)
+        return plot.last_row_bar(
+            w2, row_allowed, key_labels=d.key_labels, query_label=ql, title=args.title, lang=args.lang
+        )
     if w.ndim == 3:
         return plot.head_grid(
             w,

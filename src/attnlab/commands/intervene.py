@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ..argtypes import int_type, output_file, text_type
 
@@ -124,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model == "smollm2":
         from ..models.gguf import load_smollm2
 
-        model = load_smollm2()
+        model: Any = load_smollm2()
         n = len(model.encode(args.text))
         if args.target is not None and n >= 2 and not 1 <= args.target < n:
             raise OptionError(

@@ -14,6 +14,7 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -147,7 +148,11 @@ def train_retrieval(
     rng = np.random.default_rng(seed)
     d = n_keys + n_values
     attn = init_multi_head(d, num_heads, head_dim=head_dim, rng=rng)
-    params = {"attn": attn, "w_r": rng.normal(0, 1 / math.sqrt(d), (d, n_values)), "b_r": np.zeros(n_values)}
+    params: dict[str, Any] = {
+        "attn": attn,
+        "w_r": rng.normal(0, 1 / math.sqrt(d), (d, n_values)),
+        "b_r": np.zeros(n_values),
+    }
     names = list(attn.arrays())
     flat = {**{n: a.copy() for n, a in attn.arrays().items()}, "w_r": params["w_r"], "b_r": params["b_r"]}
     m = {n: np.zeros_like(a) for n, a in flat.items()}

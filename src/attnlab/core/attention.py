@@ -127,7 +127,7 @@ def _overflow(p: Prepared, s: Any, bad: Any, note: str = "") -> Exception:
         str(p.q.dtype).replace("torch.", ""),
         q_max=max_abs(xp, p.q),
         k_max=max_abs(xp, p.k),
-        bias_max=max_abs(xp, p.bias_source),
+        bias_max=None if p.bias_source is None else max_abs(xp, p.bias_source),
         scale=p.scale,
         temperature=p.temperature,
         note=note,

@@ -131,10 +131,8 @@ def check_finite(xp: Any, x: Any, name: str) -> None:
     )
 
 
-def max_abs(xp: Any, x: Any | None) -> float | None:
-    """The largest magnitude in ``x`` as a Python float (``None`` for ``None``), for messages."""
-    if x is None:
-        return None
+def max_abs(xp: Any, x: Any) -> float:
+    """The largest magnitude in ``x`` as a Python float, for messages."""
     return float(to_numpy(xp.max(xp.abs(x))))
 
 
@@ -164,7 +162,7 @@ def check_policy(masked_rows: Any) -> str:
     :class:`~attnlab.errors.MaskError` naming the choices."""
     if masked_rows not in _POLICIES:
         raise MaskError(f"masked_rows: expected one of 'raise', 'zero', 'nan', got {masked_rows!r}")
-    return masked_rows
+    return str(masked_rows)
 
 
 def resolve_causal(causal: Any, n_q: int, n_k: int) -> str | None:
@@ -214,7 +212,7 @@ def fits_float32(xp: Any, scale: float, temperature: float, bias: Any | None) ->
     return True
 
 
-def _broadcast_into(name: str, shape: tuple[int, ...], full: tuple[int, ...], q, k, v) -> None:
+def _broadcast_into(name: str, shape: tuple[int, ...], full: tuple[int, ...], q: Any, k: Any, v: Any) -> None:
     """``shape`` must broadcast to ``full`` without growing it (a mask must not invent batch dims)."""
     try:
         grown = np.broadcast_shapes(shape, full)

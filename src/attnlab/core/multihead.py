@@ -153,8 +153,9 @@ class MultiHeadWeights:
     b_o: Any = None
     _: KW_ONLY
     num_heads: int
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
+    # None is accepted and means the default above; __post_init__ stores the int, so readers always see an int
+    num_kv_heads: int = None  # type: ignore[assignment]  # a None default for a field that holds an int
+    head_dim: int = None  # type: ignore[assignment]  # a None default for a field that holds an int
 
     def __post_init__(self) -> None:
         h = check_int("num_heads", self.num_heads, minimum=1)
@@ -308,8 +309,9 @@ def init_multi_head(
         else:
             drawn = [rng.normal(0.0, bias_std, size=n) for n in widths]
             with np.errstate(over="ignore"):  # an overflow is reported just below, by name
-                biases = [b.astype(dt) for b in drawn]
-            for name, b64, b in zip(("b_q", "b_k", "b_v", "b_o"), drawn, biases, strict=True):
+                narrowed = [b.astype(dt) for b in drawn]
+            biases = [*narrowed]
+            for name, b64, b in zip(("b_q", "b_k", "b_v", "b_o"), drawn, narrowed, strict=True):
                 if not np.isfinite(b.astype(np.float64)).all():
                     raise RangeError(
                         f"bias_std={bias_std}: {name} draws reach {np.abs(b64).max():.3g}, beyond what {dt} can "
@@ -324,6 +326,7 @@ _FLOAT_DTYPES = ("float16", "float32", "float64", "bfloat16")
 def _float_dtype(dtype: Any) -> np.dtype:
     """``dtype`` as a NumPy floating dtype that weights may have, or a :class:`DTypeError` naming ``dtype``."""
     want = "a floating dtype: np.float16, np.float32, np.float64 or ml_dtypes.bfloat16"
+    dt: np.dtype | None
     try:
         dt = np.dtype(dtype)
     except TypeError:
@@ -502,6 +505,7 @@ def multi_head_attention(
         done = _mha_forward(xp, x_q, x_kv, weights, cdt, opts, draw)
         if done is None:  # float32 overflowed somewhere: the whole layer again in float64
             done = _mha_forward(xp, x_q, x_kv, weights, xp.float64, opts, draw)
+        assert done is not None  # a float64 pass raises a RangeError rather than returning None
     trace, drop, heads, out, xq, xkv = done
     return MultiHeadResult(
         output=cast_checked(xp, out, out_dtype, "output"),

@@ -161,7 +161,8 @@ def apply_rope(x: Any, tables: RopeTables) -> np.ndarray:
     if x.ndim < 2:
         raise ShapeError(f"x: expected at least 2 dims [..., n, d], got shape {x.shape}")
     cos, sin = _tables_for(x, tables)
-    return x * cos + rotate_half(x) * sin
+    out: np.ndarray = x * cos + rotate_half(x) * sin
+    return out
 
 
 def apply_rope_interleaved(x: Any, tables: RopeTables) -> np.ndarray:
@@ -195,8 +196,10 @@ def _permute_rows(w: Any, num_heads: int, to_half: bool) -> np.ndarray:
     d = w.shape[0] // num_heads
     rest = w.shape[1:]
     if to_half:  # rows in order (head, pair t, member 0/1) -> (head, member, t)
-        return w.reshape(num_heads, d // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
-    return w.reshape(num_heads, 2, d // 2, *rest).swapaxes(1, 2).reshape(w.shape)
+        out: np.ndarray = w.reshape(num_heads, d // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+    else:
+        out = w.reshape(num_heads, 2, d // 2, *rest).swapaxes(1, 2).reshape(w.shape)
+    return out
 
 
 def interleaved_to_half(w: Any, num_heads: int) -> np.ndarray:

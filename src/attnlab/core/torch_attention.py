@@ -138,4 +138,5 @@ class TorchMultiHeadAttention(nn.Module):
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=h_kv != h
         )  # [B, h, n_q, d]
-        return self.o_proj(out.transpose(1, 2).reshape(b, n_q, h * d))  # [B, n_q, d_model]
+        y: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(b, n_q, h * d))  # [B, n_q, d_model]
+        return y

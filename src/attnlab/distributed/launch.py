@@ -37,10 +37,13 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AttnlabError, OptionError, ShapeError
 from ..validate import check_choice, check_float, check_int
+
+if TYPE_CHECKING:
+    from .layout import Layout
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -521,7 +524,7 @@ class RingRunConfig:
     d_k: int = 64
     d_v: int = 64
     causal: bool = False
-    layout: str = "contiguous"
+    layout: Layout = "contiguous"
     dtype: str = "float32"
     backward: bool = False
     block: int = 256
@@ -790,7 +793,7 @@ def run_ring_spawned(
 def torchrun_environment() -> tuple[int, int, str, int]:
     """``(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)`` as torchrun sets them, checked (``OptionError`` naming the
     variable otherwise)."""
-    values = []
+    values: list[int] = []
     for name, low in (("WORLD_SIZE", 1), ("RANK", 0), ("MASTER_PORT", 1)):
         text = os.environ.get(name, "")
         try:

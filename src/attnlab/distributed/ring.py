@@ -41,7 +41,7 @@ from ..core.inputs import MaskedRows, check_finite, prepare
 from ..errors import AttnlabError, MaskedRowError, OptionError, ShapeError, masked_rows_error, missing_extra
 from ..masks import MaskSpec
 from ..validate import check_int
-from .layout import RingLayout
+from .layout import Layout, RingLayout
 
 try:
     import torch
@@ -279,7 +279,7 @@ class RingOptions:
     scale: float | None = None
     key_lengths: Any = None
     query_lengths: Any = None
-    layout: str = "contiguous"
+    layout: Layout = "contiguous"
     masked_rows: MaskedRows = "raise"
     block_q: int = _DEFAULT_BLOCK
     block_k: int = _DEFAULT_BLOCK
@@ -345,7 +345,7 @@ def _make_plan(q: Any, k: Any, v: Any, o: RingOptions) -> _Plan:
     )
 
 
-def _layouts(sigs: list[tuple], world: int, layout: str) -> tuple[RingLayout, RingLayout]:
+def _layouts(sigs: list[tuple], world: int, layout: Layout) -> tuple[RingLayout, RingLayout]:
     """The global query and key layouts from the ranks' shard lengths (a :class:`ShapeError` if they do not fit)."""
     q_sizes = tuple(s[1][0] for s in sigs)
     k_sizes = tuple(s[1][1] for s in sigs)
@@ -366,6 +366,7 @@ def _empty_rows(spec: MaskSpec, lead: tuple[int, ...], h: int, policy: str) -> t
     if not empty.any():
         return ()
     n_q, n_k = spec.n_q, spec.n_k
+    assert n_q is not None and n_k is not None  # the plan's spec is sized
     # [S, n_q] -> [*lead, h, n_q]: the batch axis is lead's first; without lead it is a single row
     per_row = empty.reshape((empty.shape[0],) + (1,) * len(lead) + (n_q,)) if lead else empty[0]
     rows = index_tuples(np.broadcast_to(per_row, (*lead, h, n_q)))
@@ -624,7 +625,7 @@ def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptio
     scale: float | None = None,
     key_lengths: Any = None,
     query_lengths: Any = None,
-    layout: str = "contiguous",
+    layout: Layout = "contiguous",
     masked_rows: MaskedRows = "raise",
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,
@@ -719,7 +720,7 @@ def _gradients(q: Any, k: Any, v: Any, output: Any, lse: Any, d_out: Any, option
 
 class _RingAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q: Any, k: Any, v: Any, plan: _Plan) -> Any:  # type: ignore[override]
+    def forward(ctx: Any, q: Any, k: Any, v: Any, plan: _Plan) -> Any:
         out, lse, _ = _forward(plan, q, k, v)
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -727,7 +728,7 @@ class _RingAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, dO: Any) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, dO: Any) -> Any:
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv, _ = _backward(ctx.plan, dO.contiguous(), q, k, v, out, lse)
         return dq, dk, dv, None
@@ -742,7 +743,7 @@ def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
     scale: float | None = None,
     key_lengths: Any = None,
     query_lengths: Any = None,
-    layout: str = "contiguous",
+    layout: Layout = "contiguous",
     masked_rows: MaskedRows = "raise",
     block_q: int = _DEFAULT_BLOCK,
     block_k: int = _DEFAULT_BLOCK,

@@ -214,6 +214,7 @@ def setup_from_args(args: argparse.Namespace) -> Any:
             ) from None
         if ex.q is None:
             return args.example
+        assert ex.k is not None  # an example with queries has keys
         _check_sizes(args, int(np.shape(ex.q)[0]), int(np.shape(ex.k)[0]))
         if bias is not None:
             options["bias"] = bias

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AttnlabError, DTypeError, MaskError, NonFiniteError, ShapeError
-from ..i18n import localized
+from ..i18n import Word, localized
 from ..validate import check_choice
 
 __all__ = [
@@ -42,7 +42,7 @@ _TRUE = {"1", "true", "t", "yes", "y", "■", "x"}
 _FALSE = {"0", "false", "f", "no", "n", "⬚", ".", "-"}
 
 
-def _number(token: str, name: str, i: int, j: int) -> float:
+def _number(token: str, name: str | Word, i: int, j: int) -> float:
     try:
         x = float(token)
     except ValueError:
@@ -52,7 +52,7 @@ def _number(token: str, name: str, i: int, j: int) -> float:
     return x
 
 
-def _check_rows(rows: list[list[Any]], name: str) -> None:
+def _check_rows(rows: list[list[Any]], name: str | Word) -> None:
     if not rows or not rows[0]:
         raise localized(ShapeError, "input.empty", name=name)
     for i, r in enumerate(rows):
@@ -60,7 +60,7 @@ def _check_rows(rows: list[list[Any]], name: str) -> None:
             raise localized(ShapeError, "input.ragged", name=name, row=i, n=len(r), n0=len(rows[0]))
 
 
-def matrix_from_value(value: Any, name: str) -> np.ndarray:
+def matrix_from_value(value: Any, name: str | Word) -> np.ndarray:
     """A float64 matrix ``[rows, cols]`` from nested lists (as JSON gives them) or an array; a flat list is one row."""
     if isinstance(value, np.ndarray):
         a = value
@@ -90,7 +90,7 @@ def matrix_from_value(value: Any, name: str) -> np.ndarray:
     return out
 
 
-def parse_matrix(text: str, name: str) -> np.ndarray:
+def parse_matrix(text: str, name: str | Word) -> np.ndarray:
     """A matrix from text: JSON (``[[1, 0], [0, 1]]``) or rows split by ``;`` or newlines, numbers by commas/spaces.
 
     Returns float64 ``[rows, cols]``; raises :class:`~attnlab.errors.ShapeError` (ragged, empty) or
@@ -142,7 +142,7 @@ def load_matrix(source: str, name: str) -> np.ndarray:
     return parse_matrix(text, name)
 
 
-def parse_mask(text: str, name: str = "mask", *, convention: str = "allow") -> np.ndarray:
+def parse_mask(text: str, name: str | Word = "mask", *, convention: str = "allow") -> np.ndarray:
     """A boolean mask ``[n_q, n_k]`` from text (``"1 0; 1 1"``, ``■``/``⬚``, true/false, JSON), True = may attend.
 
     ``convention="block"`` reads a mask where 1/True means *blocked* (``nn.MultiheadAttention``, ``masked_fill``)

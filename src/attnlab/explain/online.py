@@ -106,7 +106,7 @@ def explain_online(setup: Setup, block_k: int, *, lang: str = "en") -> Explanati
             note = tr("online.rescaled", lang, rows=", ".join(rescaled))
         else:
             note = tr("online.same", lang)
-        blind = [r for r, x, y in zip(ql, np.isfinite(s).any(axis=1), seen, strict=True) if y and not x]
+        blind = [r for r, x, y in zip(ql, np.asarray(np.isfinite(s).any(axis=1)), seen, strict=True) if y and not x]
         if blind:
             note += " " + tr("online.blind", lang, rows=", ".join(blind))
         steps.append(

@@ -166,8 +166,8 @@ def to_markdown(e: Explanation, mistakes: Sequence[Mistake] = ()) -> str:
         out += ["", f"## {i}. {s.title}", "", f"`{s.formula}`"]
         if s.matrix is not None:
             out += ["", *_md_table(s.matrix, s.rows, s.cols)]
-        for name, m, r, c in s.extra:
-            out += ["", *_md_table(m, r, c, name)]
+        for name, matrix, r, cols_x in s.extra:
+            out += ["", *_md_table(matrix, r, cols_x, name)]
         if s.lines:
             out += ["", "```", *s.lines, "```"]
         if s.note:
@@ -265,8 +265,8 @@ def print_rich(e: Explanation, mistakes: Sequence[Mistake] = (), *, console: Any
         parts: list[Any] = [Text(s.formula, style="italic")]
         if s.matrix is not None:
             parts.append(_rich_table(s.matrix, s.rows, s.cols))
-        for name, m, r, c in s.extra:
-            parts.append(_rich_table(m, r, c, name))
+        for name, matrix, r, cols_x in s.extra:
+            parts.append(_rich_table(matrix, r, cols_x, name))
         if s.lines:
             parts.append(Text("\n".join(s.lines)))
         if s.note:

@@ -68,7 +68,7 @@ def causal_align_error(n_q: int, n_k: int, how: str = "hint.causal_python") -> M
         bottom=draw["bottom_right"],
         how=Word(how),
     )
-    return err  # type: ignore[return-value]
+    return err
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def _softmax_steps(
     """Row max, exp(x - max), row sums and weights, checked against the weights (and lse) the core computed."""
     masked = np.where(allowed, logits, -np.inf)  # [n_q, n_k]
     m = masked.max(axis=-1)  # [n_q]
-    empty = ~allowed.any(axis=-1)
+    empty = np.asarray(~allowed.any(axis=-1))
     m_safe = np.where(empty, 0.0, m)
     e = np.where(allowed, np.exp(masked - m_safe[:, None]), 0.0)  # [n_q, n_k], exactly 0 where masked
     l = e.sum(axis=-1)  # [n_q]

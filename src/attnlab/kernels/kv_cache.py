@@ -48,9 +48,10 @@ def _storage_dtype(dtype: Any) -> np.dtype:
             raise DTypeError(
                 "dtype: bfloat16 storage needs ml_dtypes (NumPy has no bfloat16): pip install ml_dtypes"
             ) from None
-        return np.dtype(ml_dtypes.bfloat16)
+        bf16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+        return bf16
     try:
-        dt = np.dtype(dtype)
+        dt: np.dtype = np.dtype(dtype)
     except TypeError:
         raise DTypeError(f"dtype: {dtype!r} is not a NumPy dtype") from None
     if dt.kind != "f":
@@ -124,7 +125,7 @@ class KVCache:
     @property
     def capacity(self) -> int:
         """Tokens each sequence has room for before the buffers grow."""
-        return self._k.shape[2]
+        return int(self._k.shape[2])
 
     @property
     def lengths(self) -> np.ndarray:
@@ -340,7 +341,7 @@ def _cached(
     B, h, t, d_k = qn.shape
     h_kv = cache.num_kv_heads
     g = h // h_kv
-    cdt = np.float64 if qn.dtype == np.float64 and cache.dtype == np.float64 else np.float32
+    cdt: Any = np.float64 if qn.dtype == np.float64 and cache.dtype == np.float64 else np.float32
     lengths = cache.lengths
     L = max(1, int(lengths.max()))
     start = np.maximum(lengths - n_new, 0)  # [B] position of query 0 (< 0 only before any append: no key then)
@@ -515,6 +516,7 @@ def cached_attention(q: Any, cache: KVCache, *, scale: float | None = None, mask
 
         def run(q_detached: Any) -> tuple[Any, _Saved]:
             out, saved = _cached(to_numpy(q_detached), cache, sc, masked_rows, n_new, keep=True)
+            assert saved is not None  # keep=True
             saved.q_like = q
             return _to_caller(xp, q, out), saved
 

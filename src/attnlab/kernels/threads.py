@@ -60,7 +60,7 @@ def _has_threadpoolctl() -> bool:
     if not current_config().use_threadpoolctl:
         return False
     try:
-        import threadpoolctl  # noqa: F401
+        import threadpoolctl  # noqa: F401  # only whether it imports
     except ImportError:
         return False
     return True
@@ -76,7 +76,9 @@ def resolve_threads(num_threads: Any) -> int:
     :class:`~attnlab.errors.OptionError` if not), capped at :func:`max_threads`."""
     if num_threads is None:
         return available_cores() if _has_threadpoolctl() else 1
-    return min(check_int("num_threads", num_threads, minimum=1, optional=True), max_threads())
+    n = check_int("num_threads", num_threads, minimum=1, optional=True)
+    assert n is not None  # None was handled above
+    return min(n, max_threads())
 
 
 def _get_controller() -> Any:

@@ -185,6 +185,7 @@ def _forward(key: str, text: str) -> LiveResult:
             if len(ids) > MAX_TOKENS:
                 ids, truncated = ids[:MAX_TOKENS], True
             out = llama_forward(m, ids, return_attention=True)
+            assert out.attentions is not None  # return_attention=True
             w = np.stack([np.asarray(a[0], dtype=np.float64) for a in out.attentions])  # [L, h, n, n]
             labels = tuple(m.tokenizer.labels(ids))
             n = len(ids)

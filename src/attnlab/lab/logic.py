@@ -19,6 +19,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -114,6 +115,7 @@ class LabResult:
     explanation: Explanation | None = None
     setup: Setup | None = None
 
+    # Typed Any: an array when ok, None when not; the pages read them only after checking ok.
     @property
     def weights(self) -> np.ndarray | None:
         """The attention weights ``[n_q, n_k]``, or None when the input had an error."""
@@ -207,7 +209,7 @@ def setup_of(state: LabState) -> Setup:
                 AttnlabError, "scale: expected one positive number (empty: 1/sqrt(d_k)), got {got!r}", got=state.scale
             )
         scale = float(sc[0, 0])
-    extra: dict[str, object] = {}
+    extra: dict[str, Any] = {}
     if state.bias.strip():
         b = parse_matrix(state.bias, Word("bias per key"))
         if b.shape not in ((1, n_k), (n_q, n_k)):
@@ -352,6 +354,8 @@ def result_html(result: LabResult, lang: str = "en") -> str:
     if not result.ok:
         return error_html(result.message, "al-input-error")
     st = result.setup
+    assert st is not None and result.explanation is not None  # ok
+    notes = result.explanation.notes
     attrs = _state_attrs(result.state)
     w = result.weights
     sums = np.where(np.isnan(w).any(axis=-1), np.nan, np.where(result.allowed, w, 0.0).sum(axis=-1))
@@ -383,7 +387,7 @@ def result_html(result: LabResult, lang: str = "en") -> str:
             lang=lang,
         )
         + "</div></div>"
-        + "".join(error_html(n) for n in result.explanation.notes)
+        + "".join(error_html(n) for n in notes)
     )
 
 
@@ -392,6 +396,7 @@ def steps_html(result: LabResult, lang: str = "en") -> str:
     if not result.ok:
         return error_html(result.message)
     e = result.explanation
+    assert e is not None  # ok
     allowed = result.allowed
     parts = []
     for i, step in enumerate(e.steps, 1):
@@ -420,6 +425,7 @@ def pictures_html(result: LabResult, lang: str = "en") -> str:
     if not result.ok:
         return ""
     st = result.setup
+    assert st is not None  # ok
     return (
         f"<div data-testid='al-pictures' {_state_attrs(result.state)} "
         "style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
@@ -454,6 +460,7 @@ def heatmap_png(result: LabResult) -> bytes | None:
     from .. import plot
 
     st = result.setup
+    assert st is not None  # ok
     fig = plot.heatmap(
         result.weights,
         result.allowed,
@@ -679,7 +686,7 @@ def masked_row_trap(lang: str = "en") -> tuple[dict[str, object], str]:
         query_labels=("PAD", "a", "b", "c"),
         key_labels=("PAD", "a", "b", "c"),
     )
-    res: dict[str, object] = {}
+    res: dict[str, Any] = {}
     try:
         setup.trace()
         res["raise"] = "no error"
@@ -748,6 +755,6 @@ def mask_conventions(lang: str = "en") -> tuple[dict[str, np.ndarray], str]:
     )
 
 
-def with_state(state: LabState, **changes: object) -> LabState:
+def with_state(state: LabState, **changes: Any) -> LabState:
     """A copy of ``state`` with ``changes``."""
     return replace(state, **changes)

@@ -158,7 +158,7 @@ def start(
     ``start`` ends (its process's main thread, for a command); pass False to start it from a short-lived thread.
     """
     try:
-        import marimo  # noqa: F401
+        import marimo  # noqa: F401  # only whether it imports
     except ImportError:
         raise missing_extra("marimo", "lab") from None
     port = 0 if port is None else check_int("port", port, minimum=0, maximum=65535)

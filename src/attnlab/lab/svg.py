@@ -72,10 +72,10 @@ def _rgb(colour: str) -> tuple[float, float, float]:
         c = c[1:]
         if len(c) == 3:
             c = "".join(x * 2 for x in c)
-        return tuple(int(c[i : i + 2], 16) / 255 for i in (0, 2, 4))  # type: ignore[return-value]
+        return (int(c[0:2], 16) / 255, int(c[2:4], 16) / 255, int(c[4:6], 16) / 255)
     if c.startswith("rgb"):
         parts = c[c.index("(") + 1 : c.index(")")].split(",")
-        return tuple(float(p) / 255 for p in parts[:3])  # type: ignore[return-value]
+        return tuple(float(p) / 255 for p in parts[:3])  # type: ignore[return-value]  # rgb(r, g, b): three
     named = {"white": (1.0, 1.0, 1.0), "black": (0.0, 0.0, 0.0)}
     return named[c]
 

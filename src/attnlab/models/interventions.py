@@ -153,6 +153,7 @@ class InterventionResult:
             h = int(np.argmax(per_head[:, i]))
             row = f"{j:>4}  {labels[i][:w]:<{w}}  {mean[i]:>6.3f}  {f'h{h} {per_head[h, i]:.3f}':>12}  {ra[i]:>4}  "
             if lm:
+                assert self.delta_logprob is not None and self.kl is not None  # a language model's effects
                 row += f"{self.delta_logprob[i]:>+8.3f}  {self.kl[i]:>8.4f}  {re[i]:>4}"
             else:
                 row += f"{self.effect[i]:>10.5f}  {re[i]:>4}"
@@ -308,6 +309,7 @@ def intervene(
         if not 0 <= rep_id < model.config.vocab_size:
             raise OptionError(f"replacement: id {rep_id} is outside the vocabulary [0, {model.config.vocab_size})")
     base = llama_forward(model, ids, return_attention=True)
+    assert base.attentions is not None  # return_attention=True
     logp = log_softmax(base.logits[0, t].astype(np.float64))
     if y is None:
         y = int(np.argmax(logp))
@@ -483,15 +485,19 @@ def attention_maps(
 
         m = model_obj if model_obj is not None else MiniLM.load()
         ids, am = m.tokenize([text])
-        out = m.encode(ids, am)
-        maps = out.attentions
+        encoded = m.encode(ids, am)
+        maps = encoded.attentions
         labels = _minilm_labels(m, ids[0].tolist())
         name = "all-MiniLM-L6-v2"
         n = ids.shape[1]
         allowed = np.ones((n, n), dtype=bool)
-        get = lambda li: maps[li][0]  # noqa: E731
     else:
         raise OptionError(f"model: expected 'smollm2' or 'minilm', got {model!r}")
+    assert maps is not None  # both forwards were asked for their attention
+
+    def get(li: int) -> np.ndarray:
+        return maps[li][0]
+
     L = len(maps)
     layer = _index("layer", layer, L, f" for {name}")
     w = get(layer)  # [h, n, n]

@@ -26,6 +26,7 @@ from ..core import attention_trace
 from ..core.multihead import MultiHeadWeights, merge_heads, repeat_kv, split_heads
 from ..core.rope import RopeTables, apply_rope, rope_tables
 from ..errors import DTypeError, OptionError, ShapeError
+from ..masks import Align
 from ..validate import check_choice, check_int
 
 __all__ = [
@@ -308,7 +309,7 @@ def _attend(
     v: np.ndarray,
     n_rep: int,
     *,
-    causal: bool | str,
+    causal: bool | Align,
     attention: Attention,
     want_weights: bool,
 ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -389,6 +390,7 @@ def llama_forward(
         if np.any(lengths != lengths[0]):
             raise ShapeError(f"cache: sequences have different lengths {lengths.tolist()}; decode them separately")
         past = int(lengths[0])
+    pos: np.ndarray | None
     if positions is None:
         pos = np.broadcast_to(np.arange(past, past + n), (B, n))
     else:
@@ -405,7 +407,7 @@ def llama_forward(
     if rope:
         tables = rope_tables(pos[0] if (pos == pos[0]).all() else pos, c.head_dim, base=c.rope_base, dtype=model.dtype)
     if causal and cache is not None:
-        align: bool | str = "bottom_right"
+        align: bool | Align = "bottom_right"
     elif causal:
         align = True
     else:
@@ -603,7 +605,7 @@ def generate(
     steps: list[float] = []
 
     t0 = time.perf_counter()
-    kw = {"blas_threads": blas_threads, "last_only": True}
+    kw: dict[str, Any] = {"blas_threads": blas_threads, "last_only": True}
     out = llama_forward(model, prompt_ids[None], attention=attention, cache=cache, **kw)
     nxt = int(np.argmax(out.logits[0, -1]))
     prefill = time.perf_counter() - t0

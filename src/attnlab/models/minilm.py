@@ -139,7 +139,7 @@ def _tokenizer(path: str, max_length: int, pad_id: int) -> Any:
 # the forward pass
 
 
-_erf = np.frompyfunc(math.erf, 1, 1)
+_erf: Any = np.frompyfunc(math.erf, 1, 1)  # a ufunc over object arrays
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:

@@ -112,7 +112,7 @@ _MASKED_TEXT = "#525252"  # 5.5:1 on the masked grey
 
 def _new_figure(figsize: tuple[float, float] | None) -> Any:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  # only whether it imports
     except ImportError:
         raise missing_extra("matplotlib", "plot") from None
     return layout.agg_figure(figsize or (6.0, 4.0))
@@ -221,12 +221,12 @@ def _legend_handles(kinds: Sequence[str]) -> list[Any]:
         if k == "leak":
             out.append(Patch(facecolor="#6baed6", edgecolor=_LEAK_EDGE, linewidth=1.5, label=_w(f"legend.{k}")))
         else:
-            st = styles[k]
+            st: dict[str, Any] = styles[k]
             out.append(Patch(**st, edgecolor=st["hatchcolor"], linewidth=0.5, label=_w(f"legend.{k}")))
     return out
 
 
-def _cell_patches(ax: Any, where: np.ndarray, style: dict[str, str], label: str) -> None:
+def _cell_patches(ax: Any, where: np.ndarray, style: dict[str, Any], label: str) -> None:
     from matplotlib.collections import PatchCollection
     from matplotlib.patches import Rectangle
 

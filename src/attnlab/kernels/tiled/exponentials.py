@@ -160,8 +160,9 @@ class Units:
         dt = q.dtype
         with np.errstate(over="ignore", under="ignore"):  # an overflow here is caught as an overflow of the logits
             if -np.finfo(dt).maxexp + 2 < self.shift < np.finfo(dt).maxexp - 1:
-                return q * dt.type(self.sign * 2.0**self.shift)
-            out = np.ldexp(q, self.shift)
+                scaled: np.ndarray = q * dt.type(self.sign * 2.0**self.shift)
+                return scaled
+            out: np.ndarray = np.ldexp(q, self.shift)
         return -out if self.sign < 0 else out
 
 

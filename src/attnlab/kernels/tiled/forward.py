@@ -290,7 +290,7 @@ def _online_softmax(
     m_i = np.full(bq, -np.inf, dtype=dt)  # running max of the logits (the offset of P)
     ready = False  # every row has a finite m_i
     lazy = not check  # try blocks without the max pass; off after the first block whose scores outgrew m_i
-    jit = fused.kernels() if E.fused else None
+    jit: Any = fused.kernels() if E.fused else None  # used only where E.fused
     one = dt.type(1)
     for j0, j1, bad in plan.key_blocks(idx, i0, i1):
         bk = j1 - j0

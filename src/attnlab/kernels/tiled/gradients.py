@@ -55,6 +55,7 @@ class _BiasGrad:
 
     def __init__(self, plan: Plan) -> None:
         raw = plan.bias_raw
+        assert raw is not None  # made only for a call with a bias
         self.plan = plan
         self.acc = np.zeros((1,) * (len(plan.batch) + 2 - raw.ndim) + raw.shape, dtype=plan.q.dtype)
         self.factor = plan.q.dtype.type(1.0 / plan.temperature)
@@ -118,7 +119,7 @@ def _backward_blocks(c: _Backward, idx: tuple[int, ...], ja: int, jb: int) -> tu
     K, V = plan.k[idx], plan.v[idx]
     dO, L, D = c.d_o[idx], c.lse_safe[idx], c.delta[idx]
     dq = None
-    jit = fused.kernels() if E.fused else None
+    jit: Any = fused.kernels() if E.fused else None  # used only where E.fused
     for j0 in range(ja, jb, plan.block_k):
         j1 = min(j0 + plan.block_k, jb)
         Kj, Vj = K[j0:j1], V[j0:j1]

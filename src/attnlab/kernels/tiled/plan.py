@@ -11,7 +11,7 @@ import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -168,7 +168,9 @@ class Plan:
         """The keys of batch element ``idx`` that are not padding (:meth:`attnlab.masks.MaskSpec.n_keys`)."""
         return self.spec.n_keys(self.seq(idx))
 
-    def blocked(self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int) -> np.ndarray | bool | None:
+    def blocked(
+        self, idx: tuple[int, ...], i0: int, i1: int, j0: int, j1: int
+    ) -> np.ndarray | PositionMask | Literal[False] | None:
         """The block's mask ``[i1-i0, j1-j0]`` (:meth:`MaskSpec.blocked <attnlab.masks.MaskSpec.blocked>`): ``None``
         if nothing is blocked, ``False`` if everything is (skip the block), else a bool array True = *blocked*, or
         (causal/window alone) a cached :class:`PositionMask`. Apply it before ``exp2`` with :func:`apply_mask` or
@@ -202,7 +204,7 @@ class PositionMask:
     bad: np.ndarray
 
 
-_position_masks: dict[tuple, PositionMask] = {}
+_position_masks: dict[tuple[Any, ...], PositionMask] = {}
 
 
 def position_mask(block: BlockMask, dtype: str) -> PositionMask:
