@@ -737,19 +737,7 @@ class GradBattery(Battery):
         g = case if c == case.causal else replace(case, causal=c)
         golden = golden_grads(g, self.gqa_map)
         work = work or self.work_dtype(g.dtype)
-        naive = attention_grads(
-            g.q,
-            g.k,
-            g.v,
-            g.d_out,
-            _allowed(g),
-            scale=g.scale,
-            bias=g.bias,
-            keep=g.keep,
-            dropout_p=g.dropout_p,
-            mapping=self.gqa_map,
-            dtype=work,
-        )
+        naive = self.case_grads(g, dtype=work)  # the right backward, every step rounded to the work dtype
         bounds = {n: grad_bound(work, golden[n], naive[n]) for n in _GRADS if golden.get(n) is not None}
         return golden, bounds
 
