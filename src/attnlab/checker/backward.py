@@ -65,7 +65,7 @@ from ..core.dropout import Dropout
 from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dtype_name, round_to
 from .callables import signature_of
 from .cases import LENGTH_FORMS, Geom
-from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
+from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses, reduce_kv
 from .probes import FIXES, Battery, ProbeSkip
 from .report import Finding, ProbeResult, Report, Unsupported
 from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
@@ -1137,7 +1137,7 @@ class GradBattery(Battery):
             if worst > bounds["dq"]:
                 problems.append(f"dQ of the masked rows is not 0 (max |dq| = {worst:.3g})")
         add = np.einsum("...q,...qd->...d", rows.astype(float), case.d_out)[..., None, :] / g.n_k
-        add = _group(np.broadcast_to(add, (*add.shape[:-2], g.n_k, add.shape[-1])), case.k.shape[-3], self.gqa_map)
+        add = reduce_kv(np.broadcast_to(add, (*add.shape[:-2], g.n_k, add.shape[-1])), case.k.shape[-3], self.gqa_map)
         for name in ("dk", "dv"):
             x, y = a.get(name), b.get(name)
             if x is None or y is None or x.shape != y.shape:
@@ -1311,16 +1311,6 @@ class GradBattery(Battery):
                 self.incomplete.append(Unsupported(name, "not selected (probes=...)"))
             elif p.status in ("skipped", "not run"):
                 self.incomplete.append(Unsupported(name, p.detail or "not run"))
-
-
-def _group(x: np.ndarray, h_kv: int, mapping: str) -> np.ndarray:
-    h = x.shape[-3]
-    if h == h_kv:
-        return x
-    g = h // h_kv
-    if mapping == "tile":
-        return x.reshape(*x.shape[:-3], g, h_kv, *x.shape[-2:]).sum(axis=-4)
-    return x.reshape(*x.shape[:-3], h_kv, g, *x.shape[-2:]).sum(axis=-3)
 
 
 # ----------------------------------------------------------------------------------------------------------------
