@@ -54,6 +54,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -1629,6 +1630,10 @@ def with_backward(
         return report  # the forward's module did not import: nothing to differentiate
     if spec.framework == "auto" and report.framework in ("numpy", "torch", "jax"):
         spec = replace(spec, framework=report.framework)  # what the forward battery found the calls run in
+    # the gradient battery, with the options both kinds of backward share
+    battery = partial(
+        run_gradients, spec=spec, lse_units=lse_units, timeout=timeout, seed=seed, import_timeout=import_timeout
+    )
     if backward is True:
         if report.framework == "numpy":
             raise UsageError(
@@ -1639,32 +1644,13 @@ def with_backward(
         for n in report.notes:  # the alignment the forward battery saw the function use
             if n.code == "causal-alignment":
                 align = "bottom_right" if "bottom-right" in n.message else "top_left"
-        g = run_gradients(
-            fwd,
-            spec,
-            kind="autograd",
-            lse_units=lse_units,
-            timeout=timeout,
-            seed=seed,
-            name=name,
-            align=align,
-            forward_checked=report.codes[0] if report.codes else True,
-            import_timeout=import_timeout,
+        g = battery(
+            fwd, kind="autograd", name=name, align=align, forward_checked=report.codes[0] if report.codes else True
         )
     else:
         if not isinstance(backward, str) and not callable(backward):
             raise UsageError(f"backward: expected True or a backward callable, got {type(backward).__name__}")
-        g = run_gradients(
-            backward,
-            spec,
-            kind="backward",
-            forward=fwd,
-            lse_units=lse_units,
-            timeout=timeout,
-            seed=seed,
-            name=None,
-            import_timeout=import_timeout,
-        )
+        g = battery(backward, kind="backward", forward=fwd, name=None)
     return merge(report, g)
 
 
