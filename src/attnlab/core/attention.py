@@ -11,7 +11,7 @@ import numpy as np
 from .._arrays import index_tuples, shape_of, to_numpy
 from ..errors import MemoryLimitError, RangeError, logits_overflow_error, masked_rows_error
 from ..validate import check_int
-from .inputs import Causal, MaskedRows, Prepared, cast_checked, in_float64, max_abs, prepare
+from .inputs import Causal, CoreOptions, MaskedRows, Prepared, cast_checked, in_float64, max_abs, prepare
 from .softmax import masked_softmax
 
 __all__ = [
@@ -231,7 +231,7 @@ def _check_max_bytes(max_bytes: Any) -> int | None:
     return None if max_bytes is None else check_int("max_bytes", max_bytes, minimum=1)
 
 
-def attention_trace(  # 10 parameters: the core's public keywords (see prepare)
+def attention_trace(  # 10 parameters: the core's public keywords (CoreOptions)
     q: Any,
     k: Any,
     v: Any,
@@ -253,11 +253,11 @@ def attention_trace(  # 10 parameters: the core's public keywords (see prepare)
     >>> t.weights.round(4).tolist()
     [[1.0, 0.0], [0.3302, 0.6698]]
     """
-    p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
+    p = prepare(q, k, v, mask, bias, CoreOptions(causal, scale, temperature, masked_rows))
     return _forward(p, _check_max_bytes(max_bytes))
 
 
-def scaled_dot_product_attention(  # 10 parameters: the public keywords (see prepare)
+def scaled_dot_product_attention(  # 10 parameters: the public keywords (CoreOptions)
     q: Any,
     k: Any,
     v: Any,
@@ -317,5 +317,5 @@ def scaled_dot_product_attention(  # 10 parameters: the public keywords (see pre
 
     (The article prints 6.604 and 13.396: it multiplies by the weights rounded to 0.3302 and 0.6698.)
     """
-    p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
+    p = prepare(q, k, v, mask, bias, CoreOptions(causal, scale, temperature, masked_rows))
     return _forward(p, _check_max_bytes(max_bytes)).output

@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import errors as _errors
 from .._arrays import index_tuples, namespace
-from ..core.inputs import MaskedRows, check_finite, prepare
+from ..core.inputs import CoreOptions, MaskedRows, check_finite, prepare
 from ..errors import AttnlabError, MaskedRowError, OptionError, ShapeError, masked_rows_error, missing_extra
 from ..masks import MaskSpec
 from ..validate import check_int
@@ -253,7 +253,7 @@ def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple
     if g > 1:
         one = [one[0].reshape(*q.shape[:-3], h_kv, g, 1, q.shape[-1]), one[1].unsqueeze(-3), one[2].unsqueeze(-3)]
     try:
-        p = prepare(*one, scale=scale, masked_rows=masked_rows)
+        p = prepare(*one, options=CoreOptions(scale=scale, masked_rows=masked_rows))
     except AttnlabError as err:
         raise type(err)(f"{err} (ring attention inputs {shapes})") from None
     sig = (tuple(q.shape[:-3]), h, h_kv, q.shape[-1], v.shape[-1], str(q.dtype), str(k.dtype), str(v.dtype))
