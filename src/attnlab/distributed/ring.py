@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import errors as _errors
 from .._arrays import index_tuples, namespace
+from .._signatures import same_arguments
 from ..core.inputs import CoreOptions, MaskedRows, check_finite, prepare
 from ..errors import AttnlabError, MaskedRowError, OptionError, ShapeError, masked_rows_error, missing_extra
 from ..masks import MaskSpec
@@ -287,7 +288,7 @@ class RingOptions:
     group: Any = None
 
 
-def _key_lengths(key_lengths: Any, lengths: Any) -> Any:
+def _key_lengths(key_lengths: Any, lengths: Any, stacklevel: int = 3) -> Any:
     """``key_lengths``, or the deprecated ``lengths=`` (a :class:`FutureWarning`; removed in the next release)."""
     if lengths is None:
         return key_lengths
@@ -297,7 +298,7 @@ def _key_lengths(key_lengths: Any, lengths: Any) -> Any:
         "ring attention's lengths= is now key_lengths= (the name attnlab.flash_attention uses); lengths= will be "
         "removed in the next release",
         FutureWarning,
-        stacklevel=3,
+        stacklevel=stacklevel,
     )
     return lengths
 
@@ -779,27 +780,13 @@ class _RingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: Any = False,
-    scale: float | None = None,
-    key_lengths: Any = None,
-    query_lengths: Any = None,
-    layout: str = "contiguous",
-    masked_rows: MaskedRows = "raise",
-    block_q: int = _DEFAULT_BLOCK,
-    block_k: int = _DEFAULT_BLOCK,
-    group: Any = None,
-    lengths: Any = None,
-) -> Any:
+@same_arguments(ring_attention_forward)
+def ring_attention(q: Any, k: Any, v: Any, lengths: Any, **options: Any) -> Any:
     """Differentiable ring attention: :func:`ring_attention_forward`'s ``output``, with a backward that runs the
     ring again (``loss.backward()`` on every rank gives each rank the gradients of its own shards).
 
-    Arguments as in :func:`ring_attention_forward`. Shapes: ``q [..., h, n_r, d_k]``, ``k [..., h_kv, n_r', d_k]``,
-    ``v [..., h_kv, n_r', d_v]`` -> ``[..., h, n_r, d_v]``.
+    Arguments (the same signature) as in :func:`ring_attention_forward`. Shapes: ``q [..., h, n_r, d_k]``,
+    ``k [..., h_kv, n_r', d_k]``, ``v [..., h_kv, n_r', d_v]`` -> ``[..., h, n_r, d_v]``.
 
     >>> import torch
     >>> q = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
@@ -807,8 +794,6 @@ def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
     >>> q.grad.shape
     torch.Size([2, 5, 3])
     """
-    options = RingOptions(
-        causal, scale, _key_lengths(key_lengths, lengths), query_lengths, layout, masked_rows, block_q, block_k, group
-    )
-    plan = _make_plan(q, k, v, options)
+    options["key_lengths"] = _key_lengths(options["key_lengths"], lengths, stacklevel=4)  # under same_arguments
+    plan = _make_plan(q, k, v, RingOptions(**options))
     return _RingAttentionFunction.apply(q, k, v, plan)
