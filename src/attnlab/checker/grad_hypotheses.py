@@ -27,8 +27,9 @@ import numpy as np
 
 from .. import masks as _masks
 from .adapters import round_to
+from .tolerance import expand_kv
 
-__all__ = ["BLOCKS", "Variant", "attention_grads", "fitted_lse", "hypotheses"]
+__all__ = ["BLOCKS", "Variant", "attention_grads", "fitted_lse", "hypotheses", "reduce_kv"]
 
 #: Block sizes a tiled backward may use (the accumulate hypotheses try each one smaller than the sequence).
 BLOCKS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
@@ -90,18 +91,10 @@ class Variant:
     lse_shift: tuple = ()
 
 
-def _expand(x: np.ndarray, h: int, mapping: str) -> np.ndarray:
-    h_kv = x.shape[-3]
-    if h_kv == h:
-        return x
-    g = h // h_kv
-    if mapping == "tile":
-        return np.tile(x, (1,) * (x.ndim - 3) + (g, 1, 1))
-    return np.repeat(x, g, axis=-3)
-
-
-def _reduce(x: np.ndarray, h_kv: int, mapping: str, how: str) -> np.ndarray:
-    """Per-query-head gradients ``[..., h, n, d]`` summed back to ``h_kv`` K/V heads."""
+def reduce_kv(x: np.ndarray, h_kv: int, mapping: str = "interleave", how: str = "sum") -> np.ndarray:
+    """GQA: per-query-head gradients ``[..., h, n, d]`` summed back to ``h_kv`` K/V heads (the adjoint of
+    :func:`~attnlab.checker.tolerance.expand_kv` with the same ``mapping``); ``how="mean"`` or ``"first"`` are the
+    wrong reductions a backward may use."""
     h = x.shape[-3]
     if h == h_kv:
         return x
@@ -161,8 +154,8 @@ def attention_grads(
         return x if dtype == "float64" else round_to(np.asarray(x, dtype=work), dtype).astype(work)
 
     q, k, v, do = (np.asarray(x, dtype=work) for x in (q, k, v, d_out))
-    h, h_kv = q.shape[-3], k.shape[-3]
-    kx, vx = _expand(k, h, mapping), _expand(v, h, mapping)
+    h_kv = k.shape[-3]
+    kx, vx = expand_kv(q, k, mapping), expand_kv(q, v, mapping)
     sc = work(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     n_q, n_k = q.shape[-2], k.shape[-2]
     full = (*np.broadcast_shapes(q.shape[:-2], kx.shape[:-2]), n_q, n_k)
@@ -239,8 +232,8 @@ def attention_grads(
     how, mp = var.gqa, mapping
     if how == "tile":
         how, mp = "sum", ("tile" if mapping == "interleave" else "interleave")
-    dk = _reduce(dk_x, h_kv, mp, how)
-    dv = _reduce(dv_x, h_kv, mp, how)
+    dk = reduce_kv(dk_x, h_kv, mp, how)
+    dv = reduce_kv(dv_x, h_kv, mp, how)
     dbias = None
     if bias is not None:
         dbias = _sum_to(ds, np.shape(bias))

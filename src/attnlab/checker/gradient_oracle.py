@@ -54,6 +54,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -65,7 +66,7 @@ from ..core.gradients import attention_backward
 from .adapters import DTYPES, Adapter, Returned, Spec, UsageError, framework_dtype_name, round_to
 from .callables import signature_of
 from .cases import LENGTH_FORMS, Geom
-from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
+from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses, reduce_kv
 from .probes import FIXES, Battery, ProbeSkip
 from .report import Finding, ProbeResult, Report, Unsupported
 from .runner import CallRequest, Case, InProcessBackend, Outcome, Runner, loaded_frameworks
@@ -758,19 +759,7 @@ class GradBattery(Battery):
         g = cast(GradCase, case if c == case.causal else replace(case, causal=c))
         golden = golden_grads(g, self.gqa_map)
         work = work or self.work_dtype(g.dtype)
-        naive = attention_grads(
-            g.q,
-            g.k,
-            g.v,
-            g.d_out,
-            _allowed(g),
-            scale=g.scale,
-            bias=g.bias,
-            keep=g.keep,
-            dropout_p=g.dropout_p,
-            mapping=self.gqa_map,
-            dtype=work,
-        )
+        naive = self.case_grads(g, dtype=work)  # the right backward, every step rounded to the work dtype
         bounds = {n: grad_bound(work, golden[n], naive[n]) for n in _GRADS if golden.get(n) is not None}
         return golden, bounds
 
@@ -1175,7 +1164,7 @@ class GradBattery(Battery):
             if worst > bounds["dq"]:
                 problems.append(f"dQ of the masked rows is not 0 (max |dq| = {worst:.3g})")
         add = np.einsum("...q,...qd->...d", rows.astype(float), case.d_out)[..., None, :] / g.n_k
-        add = _group(np.broadcast_to(add, (*add.shape[:-2], g.n_k, add.shape[-1])), case.k.shape[-3], self.gqa_map)
+        add = reduce_kv(np.broadcast_to(add, (*add.shape[:-2], g.n_k, add.shape[-1])), case.k.shape[-3], self.gqa_map)
         for name in ("dk", "dv"):
             x, y = a.get(name), b.get(name)
             if x is None or y is None or x.shape != y.shape:
@@ -1352,16 +1341,6 @@ class GradBattery(Battery):
                 self.incomplete.append(Unsupported(name, "not selected (probes=...)"))
             elif p.status in ("skipped", "not run"):
                 self.incomplete.append(Unsupported(name, p.detail or "not run"))
-
-
-def _group(x: np.ndarray, h_kv: int, mapping: str) -> np.ndarray:
-    h = x.shape[-3]
-    if h == h_kv:
-        return x
-    g = h // h_kv
-    if mapping == "tile":
-        return x.reshape(*x.shape[:-3], g, h_kv, *x.shape[-2:]).sum(axis=-4)
-    return x.reshape(*x.shape[:-3], h_kv, g, *x.shape[-2:]).sum(axis=-3)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1685,6 +1664,10 @@ def with_backward(
         return report  # the forward's module did not import: nothing to differentiate
     if spec.framework == "auto" and report.framework in ("numpy", "torch", "jax"):
         spec = replace(spec, framework=report.framework)  # what the forward battery found the calls run in
+    # the gradient battery, with the options both kinds of backward share
+    battery = partial(
+        run_gradients, spec=spec, lse_units=lse_units, timeout=timeout, seed=seed, import_timeout=import_timeout
+    )
     if backward is True:
         if report.framework == "numpy":
             raise UsageError(
@@ -1695,32 +1678,13 @@ def with_backward(
         for n in report.notes:  # the alignment the forward battery saw the function use
             if n.code == "causal-alignment":
                 align = "bottom_right" if "bottom-right" in n.message else "top_left"
-        g = run_gradients(
-            fwd,
-            spec,
-            kind="autograd",
-            lse_units=lse_units,
-            timeout=timeout,
-            seed=seed,
-            name=name,
-            align=align,
-            forward_checked=report.codes[0] if report.codes else True,
-            import_timeout=import_timeout,
+        g = battery(
+            fwd, kind="autograd", name=name, align=align, forward_checked=report.codes[0] if report.codes else True
         )
     else:
         if not isinstance(backward, str) and not callable(backward):
             raise UsageError(f"backward: expected True or a backward callable, got {type(backward).__name__}")
-        g = run_gradients(
-            backward,
-            spec,
-            kind="backward",
-            forward=fwd,
-            lse_units=lse_units,
-            timeout=timeout,
-            seed=seed,
-            name=None,
-            import_timeout=import_timeout,
-        )
+        g = battery(backward, kind="backward", forward=fwd, name=None)
     return merge(report, g)
 
 

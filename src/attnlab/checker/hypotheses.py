@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 import numpy as np
@@ -420,22 +421,21 @@ def _finite_fill(ctx: Context, mode: str) -> tuple[np.ndarray, dict[str, Any]] |
     return best[1], {"fill": f"{best[2]:g}"}
 
 
-@hypothesis(
-    "finite-fill",
-    "your function fills blocked scores with the finite value {fill} instead of -inf (or finfo(dtype).min): "
-    "blocked keys keep a weight of about exp({fill} - score)",
-)
-def _finite_fill_replaced(ctx: Context) -> tuple[np.ndarray, dict[str, Any]] | None:
-    return _finite_fill(ctx, "replace")
-
-
-@hypothesis(
-    "finite-fill",
-    "your function adds the finite value {fill} to blocked scores instead of -inf (or finfo(dtype).min): "
-    "blocked keys keep a weight of about exp({fill})",
-)
-def _finite_fill_added(ctx: Context) -> tuple[np.ndarray, dict[str, Any]] | None:
-    return _finite_fill(ctx, "add")
+#: The two finite fills, in this order: what blocked scores become, and how the message says it.
+for _mode, _message in (
+    (
+        "replace",
+        "your function fills blocked scores with the finite value {fill} instead of -inf (or finfo(dtype).min): "
+        "blocked keys keep a weight of about exp({fill} - score)",
+    ),
+    (
+        "add",
+        "your function adds the finite value {fill} to blocked scores instead of -inf (or finfo(dtype).min): "
+        "blocked keys keep a weight of about exp({fill})",
+    ),
+):
+    hypothesis("finite-fill", _message)(partial(_finite_fill, mode=_mode))
+del _mode, _message
 
 
 def _head_orders(b: int, h: int) -> list[tuple[str, np.ndarray, np.ndarray]]:

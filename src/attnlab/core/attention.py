@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 from .._arrays import index_tuples, shape_of, to_numpy
+from .._signatures import same_arguments
 from ..errors import MemoryLimitError, RangeError, logits_overflow_error, masked_rows_error
 from ..validate import check_int
-from .inputs import Causal, MaskedRows, Prepared, cast_checked, in_float64, max_abs, prepare
+from .inputs import Causal, CoreOptions, MaskedRows, Prepared, cast_checked, in_float64, max_abs, prepare
 from .softmax import masked_softmax
 
 __all__ = [
@@ -236,33 +237,7 @@ def _check_max_bytes(max_bytes: Any) -> int | None:
     return None if max_bytes is None else check_int("max_bytes", max_bytes, minimum=1)
 
 
-def attention_trace(  # 10 parameters: the core's public keywords (see prepare)
-    q: Any,
-    k: Any,
-    v: Any,
-    mask: Any = None,
-    *,
-    bias: Any = None,
-    causal: Causal = False,
-    scale: float | None = None,
-    temperature: float = 1.0,
-    masked_rows: MaskedRows = "raise",
-    max_bytes: int | None = DEFAULT_MAX_BYTES,
-) -> AttentionTrace:
-    """Scaled dot-product attention with every intermediate value kept; arguments as in
-    :func:`scaled_dot_product_attention`.
-
-    >>> t = attention_trace([[1, 0], [0, 1]], [[1, 0], [0, 1]], [[10, 0], [0, 20]], causal=True)
-    >>> t.logits.round(4).tolist()
-    [[0.7071, -inf], [0.0, 0.7071]]
-    >>> t.weights.round(4).tolist()
-    [[1.0, 0.0], [0.3302, 0.6698]]
-    """
-    p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
-    return _forward(p, _check_max_bytes(max_bytes))
-
-
-def scaled_dot_product_attention(  # 10 parameters: the public keywords (see prepare)
+def scaled_dot_product_attention(  # 10 parameters: the public keywords (CoreOptions)
     q: Any,
     k: Any,
     v: Any,
@@ -322,5 +297,19 @@ def scaled_dot_product_attention(  # 10 parameters: the public keywords (see pre
 
     (The article prints 6.604 and 13.396: it multiplies by the weights rounded to 0.3302 and 0.6698.)
     """
-    p = prepare(q, k, v, mask, bias=bias, causal=causal, scale=scale, temperature=temperature, masked_rows=masked_rows)
+    p = prepare(q, k, v, mask, bias, CoreOptions(causal, scale, temperature, masked_rows))
     return _forward(p, _check_max_bytes(max_bytes)).output
+
+
+@same_arguments(scaled_dot_product_attention)
+def attention_trace(q: Any, k: Any, v: Any, mask: Any, bias: Any, max_bytes: Any, **options: Any) -> AttentionTrace:
+    """Scaled dot-product attention with every intermediate value kept; arguments (the same signature) as in
+    :func:`scaled_dot_product_attention`.
+
+    >>> t = attention_trace([[1, 0], [0, 1]], [[1, 0], [0, 1]], [[10, 0], [0, 20]], causal=True)
+    >>> t.logits.round(4).tolist()
+    [[0.7071, -inf], [0.0, 0.7071]]
+    >>> t.weights.round(4).tolist()
+    [[1.0, 0.0], [0.3302, 0.6698]]
+    """
+    return _forward(prepare(q, k, v, mask, bias, CoreOptions(**options)), _check_max_bytes(max_bytes))

@@ -19,6 +19,7 @@ from ..validate import check_float
 
 __all__ = [
     "Causal",
+    "CoreOptions",
     "MaskedRows",
     "Prepared",
     "as_array",
@@ -39,6 +40,17 @@ Causal = bool | Literal["top_left", "bottom_right"]
 #: The values of ``masked_rows=``, the policy for a query row with no allowed key.
 MaskedRows = Literal["raise", "zero", "nan"]
 _POLICIES = ("raise", "zero", "nan")
+
+
+@dataclass(frozen=True)
+class CoreOptions:
+    """The options of :func:`attnlab.scaled_dot_product_attention` besides the arrays, as one value (what
+    :func:`prepare` validates); fields and defaults as its keywords."""
+
+    causal: Causal = False
+    scale: float | None = None
+    temperature: float = 1.0
+    masked_rows: MaskedRows = "raise"
 
 
 @dataclass(frozen=True)
@@ -246,26 +258,17 @@ def in_float64(p: Prepared) -> Prepared:
     )
 
 
-def prepare(  # 9 parameters: q, k, v, mask and the core's public keywords, validated here once
-    q: Any,
-    k: Any,
-    v: Any,
-    mask: Any = None,
-    *,
-    bias: Any = None,
-    causal: Causal = False,
-    scale: float | None = None,
-    temperature: float = 1.0,
-    masked_rows: MaskedRows = "raise",
-) -> Prepared:
+def prepare(q: Any, k: Any, v: Any, mask: Any = None, bias: Any = None, options: CoreOptions | None = None) -> Prepared:
     """Validate the arguments of :func:`attnlab.scaled_dot_product_attention` and convert to the compute dtype.
 
     The compute dtype is float64 for float64, integer and long-double inputs, float32 for float32, float16 and
     bfloat16 inputs, except that float32 inputs are computed in float64 when float32 cannot hold the scale,
     the temperature or the bias (:func:`fits_float32`). ``mask`` may be a boolean array or a
-    :class:`~attnlab.masks.MaskSpec` (with ``causal`` left False; its ``dense`` part is the boolean array).
+    :class:`~attnlab.masks.MaskSpec` (with ``options.causal`` left False; its ``dense`` part is the boolean array).
+    ``options`` (default :class:`CoreOptions`'s defaults) holds the keyword options.
     """
-    spec = _masks.MaskSpec.build(mask, causal=causal)
+    o = CoreOptions() if options is None else options
+    spec = _masks.MaskSpec.build(mask, causal=o.causal)
     q, k, v = as_array(q, "q"), as_array(k, "k"), as_array(v, "v")
     mask, bias = as_array(spec.dense, "mask", optional=True), as_array(bias, "bias", optional=True)
     xp = namespace(q=q, k=k, v=v)
@@ -290,10 +293,10 @@ def prepare(  # 9 parameters: q, k, v, mask and the core's public keywords, vali
     cdt, out_dtype = compute_dtypes(xp, q=q, k=k, v=v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_finite(xp, x, name)
-    scale_f = resolve_scale(scale, d_k)
-    temperature_f = check_temperature(temperature)
+    scale_f = resolve_scale(o.scale, d_k)
+    temperature_f = check_temperature(o.temperature)
     spec = replace(spec, dense=None).sized(n_q, n_k, batch[0] if batch else 1)
-    policy = check_policy(masked_rows)
+    policy = check_policy(o.masked_rows)
 
     if mask is not None:
         mask = _companion(xp, q, "mask", mask)

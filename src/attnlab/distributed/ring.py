@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,8 @@ import numpy as np
 
 from .. import errors as _errors
 from .._arrays import index_tuples, namespace
-from ..core.inputs import MaskedRows, check_finite, prepare
+from .._signatures import same_arguments
+from ..core.inputs import CoreOptions, MaskedRows, check_finite, prepare
 from ..errors import AttnlabError, MaskedRowError, OptionError, ShapeError, masked_rows_error, missing_extra
 from ..masks import MaskSpec
 from ..validate import check_int
@@ -252,7 +254,7 @@ def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple
     if g > 1:
         one = [one[0].reshape(*q.shape[:-3], h_kv, g, 1, q.shape[-1]), one[1].unsqueeze(-3), one[2].unsqueeze(-3)]
     try:
-        p = prepare(*one, scale=scale, masked_rows=masked_rows)
+        p = prepare(*one, options=CoreOptions(scale=scale, masked_rows=masked_rows))
     except AttnlabError as err:
         raise type(err)(f"{err} (ring attention inputs {shapes})") from None
     sig = (tuple(q.shape[:-3]), h, h_kv, q.shape[-1], v.shape[-1], str(q.dtype), str(k.dtype), str(v.dtype))
@@ -457,6 +459,26 @@ def _group_q(plan: _Plan, x: Any) -> Any:
     return x.reshape(*plan.lead, plan.h_kv, plan.h // plan.h_kv, *x.shape[-2:])
 
 
+def _live_tiles(plan: _Plan, src: int, device: Any, counts: list[int]) -> Iterator[tuple[int, int, int, int, Any]]:
+    """The tiles of this rank's queries against rank ``src``'s keys where some query may attend to some key, as
+    ``(qs, bq, ks, bk, mask)``: local starts and lengths, ``mask [S, bq, bk]`` broadcast as in :func:`_tile_mask`
+    (None: every pair allowed). Counts the tiles computed in ``counts[0]`` and those skipped in ``counts[1]``."""
+    for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
+        for kt in _tiles(plan.layout_k, src, plan.block_k):
+            mask = _tile_mask(plan, qt, kt, device)
+            if mask is False:
+                counts[1] += 1
+                continue
+            counts[0] += 1
+            yield qt[1], qt[2], kt[1], kt[2], mask
+
+
+def _tile_logits(plan: _Plan, q_t: Any, k_t: Any, mask: Any) -> Any:
+    """``scale · q_t k_tᵀ`` ``[..., h_kv, g, bq, bk]``, ``-inf`` where ``mask`` blocks."""
+    s = (q_t @ k_t.transpose(-1, -2)) * plan.scale
+    return s if mask is None else s.masked_fill(~mask, -math.inf)
+
+
 def _accumulate(plan: _Plan, qg: Any, kv: tuple[Any, Any], src: int, state: tuple, counts: list[int]) -> None:
     """Online softmax of the local queries ``qg [..., h_kv, g, n_r, d_k]`` against rank ``src``'s block
     ``kv = (k [..., h_kv, n_s, d_k], v [..., h_kv, n_s, d_v])``, tile by tile, into the running ``state = (m_i, l_i
@@ -469,28 +491,17 @@ def _accumulate(plan: _Plan, qg: Any, kv: tuple[Any, Any], src: int, state: tupl
     m_i, l_i, acc = state
     kg, vg = k.unsqueeze(-3), v.unsqueeze(-3)  # [..., h_kv, 1, n_s, d]: shared by the g query heads of a group
     rows = math.prod(plan.lead) * plan.h
-    for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
-        _, qs, bq = qt
-        q_t = qg[..., qs : qs + bq, :]
-        for kt in _tiles(plan.layout_k, src, plan.block_k):
-            mask = _tile_mask(plan, qt, kt, qg.device)
-            if mask is False:
-                counts[1] += 1
-                continue
-            counts[0] += 1
-            _, ks, bk = kt
-            s = (q_t @ kg[..., ks : ks + bk, :].transpose(-1, -2)) * plan.scale  # [..., h_kv, g, bq, bk]
-            if mask is not None:
-                s = s.masked_fill(~mask, -math.inf)
-            m_old = m_i[..., qs : qs + bq]
-            m_new = torch.maximum(m_old, s.amax(dim=-1))  # [..., bq]
-            m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
-            p = torch.exp(s - m_safe[..., None])  # [..., bq, bk], exactly 0 where masked
-            alpha = torch.exp(m_old - m_safe)  # rescales what was accumulated under the old maximum
-            l_i[..., qs : qs + bq] = alpha * l_i[..., qs : qs + bq] + p.sum(dim=-1)
-            acc[..., qs : qs + bq, :] = alpha[..., None] * acc[..., qs : qs + bq, :] + p @ vg[..., ks : ks + bk, :]
-            m_i[..., qs : qs + bq] = m_new
-            counts[2] += 2 * rows * bq * bk * (plan.d_k + plan.d_v)
+    for qs, bq, ks, bk, mask in _live_tiles(plan, src, qg.device, counts):
+        s = _tile_logits(plan, qg[..., qs : qs + bq, :], kg[..., ks : ks + bk, :], mask)  # [..., h_kv, g, bq, bk]
+        m_old = m_i[..., qs : qs + bq]
+        m_new = torch.maximum(m_old, s.amax(dim=-1))  # [..., bq]
+        m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe[..., None])  # [..., bq, bk], exactly 0 where masked
+        alpha = torch.exp(m_old - m_safe)  # rescales what was accumulated under the old maximum
+        l_i[..., qs : qs + bq] = alpha * l_i[..., qs : qs + bq] + p.sum(dim=-1)
+        acc[..., qs : qs + bq, :] = alpha[..., None] * acc[..., qs : qs + bq, :] + p @ vg[..., ks : ks + bk, :]
+        m_i[..., qs : qs + bq] = m_new
+        counts[2] += 2 * rows * bq * bk * (plan.d_k + plan.d_v)
 
 
 def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
@@ -543,27 +554,17 @@ def _block_backward(
     dk = torch.zeros(k.shape, dtype=plan.cdt, device=k.device)
     dv = torch.zeros(v.shape, dtype=plan.cdt, device=v.device)
     rows = math.prod(plan.lead) * plan.h
-    for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
-        _, qs, bq = qt
+    for qs, bq, ks, bk, mask in _live_tiles(plan, src, qg.device, counts):
         q_t, dO_t = qg[..., qs : qs + bq, :], dOg[..., qs : qs + bq, :]
-        for kt in _tiles(plan.layout_k, src, plan.block_k):
-            mask = _tile_mask(plan, qt, kt, qg.device)
-            if mask is False:
-                counts[1] += 1
-                continue
-            counts[0] += 1
-            _, ks, bk = kt
-            k_t, v_t = kg[..., ks : ks + bk, :], vg[..., ks : ks + bk, :]
-            s = (q_t @ k_t.transpose(-1, -2)) * plan.scale  # [..., h_kv, g, bq, bk]
-            if mask is not None:
-                s = s.masked_fill(~mask, -math.inf)
-            p = torch.exp(s - lse[..., qs : qs + bq, None])  # [..., bq, bk]: the forward's weights, recomputed
-            dv[..., ks : ks + bk, :] += (p.transpose(-1, -2) @ dO_t).sum(dim=-3)  # summed over the g query heads
-            dp = dO_t @ v_t.transpose(-1, -2)  # [..., bq, bk]
-            ds = p * (dp - delta[..., qs : qs + bq, None])
-            dq[..., qs : qs + bq, :] += (ds @ k_t) * plan.scale
-            dk[..., ks : ks + bk, :] += (ds.transpose(-1, -2) @ q_t).sum(dim=-3) * plan.scale
-            counts[2] += 2 * rows * bq * bk * (3 * plan.d_k + 2 * plan.d_v)
+        k_t, v_t = kg[..., ks : ks + bk, :], vg[..., ks : ks + bk, :]
+        s = _tile_logits(plan, q_t, k_t, mask)  # [..., h_kv, g, bq, bk]
+        p = torch.exp(s - lse[..., qs : qs + bq, None])  # [..., bq, bk]: the forward's weights, recomputed
+        dv[..., ks : ks + bk, :] += (p.transpose(-1, -2) @ dO_t).sum(dim=-3)  # summed over the g query heads
+        dp = dO_t @ v_t.transpose(-1, -2)  # [..., bq, bk]
+        ds = p * (dp - delta[..., qs : qs + bq, None])
+        dq[..., qs : qs + bq, :] += (ds @ k_t) * plan.scale
+        dk[..., ks : ks + bk, :] += (ds.transpose(-1, -2) @ q_t).sum(dim=-3) * plan.scale
+        counts[2] += 2 * rows * bq * bk * (3 * plan.d_k + 2 * plan.d_v)
     return dk, dv
 
 
@@ -734,26 +735,13 @@ class _RingAttentionFunction(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: Any = False,
-    scale: float | None = None,
-    key_lengths: Any = None,
-    query_lengths: Any = None,
-    layout: Layout = "contiguous",
-    masked_rows: MaskedRows = "raise",
-    block_q: int = _DEFAULT_BLOCK,
-    block_k: int = _DEFAULT_BLOCK,
-    group: Any = None,
-) -> Any:
+@same_arguments(ring_attention_forward)
+def ring_attention(q: Any, k: Any, v: Any, **options: Any) -> Any:
     """Differentiable ring attention: :func:`ring_attention_forward`'s ``output``, with a backward that runs the
     ring again (``loss.backward()`` on every rank gives each rank the gradients of its own shards).
 
-    Arguments as in :func:`ring_attention_forward`. Shapes: ``q [..., h, n_r, d_k]``, ``k [..., h_kv, n_r', d_k]``,
-    ``v [..., h_kv, n_r', d_v]`` -> ``[..., h, n_r, d_v]``.
+    Arguments (the same signature) as in :func:`ring_attention_forward`. Shapes: ``q [..., h, n_r, d_k]``,
+    ``k [..., h_kv, n_r', d_k]``, ``v [..., h_kv, n_r', d_v]`` -> ``[..., h, n_r, d_v]``.
 
     >>> import torch
     >>> q = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
@@ -761,6 +749,5 @@ def ring_attention(  # 13 parameters: the public keywords, one RingOptions below
     >>> q.grad.shape
     torch.Size([2, 5, 3])
     """
-    options = RingOptions(causal, scale, key_lengths, query_lengths, layout, masked_rows, block_q, block_k, group)
-    plan = _make_plan(q, k, v, options)
+    plan = _make_plan(q, k, v, RingOptions(**options))
     return _RingAttentionFunction.apply(q, k, v, plan)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..._arrays import compute_dtype, device_of, index_tuples, namespace, shape_of, to_numpy
-from ...core.inputs import MaskedRows, check_policy, prepare
+from ...core.inputs import CoreOptions, MaskedRows, check_policy, prepare
 from ...errors import DTypeError, MaskedRowError, RangeError, ShapeError, masked_rows_error
 from ...masks import BlockMask, MaskSpec
 from ...validate import check_int
@@ -401,7 +401,9 @@ def make_plan(q: Any, k: Any, v: Any, bias: Any, options: TiledOptions) -> Plan:
     check_policy(o.masked_rows)
     group = _split_gqa(qs, ks, vs) if all(len(s) >= 2 for s in (qs, ks, vs)) else 1
     a, seq_axis_split = _group_heads(a, group)
-    p = prepare(a.q, a.k, a.v, a.mask, bias=a.bias, scale=o.scale, temperature=o.temperature, masked_rows=o.masked_rows)
+    p = prepare(
+        a.q, a.k, a.v, a.mask, a.bias, CoreOptions(scale=o.scale, temperature=o.temperature, masked_rows=o.masked_rows)
+    )
     n_q, n_k, batch = p.n_q, p.n_k, p.batch
     _check_factors(p.scale, p.temperature, p.bias is not None, p.q.dtype)
     out_batch = (*batch[:-2], batch[-2] * group) if group > 1 else batch
