@@ -89,6 +89,20 @@ def smollm2():
     return load_smollm2()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    """A test module whose own module- or class-scoped fixtures it uses (a held-out table, a Hugging Face model, the
+    ring's processes) runs in one pytest-xdist worker (``xdist_group`` named after the file), so each such fixture
+    is computed once per run, as in a serial run; the other modules' tests spread over the workers one by one."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None or not isinstance(item, pytest.Function):
+            continue
+        module = item.module.__name__
+        defs = (d for fixturedefs in item._fixtureinfo.name2fixturedefs.values() for d in fixturedefs)
+        if any(d.scope in ("module", "class") and d.func.__module__ == module for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+
+
 def _in_parallel_worker() -> bool:
     """This process is one of pytest-xdist's workers (``pytest -n N``, as scripts/test.sh runs the suite)."""
     return "PYTEST_XDIST_WORKER" in os.environ
