@@ -16,15 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page
 from procs import descendants, kill_all, serving, wait_gone
 from reference import reference_attention
 
 from attnlab import masks
 from attnlab.lab import NOTEBOOK, logic
-from attnlab.lab.server import HOST, start
+from attnlab.lab.server import HOST
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 WAIT_MS = 20_000
 
@@ -33,37 +32,9 @@ K = np.array([[1.0, 0], [0, 1], [1, 1], [-1, 1]])
 V = np.array([[1.0, 0], [0, 1], [1, 1], [2, 0]])
 
 
-@pytest.fixture(scope="module")
-def lab():
-    server = start()
-    try:
-        server.wait_ready(60)
-        yield server
-    finally:
-        server.stop()
-    assert server.process.poll() is not None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[
-                "--no-sandbox",
-                "--disable-background-networking",
-                "--disable-gpu",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-            timeout=30_000,
-        )
-        try:
-            yield b
-        finally:
-            b.close()
+#: The lab server and browser fixtures are tests/conftest.py's (``lab``, ``browser``); this file and
+#: tests/test_lab_browser_lessons.py share one server, in one pytest-xdist worker.
+pytestmark = pytest.mark.xdist_group("lab-server")
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """The lab's lessons as a person uses them, in Debian's Chromium: every article item as a preset, a committed
 prediction, pictures that fit from 1×1 to 32×32 with readable contrast, the Chinese view, and the live model.
 
-The server and browser fixtures are test_lab_browser.py's. Screenshots go to each test's ``tmp_path`` (and, when
+The server and browser fixtures are tests/conftest.py's (the server shared with test_lab_browser.py, in one
+pytest-xdist worker). Screenshots go to each test's ``tmp_path`` (and, when
 ``ATTNLAB_SHOTS`` names a folder, a copy there to look at). Times are printed, never asserted.
 """
 
@@ -18,13 +19,15 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
-from test_lab_browser import CHROMIUM, browser, lab, table_values  # noqa: F401  (fixtures, reused)
+from test_lab_browser import table_values
 
 from attnlab.lab import i18n as I
 from attnlab.lab import logic, presets, svg
 from attnlab.lab.logic import compute
 
 WAIT_MS = 30_000
+
+pytestmark = pytest.mark.xdist_group("lab-server")  # the server is shared with test_lab_browser.py
 
 
 def shot(page: Page, tmp_path: Path, name: str, *, full: bool = True) -> Path:
@@ -47,7 +50,7 @@ def shot(page: Page, tmp_path: Path, name: str, *, full: bool = True) -> Path:
 
 
 @pytest.fixture
-def page(lab, browser):  # noqa: F811
+def page(lab, browser):
     """A fresh lab page, tall enough that a full screenshot holds the whole notebook."""
     context = browser.new_context(viewport={"width": 1300, "height": 2400})
     pg = context.new_page()
