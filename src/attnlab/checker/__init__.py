@@ -174,7 +174,7 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
         except TargetError as err:  # pragma: no cover - parse_target ran first
             raise UsageError(str(err)) from None
 
-    def run(s: Spec, probes: tuple[str, ...] = selected) -> tuple[Any, Battery]:
+    def run(s: Spec, probes: tuple[str, ...] = selected) -> tuple[Any, Battery | None]:
         backend = backend_for(s)
         if isolated and backend.import_failure is not None:
             backend.close()
