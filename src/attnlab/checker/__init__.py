@@ -129,7 +129,7 @@ def check(
 
 
 _OPTION_NAMES = tuple(name for name, _, _ in spec_options())
-check.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+check.__signature__ = keyword_signature(  # type: ignore[attr-defined]  # typeshed's functions lack __signature__
     [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
     Report,
     last=(inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None),),
