@@ -184,8 +184,9 @@ def missing_extra(module: str, extra: str) -> MissingExtraError:
     return MissingExtraError(f"{module} is not installed; it comes with: pip install 'attnlab[{extra}]'")
 
 
-def one_line(err: BaseException) -> str:
-    """The message of ``err`` on one line (a library message that draws a mask has several), as the commands print it.
+def one_line(err: BaseException | str) -> str:
+    """The message of ``err`` (an exception, or its text already translated) on one line (a library message that
+    draws a mask has several), as the commands print it.
 
     >>> one_line(MaskError("mask: a row is empty:\\n■ ⬚\\n⬚ ⬚"))
     'mask: a row is empty: ■ ⬚ ⬚ ⬚'

@@ -508,7 +508,8 @@ def from_llama(
     i = _layer_index(layer)
     num_heads = check_int("num_heads", num_heads, minimum=1)
     arrays = _layer_projections(state_dict, i, prefix, dtype, "Llama-style")
-    return MultiHeadWeights(**arrays, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim)
+    sizes = {"num_kv_heads": num_kv_heads, "head_dim": head_dim}  # None: MultiHeadWeights' defaults
+    return MultiHeadWeights(**arrays, num_heads=num_heads, **{k: v for k, v in sizes.items() if v is not None})
 
 
 def _export(pairs: dict[str, tuple[Any, Any]]) -> dict[str, np.ndarray]:

@@ -129,7 +129,7 @@ def check(
 
 
 _OPTION_NAMES = tuple(name for name, _, _ in spec_options())
-check.__signature__ = keyword_signature(  # type: ignore[attr-defined]
+check.__signature__ = keyword_signature(  # type: ignore[attr-defined]  # typeshed's functions lack __signature__
     [inspect.Parameter("fn", inspect.Parameter.POSITIONAL_OR_KEYWORD)],
     Report,
     last=(inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, default=None),),
@@ -174,7 +174,7 @@ def _check(fn: Any, target: str | None, spec: Spec, progress: Callable[[str, int
         except TargetError as err:  # pragma: no cover - parse_target ran first
             raise UsageError(str(err)) from None
 
-    def run(s: Spec, probes: tuple[str, ...] = selected) -> tuple[Any, Battery]:
+    def run(s: Spec, probes: tuple[str, ...] = selected) -> tuple[Any, Battery | None]:
         backend = backend_for(s)
         if isolated and backend.import_failure is not None:
             backend.close()

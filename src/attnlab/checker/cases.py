@@ -117,12 +117,12 @@ def random_mask(rng: np.random.Generator, g: Geom, form: str = "full") -> np.nda
     elif form == "key_padding":
         m = rng.random((b, 1, 1, g.n_k)) < 0.6
     elif form == "varlen":  # per sequence: L_q queries and L_k >= L_q keys (prefixes)
-        lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, g.b)
-        lq = np.minimum(rng.integers(1, g.n_q + 1, g.b), lk)
+        lk = rng.integers(max(1, min(g.n_q, g.n_k) // 2), g.n_k + 1, b)
+        lq = np.minimum(rng.integers(1, g.n_q + 1, b), lk)
         lq[0] = min(g.n_q, lk[0])
-        spec = _masks.MaskSpec(key_lengths=lk, query_lengths=lq).sized(g.n_q, g.n_k, g.b)
-        m = spec.to_array((g.b, 1, g.n_q, g.n_k)).copy()  # [B, 1, n_q, n_k]
-        if g.b > 1:
+        spec = _masks.MaskSpec(key_lengths=lk, query_lengths=lq).sized(g.n_q, g.n_k, b)
+        m = spec.to_array((b, 1, g.n_q, g.n_k)).copy()  # [B, 1, n_q, n_k]
+        if b > 1:
             m[-1, ..., : lq[-1], : lk[-1]] = True
         return np.broadcast_to(m, full).copy()
     elif form == "kv_cache":  # cache lengths: at least n_q (the new queries are in the cache), below n_k

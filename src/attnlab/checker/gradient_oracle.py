@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
@@ -611,7 +611,14 @@ def grad_bound(dtype: str, golden: np.ndarray, naive: np.ndarray | None) -> floa
 # the battery
 
 
-_COMBOS = [
+class _Flags(TypedDict, total=False):
+    """The keywords of :meth:`~attnlab.checker.probes.Battery.make` a combination sets."""
+
+    causal: bool
+    mask: bool
+
+
+_COMBOS: list[tuple[str, Geom, tuple[str, ...], _Flags]] = [
     ("causal+mask", Geom(2, 2, 13, 13, 5, 7), ("causal", "mask", "dv"), {"causal": True, "mask": True}),
     ("mask+cross", Geom(2, 2, 5, 8, 8, 8), ("mask", "cross"), {"mask": True}),
     ("mask+cross-2", Geom(2, 3, 7, 4, 4, 4), ("mask", "cross"), {"mask": True}),
@@ -760,7 +767,7 @@ class GradBattery(Battery):
         golden = golden_grads(g, self.gqa_map)
         work = work or self.work_dtype(g.dtype)
         naive = self.case_grads(g, dtype=work)  # the right backward, every step rounded to the work dtype
-        bounds = {n: grad_bound(work, golden[n], naive[n]) for n in _GRADS if golden.get(n) is not None}
+        bounds = {n: grad_bound(work, want, naive[n]) for n in _GRADS if (want := golden.get(n)) is not None}
         return golden, bounds
 
     def case_grads(self, case: GradCase, variant: Variant | None = None, dtype: str = "float64") -> dict[str, Any]:
@@ -1218,10 +1225,11 @@ class GradBattery(Battery):
         c1 = replace(case, mask=m, bias=np.where(rows[..., None], -logits, 0.0))
         g1, g2 = golden_grads(c1, self.gqa_map), golden_grads(replace(c1, d_out=d2), self.gqa_map)
         for name in ("dq", "dk", "dv"):
-            x, y = a.get(name), b.get(name)
-            if x is None or y is None or x.shape != g1[name].shape:
+            x, y, want1, want2 = a.get(name), b.get(name), g1[name], g2[name]
+            assert want1 is not None and want2 is not None  # golden_grads always computes dq, dk and dv
+            if x is None or y is None or x.shape != want1.shape:
                 continue
-            if float(np.max(np.abs((x - y) - (g1[name] - g2[name])))) > bounds[name]:
+            if float(np.max(np.abs((x - y) - (want1 - want2)))) > bounds[name]:
                 return False
         self.note(
             "masked-row-additive",
@@ -1265,6 +1273,7 @@ class GradBattery(Battery):
             self.crash(out)
             return
         self.compare_grads(out)
+        ret = cast(GradReturned, out.returned)  # an ok call of the gradient battery returned its gradients
         _, bounds = self.expected(base)
         for axis, what, changed in ((0, "batch element", 1), (0, "batch element", 0), (1, "head", 1), (1, "head", 0)):
             sel = (slice(changed, changed + 1),) if axis == 0 else (slice(None), slice(changed, changed + 1))
@@ -1277,7 +1286,7 @@ class GradBattery(Battery):
             other = 1 - changed
             keep0 = (slice(other, other + 1),) if axis == 0 else (slice(None), slice(other, other + 1))
             for name in ("dq", "dk", "dv"):
-                a, b = out.returned.grads.get(name), moved.returned.grads.get(name)
+                a, b = ret.grads.get(name), moved.returned.grads.get(name)
                 if a is None or b is None or a.shape != b.shape or a.ndim < 2:  # no batch and head axes to pick
                     continue
                 a, b = a[keep0], b[keep0]
@@ -1300,10 +1309,11 @@ class GradBattery(Battery):
         if "dropout" in self.unsupported:
             raise ProbeSkip(self.unsupported["dropout"])
         p = 0.25
-        for lbl, g, ex in (
+        cases: tuple[tuple[str, Geom, _Flags], ...] = (
             ("dropout", Geom(2, 2, 6, 6, 8, 8), {"mask": "mask" in self.caps}),
             ("dropout+causal", Geom(1, 2, 7, 7, 4, 6), {"causal": "causal" in self.caps}),
-        ):
+        )
+        for lbl, g, ex in cases:
             base = self.make(g, self.primary, label=lbl, **ex)
             keep = self.rng.random((*base.q.shape[:-2], base.q.shape[-2], base.k.shape[-2])) >= p
             case = self.grad_case(base, keep=keep, dropout_p=p)

@@ -172,8 +172,10 @@ class Outcome:
         return self.error is None and not self.timed_out and not self.skipped and self.returned.problem is None
 
     @property
-    def out(self) -> np.ndarray | None:
-        """The output the call returned (host NumPy), or None."""
+    def out(self) -> Any:
+        """The output the call returned (host NumPy), or None when the call failed. Typed ``Any``: the probes read
+        it only after checking :attr:`ok`, which a type checker cannot follow (a forward call that is ``ok``
+        always returned one; the gradient battery reads ``returned.out``, which may be None, with its own check)."""
         return self.returned.out
 
     @property

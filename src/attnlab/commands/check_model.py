@@ -198,8 +198,8 @@ def run(args: argparse.Namespace) -> int:
         report = check_fn(model, vocab_size=args.vocab_size, seq_len=args.seq_len, seed=args.seed, name=args.model)
         return _print(report, args)
     check_seq_len(args.seq_len, model, args.model)
-    kind = model_kind(model.config, args.kind, name=args.model, flag="--kind")
-    report = check_model(model, kind=kind, seq_len=args.seq_len, seed=args.seed, name=args.model)
+    checked_as = model_kind(model.config, args.kind, name=args.model, flag="--kind")
+    report = check_model(model, kind=checked_as, seq_len=args.seq_len, seed=args.seed, name=args.model)
     return _print(report, args)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from typing import NoReturn
 
 from . import COMMANDS
 
@@ -22,7 +23,7 @@ def _flag(names: str) -> str:
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``attnlab cost: error: --batch: expected an int >= 1, got 0`` (no usage)."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         if message.startswith("argument ") and ": " in message:  # "argument --batch/-B: ..." -> "--batch: ..."
             names, rest = message[len("argument ") :].split(": ", 1)
             message = f"{_flag(names)}: {rest}"

@@ -171,7 +171,9 @@ def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) ->
     float32 = p.q.dtype != xp.float64
     scores = p.q @ xp.matrix_transpose(p.k)  # [..., n_q, n_k]; may hold inf if rescale
     if rescale:
-        unit, factor = _rescaled_scores(p)  # the temperature is in the factor: scale · 2**(a + b) may overflow
+        rescaled = _rescaled_scores(p)  # the temperature is in the factor: scale · 2**(a + b) may overflow
+        assert rescaled is not None  # rescale=True only where the caller checked that the factor does not overflow
+        unit, factor = rescaled
         s = unit * factor
         if p.bias is not None:
             s = s + (p.bias / p.temperature if p.temperature != 1.0 else p.bias)

@@ -250,11 +250,11 @@ def _local_checks(q: Any, k: Any, v: Any, scale: Any, masked_rows: Any) -> tuple
     # the core's validation of dims, dtypes, scale and policy; on one row of each, since prepare() also converts
     # to the compute dtype (a copy of every shard would add to the peak memory), grouped for GQA
     g = h // h_kv
-    one = [x[..., :1, :] for x in (q, k, v)]
+    q1, k1, v1 = q[..., :1, :], k[..., :1, :], v[..., :1, :]
     if g > 1:
-        one = [one[0].reshape(*q.shape[:-3], h_kv, g, 1, q.shape[-1]), one[1].unsqueeze(-3), one[2].unsqueeze(-3)]
+        q1, k1, v1 = q1.reshape(*q.shape[:-3], h_kv, g, 1, q.shape[-1]), k1.unsqueeze(-3), v1.unsqueeze(-3)
     try:
-        p = prepare(*one, options=CoreOptions(scale=scale, masked_rows=masked_rows))
+        p = prepare(q1, k1, v1, options=CoreOptions(scale=scale, masked_rows=masked_rows))
     except AttnlabError as err:
         raise type(err)(f"{err} (ring attention inputs {shapes})") from None
     sig = (tuple(q.shape[:-3]), h, h_kv, q.shape[-1], v.shape[-1], str(q.dtype), str(k.dtype), str(v.dtype))

@@ -107,7 +107,7 @@ def parse_matrix(text: str, name: str | Word) -> np.ndarray:
     return np.array([[_number(t, name, i, j) for j, t in enumerate(r)] for i, r in enumerate(rows)], dtype=np.float64)
 
 
-def _inline_json(s: str, name: str, error: type[AttnlabError]) -> Any:
+def _inline_json(s: str, name: str | Word, error: type[AttnlabError]) -> Any:
     """``s`` (text that starts with ``[``) read as JSON; invalid JSON is an ``error`` naming ``name`` and where."""
     try:
         return json.loads(s)

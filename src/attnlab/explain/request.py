@@ -95,13 +95,14 @@ def explain_args(args: argparse.Namespace) -> Shown:
 def error_text(err: BaseException, lang: str = "en") -> str:
     """``err`` (raised by :func:`explain_args`) as ``attnlab explain`` prints it: one line in ``lang``, with the
     command line's spelling of a causal alignment and a hint for fully masked rows."""
-    from ..errors import MaskedRowError
+    from ..errors import AttnlabError, MaskedRowError
     from ..i18n import error_message
     from .i18n import tr
     from .steps import causal_align_error
 
-    if getattr(err, "i18n_key", None) == "input.causal_align":  # the CLI spelling, not Python's
-        f = err.i18n_fields  # type: ignore[attr-defined]
+    # the CLI spelling, not Python's (i18n.localized built the error: an AttnlabError with its i18n_fields)
+    if isinstance(err, AttnlabError) and getattr(err, "i18n_key", None) == "input.causal_align":
+        f = err.i18n_fields
         err = causal_align_error(f["n_q"], f["n_k"], how="cli.causal_hint")
     msg = error_message(err, lang)
     if isinstance(err, MaskedRowError):

@@ -97,7 +97,8 @@ def flash_function(q: Any, k: Any, v: Any, bias: Any, options: Any, *, forward: 
         )
     if bias is not None and not isinstance(bias, torch.Tensor):
         bias = torch.as_tensor(bias, device=q.device)
-    return _flash_class().apply(q, k, v, bias, options, (forward, backward))
+    output, lse = _flash_class().apply(q, k, v, bias, options, (forward, backward))
+    return output, lse
 
 
 @functools.cache

@@ -411,14 +411,18 @@ def _weighted_values(w: np.ndarray, V: np.ndarray) -> np.ndarray:
     v_max = float(np.abs(V).max(initial=0.0))
     room = float(np.finfo(V.dtype).max) / 4
     if v_max <= room:
-        return w @ V
+        product: np.ndarray = w @ V
+        return product
     shift = math.ceil(math.log2(v_max / room))
     Vs = np.ldexp(V, -shift)
     out = np.clip(w @ Vs, Vs.min(axis=-2, keepdims=True), Vs.max(axis=-2, keepdims=True))
-    return np.ldexp(out, shift)
+    scaled: np.ndarray = np.ldexp(out, shift)
+    return scaled
 
 
-def _check_logits(s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarray, sc: float, full: tuple) -> None:
+def _check_logits(
+    s: np.ndarray, allowed: np.ndarray, q: np.ndarray, k: np.ndarray, sc: float, full: tuple[int, ...]
+) -> None:
     """A :class:`~attnlab.errors.RangeError` if an allowed logit ``s [B, h_kv, g·t, L]`` is not finite."""
     bad = ~np.isfinite(s)
     if not bad.any():

@@ -117,19 +117,23 @@ class LabResult:
 
     # Typed Any: an array when ok, None when not; the pages read them only after checking ok.
     @property
-    def weights(self) -> np.ndarray | None:
+    def weights(self) -> Any:
         """The attention weights ``[n_q, n_k]``, or None when the input had an error."""
         return None if self.explanation is None else self.explanation.weights
 
     @property
-    def output(self) -> np.ndarray | None:
+    def output(self) -> Any:
         """The output ``[n_q, d_v]``, or None when the input had an error."""
         return None if self.explanation is None else self.explanation.output
 
     @property
-    def allowed(self) -> np.ndarray | None:
+    def allowed(self) -> Any:
         """The mask applied ``[n_q, n_k]`` (True = may attend), or None when the input had an error."""
-        return None if self.explanation is None else np.asarray(self.explanation.trace.allowed)
+        e = self.explanation
+        if e is None:
+            return None
+        assert e.trace is not None  # an explanation made by explain_setup carries its trace
+        return np.asarray(e.trace.allowed)
 
 
 def _bounded(text: str, name: str) -> np.ndarray:

@@ -479,7 +479,6 @@ def attention_maps(
         name = "SmolLM2-135M"
         n = len(ids)
         allowed = masks.causal(n)
-        get = lambda li: maps[li][0]  # noqa: E731
     elif model == "minilm":
         from .minilm import MiniLM
 
