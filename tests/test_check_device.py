@@ -61,7 +61,7 @@ def test_every_array_of_a_call_is_created_on_the_device(form):
     q, k, v = (rng.normal(size=(2, 2, 3, 4)) for _ in range(3))
     mask = np.ones((2, 2, 3, 3), bool)
     mask[1, :, :, 2] = False
-    args, kwargs = adapter.build_call(q, k, v, dtype="float32", mask=mask, causal=False, scale=0.5, gqa=False)
+    args, kwargs = adapter.build_call(q, k, v, dtype="float32", mask=mask, causal=False, scale=None, gqa=False)
     arrays = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
     assert len(arrays) == 4 + (form == "varlen")  # q, k, v and a mask; cu_seqlens_q and _k for varlen
     assert {a.device.type for a in arrays} == {"meta"}

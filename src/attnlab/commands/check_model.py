@@ -113,6 +113,21 @@ def check_seq_len(seq_len: int, model: Any, name: str) -> None:
         )
 
 
+def registered_attention() -> tuple[str, ...]:
+    """The names registered with transformers' ``AttentionInterface`` in this process, when transformers is already
+    imported (a program that registered its own kernel, then calls :func:`attnlab.cli.main`); else ``()``: a fresh
+    ``attnlab check-model`` has registered nothing, and its options are checked before torch is imported."""
+    import sys
+
+    if "transformers" not in sys.modules:
+        return ()
+    try:
+        from transformers import AttentionInterface
+    except ImportError:
+        return ()
+    return tuple(AttentionInterface().valid_keys())
+
+
 def check_args(args: argparse.Namespace) -> None:
     """``--break-causal`` applies to ``smollm2`` only, ``--attn-implementation`` is a known name, and ``--kind``
     agrees with the model's config (all checked before a model is loaded or torch imported)."""
@@ -122,9 +137,10 @@ def check_args(args: argparse.Namespace) -> None:
     if args.break_causal and args.model != "smollm2":
         raise OptionError("--break-causal: applies to smollm2 only")
     impl = args.attn_implementation
-    if impl.removeprefix("paged|") not in ATTN_IMPLEMENTATIONS and "/" not in impl:  # before torch is imported
+    if impl.removeprefix("paged|") not in ATTN_IMPLEMENTATIONS + registered_attention() and "/" not in impl:
         raise OptionError(
-            f"--attn-implementation: expected one of {', '.join(ATTN_IMPLEMENTATIONS)} (or paged|NAME), got {impl!r}"
+            f"--attn-implementation: expected one of {', '.join(ATTN_IMPLEMENTATIONS)}, a kernel registered with "
+            f"transformers' AttentionInterface (or paged|NAME), got {impl!r}"
         )
     if args.kind is not None and args.model in BUILTIN_KINDS:
         said_kind, said = BUILTIN_KINDS[args.model]
