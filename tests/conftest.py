@@ -103,16 +103,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(item.path.name))
 
 
-def _in_parallel_worker() -> bool:
-    """This process is one of pytest-xdist's workers (``pytest -n N``, as scripts/test.sh runs the suite)."""
-    return "PYTEST_XDIST_WORKER" in os.environ
+def _in_parallel_worker(config) -> bool:
+    """This process is one of pytest-xdist's workers (``pytest -n N``, as scripts/test.sh runs the suite); a pytest
+    that a test starts inherits the worker's PYTEST_XDIST_WORKER variable but is not one."""
+    return hasattr(config, "workerinput")
 
 
 def pytest_collection_finish(session):
     """In a pytest-xdist worker, BLAS and torch use one thread: the workers already fill the cores, and their small
     products only lose to threads that wait for each other (scripts/test.sh runs one worker per core). Set once,
     after collection has imported them; a test that pins its own thread count still does (and restores this one)."""
-    if not _in_parallel_worker():
+    if not _in_parallel_worker(session.config):
         return
     from threadpoolctl import threadpool_limits
 

