@@ -8,6 +8,10 @@ settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_
 settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
+#: Not test modules: ``without_models/sitecustomize.py`` hides the model packages from the process that imports it
+#: (a lab server's, through its PYTHONPATH); --doctest-modules would import it into pytest itself.
+collect_ignore = ["without_models"]
+
 
 @pytest.fixture(scope="module")
 def one_blas_thread():

@@ -32,7 +32,7 @@ BACKWARD_CODES = (
 
 def test_every_backward_code_is_registered():
     """Each code has a meaning (in the forward's CODES or the backward's own registry) and a fix line."""
-    from attnlab.checker import backward as grad
+    from attnlab.checker import gradient_oracle as grad
 
     known = {**CODES, **getattr(grad, "BACKWARD_CODES", {})}
     for code in (*BACKWARD_CODES, "dtype", "mutates-input", "crash", "timeout", "output-type"):

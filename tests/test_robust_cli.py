@@ -523,7 +523,7 @@ def test_report_check_model_seq_len_beyond_the_model_is_a_usage_error(monkeypatc
 
 def test_readme_shows_the_real_error_lines():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    block = readme.split("exit with status 2:\n\n```\n")[1].split("```")[0].splitlines()
+    block = readme.split("exit with status 2:\n\n```")[1].split("```")[0].splitlines()[1:]  # after the language tag
     for command, shown in zip(block[::2], block[1::2], strict=True):
         argv = command.removeprefix("$ attnlab ").split()
         code, out, err = call(*argv)

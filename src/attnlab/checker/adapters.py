@@ -475,7 +475,7 @@ _MODULE_MODE_FIXES = {
     "framework": ("auto", "torch"),
     "signature": ("auto",),
     "mask_convention": ("allow",),
-    "layout": ("bhnd",),
+    "layout": ("auto", "bhnd"),
     "returns": ("auto", "output"),
     "mask_form": ("full", "batch"),
     "mask_arg": (None,),
