@@ -123,9 +123,14 @@ def test_long_context_runs_in_a_fresh_process():
 
 
 def test_peak_memory_sees_a_big_allocation_even_when_reused():
-    _, mb = bench.peak_rss_growth(lambda: np.ones(64 * 2**20 // 8).sum())
+    # the RSS peak in a fresh process: in a long-lived one (an xdist worker after hundreds of tests) the allocator
+    # may hand back pages that are already resident, and the peak need not rise
+    code = (
+        "import numpy as np; from attnlab import bench; print(bench.peak_rss_growth(lambda: np.ones(2**23).sum())[1])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     if sys.platform.startswith("linux"):
-        assert 50 < mb < 200
+        assert 50 < float(out) < 200, out
     for _ in range(2):  # the second time the freed memory may be reused: tracemalloc still sees it
         _, mb = bench.peak_memory(lambda: np.ones(32 * 2**20 // 8).sum())
         assert 30 < mb < 150
