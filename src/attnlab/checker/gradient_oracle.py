@@ -538,9 +538,8 @@ def _allowed(case: Case) -> Any:
     return a
 
 
-def golden_out_lse(case: GradCase, mapping: str = "interleave") -> tuple[np.ndarray, np.ndarray]:
-    """The forward's output (rounded to the case's dtype) and lse in nats ``[..., h, n_q]`` (``-inf`` on fully
-    masked rows), as a flash backward receives them without a forward of its own."""
+def _golden_trace(case: GradCase, mapping: str) -> tuple[Any, np.ndarray]:
+    """The float64 trace of ``case`` with K/V expanded to every head (fully masked rows zero), and the expanded V."""
     q = case.q
     k, v = expand_kv(q, case.k, mapping), expand_kv(q, case.v, mapping)
     t = attention_trace(
@@ -553,6 +552,13 @@ def golden_out_lse(case: GradCase, mapping: str = "interleave") -> tuple[np.ndar
         bias=case.bias,
         masked_rows="zero",
     )
+    return t, v
+
+
+def golden_out_lse(case: GradCase, mapping: str = "interleave") -> tuple[np.ndarray, np.ndarray]:
+    """The forward's output (rounded to the case's dtype) and lse in nats ``[..., h, n_q]`` (``-inf`` on fully
+    masked rows), as a flash backward receives them without a forward of its own."""
+    t, v = _golden_trace(case, mapping)
     w = np.asarray(t.weights)
     if case.keep is not None:
         w = w * case.keep / (1.0 - case.dropout_p)
@@ -568,35 +574,14 @@ def golden_out_lse(case: GradCase, mapping: str = "interleave") -> tuple[np.ndar
 def golden_grads(case: GradCase, mapping: str = "interleave") -> dict[str, np.ndarray | None]:
     """attnlab's analytic float64 gradients of ``case`` (:func:`attnlab.core.gradients.attention_backward`), K/V
     gradients summed over GQA groups; fully masked rows give zero gradient."""
-    q = case.q
-    h, h_kv = q.shape[-3], case.k.shape[-3]
-    k, v = expand_kv(q, case.k, mapping), expand_kv(q, case.v, mapping)
-    t = attention_trace(
-        q,
-        k,
-        v,
-        case.mask,
-        causal=cast(_masks.Align, case.causal) or False,
-        scale=case.scale,
-        bias=case.bias,
-        masked_rows="zero",
-    )
+    h_kv = case.k.shape[-3]
+    t, _ = _golden_trace(case, mapping)
     drop = None if case.keep is None else Dropout(case.dropout_p, np.asarray(case.keep, bool))
     g = attention_backward(t, case.d_out, dropout=drop)
-
-    def back(x: np.ndarray) -> np.ndarray:
-        if h == h_kv:
-            return np.asarray(x)
-        grp = h // h_kv
-        x = np.asarray(x)
-        if mapping == "tile":
-            return x.reshape(*x.shape[:-3], grp, h_kv, *x.shape[-2:]).sum(axis=-4)
-        return x.reshape(*x.shape[:-3], h_kv, grp, *x.shape[-2:]).sum(axis=-3)
-
     return {
         "dq": np.asarray(g.dq),
-        "dk": back(g.dk),
-        "dv": back(g.dv),
+        "dk": reduce_kv(np.asarray(g.dk), h_kv, mapping),
+        "dv": reduce_kv(np.asarray(g.dv), h_kv, mapping),
         "dbias": None if g.dbias is None else np.asarray(g.dbias),
         "out": np.asarray(t.output) if case.keep is None else None,
     }

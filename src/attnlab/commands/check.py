@@ -25,7 +25,7 @@ from ..checker.spec import MAX_TIMEOUT, options
 from ..checker.target import TargetError
 from ..checker.target import load_target as _load
 from ..errors import one_line
-from .terminal import stdout_gone, use_color
+from .terminal import is_terminal, stdout_gone, use_color
 
 __all__ = ["add_arguments", "load_target", "run"]
 
@@ -102,13 +102,7 @@ def show_progress(stream: IO[Any] | Any, *, quiet: bool = False, environ: Mappin
     False
     """
     env = os.environ if environ is None else environ
-    if quiet or env.get("NO_COLOR"):
-        return False
-    isatty = getattr(stream, "isatty", None)
-    try:
-        return bool(isatty is not None and isatty())
-    except ValueError:  # a closed stream
-        return False
+    return not (quiet or env.get("NO_COLOR")) and is_terminal(stream)
 
 
 class CheckProgress:

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import IO, Any
 
-__all__ = ["stdout_gone", "use_color"]
+__all__ = ["is_terminal", "stdout_gone", "use_color"]
 
 
 def use_color(stream: IO[Any] | Any, *, no_color: bool = False, environ: Mapping[str, str] | None = None) -> bool:
@@ -30,6 +30,16 @@ def use_color(stream: IO[Any] | Any, *, no_color: bool = False, environ: Mapping
         return False
     if env.get("FORCE_COLOR"):
         return True
+    return is_terminal(stream)
+
+
+def is_terminal(stream: IO[Any] | Any) -> bool:
+    """Whether ``stream`` is a terminal (False for an object without ``isatty`` and for a closed stream).
+
+    >>> import io
+    >>> is_terminal(io.StringIO())
+    False
+    """
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(isatty is not None and isatty())
