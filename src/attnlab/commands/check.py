@@ -117,7 +117,6 @@ class CheckProgress:
         self.started = False
         self.lock = threading.Lock()
         self.timer: threading.Timer | None = None
-        self.state: tuple[str, int, int | None] = ("starting", 0, None)
 
     def __enter__(self) -> CheckProgress:
         if not self.enabled:
@@ -139,7 +138,7 @@ class CheckProgress:
             console=console,
             transient=True,
         )
-        self.task = self.bar.add_task(self.state[0], total=None)
+        self.task = self.bar.add_task("starting", total=None)
         self.timer = threading.Timer(self.delay, self._start)
         self.timer.daemon = True
         self.timer.start()
@@ -155,7 +154,6 @@ class CheckProgress:
         if not self.enabled:
             return
         with self.lock:
-            self.state = (step, done, total)
             if self.bar is not None:
                 self.bar.update(self.task, description=step, completed=done, total=total)
 
