@@ -9,7 +9,7 @@ SOURCE = "https://github.com/huggingface/transformers/pull/17306"
 KIND = "forward"
 EXPECTED = None
 ALSO_OK = ()
-CHECK = {"mask_form": "batch", "mask_convention": "additive"}
+CHECK = {"mask_form": "batch", "mask_convention": "additive", "ranks": (4,)}
 TARGET = "attention"
 
 

@@ -898,3 +898,37 @@ def _(case):
             ref_grads(q, k, v, g, allowed, bias=bias),
         )
     ]
+
+
+@witness("fwd_tiled_scale_compounds_per_block")
+def _(case):
+    f = case.target
+    q, k, v = qkv(n_k=40)
+    q2, k2, v2 = qkv(n_k=16)
+    allowed = random_allowed((2, 2, 5, 16))
+    return [
+        differ("n_k = 40 (3 blocks)", f(q, k, v), ref_attention(q, k, v)),
+        same("n_k = 16 (1 block), masked", f(q2, k2, v2, allowed), ref_attention(q2, k2, v2, allowed)),
+    ]
+
+
+@witness("fwd_scale_applied_twice")
+def _(case):
+    f = case.target
+    q, k, v = qkv()
+    return [
+        differ("any input", f(T(q), T(k), T(v)), ref_attention(q, k, v)),
+        same("q pre-multiplied by sqrt(d_k)", f(T(q * math.sqrt(8)), T(k), T(v)), ref_attention(q, k, v)),
+    ]
+
+
+@witness("fwd_causal_ignore_minus_1e5")
+def _(case):
+    f = case.target
+    q, k, v = qkv(n_q=6, n_k=6)
+    big = -np.abs(q) * 3e3  # allowed scores far below -1e5 (q . k / sqrt(d) ~ -1e5 .. -1e6)
+    k_pos = np.abs(k) * 30
+    return [
+        same("ordinary scores", f(T(q), T(k), T(v)), ref_attention(q, k, v, causal(6, 6, "top_left"))),
+        differ("scores below -1e5", f(T(big), T(k_pos), T(v)), ref_attention(big, k_pos, v, causal(6, 6, "top_left"))),
+    ]
