@@ -331,9 +331,10 @@ def _(case):
 
 @witness("fwd_k_mask_constant_float16")
 def _(case):
+    import jax
     import jax.numpy as jnp
 
-    f = case.target
+    f = jax.jit(case.target)  # one compilation per dtype instead of one per operation
     q, k, v = qkv()
     allowed = random_allowed((2, 2, 5, 7), empty_row=(0, 1, 2))
     q32, k32, v32 = (jnp.asarray(x, dtype=jnp.float32) for x in (q, k, v))
@@ -931,4 +932,54 @@ def _(case):
     return [
         same("ordinary scores", f(T(q), T(k), T(v)), ref_attention(q, k, v, causal(6, 6, "top_left"))),
         differ("scores below -1e5", f(T(big), T(k_pos), T(v)), ref_attention(big, k_pos, v, causal(6, 6, "top_left"))),
+    ]
+
+
+@witness("ok_jax_einsum_bnhd")
+def _(case):
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(case.target, static_argnames="is_causal")  # one compilation per call form
+    q, k, v = qkv(n_q=5, n_k=7)
+    allowed = random_allowed((2, 2, 5, 7), empty_row=(1, 0, 2))
+    args = [jnp.asarray(bnhd(x), dtype=jnp.float32) for x in (q, k, v)]
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    return [
+        same(
+            "mask with an empty row",
+            bnhd(A(f(*args, mask=jnp.asarray(allowed)))),
+            ref_attention(q, k, v, allowed),
+            **tol,
+        ),
+        same(
+            "causal, n_q < n_k (top-left)",
+            bnhd(A(f(*args, is_causal=True))),
+            ref_attention(q, k, v, causal(5, 7, "top_left")),
+            **tol,
+        ),
+    ]
+
+
+@witness("bwd_dv_missing_transpose")
+def _(case):
+    q, k, v, g = _grad_inputs(n_q=6, n_k=6)
+    return [differ("square, n_q = n_k = 6", _plain(case.backward, q, k, v, g), ref_grads(q, k, v, g))]
+
+
+@witness("bwd_flash_causal_top_left")
+def _(case):
+    q, k, v, g = _grad_inputs(n_q=4, n_k=9)
+    q2, k2, v2, g2 = _grad_inputs(n_q=6, n_k=6)
+    return [
+        differ(
+            "causal, n_q = 4, n_k = 9",
+            _flash(case, q, k, v, g, to=T, causal=True),
+            ref_grads(q, k, v, g, causal(4, 9, "bottom_right")),
+        ),
+        same(
+            "causal, square",
+            _flash(case, q2, k2, v2, g2, to=T, causal=True),
+            ref_grads(q2, k2, v2, g2, causal(6, 6, "bottom_right")),
+        ),
     ]
