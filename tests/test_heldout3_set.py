@@ -20,6 +20,13 @@ CODES = {
     "grad-masked-row", "grad-gqa-sum", "grad-lse", "grad-accumulate", "grad-causal", "grad-dropout", "grad-batch-leak",
 }  # fmt: skip
 
+#: The options docs/checker.md's "Describing your function" table documents (the ones a case may declare).
+OPTIONS = {
+    "framework", "signature", "mask_convention", "layout", "returns", "causal_only", "causal_align", "causal_value",
+    "gqa", "dtypes", "unsupported", "mask_arg", "causal_arg", "scale_arg", "compute_dtype", "masked_rows",
+    "causal_when_no_mask", "mask_form", "ranks", "gqa_mapping", "backward", "lse_units",
+}  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def cases():
@@ -43,6 +50,7 @@ def test_every_file_is_well_formed(cases):
         assert case.expected is None or case.expected in CODES, (case.name, case.expected)
         assert set(case.also_ok) <= CODES and case.expected not in case.also_ok, case.name
         assert callable(case.target), case.name
+        assert set(case.check) <= OPTIONS, (case.name, set(case.check) - OPTIONS)
         if case.kind == "backward":
             assert case.backward is True or callable(case.backward), case.name
         else:

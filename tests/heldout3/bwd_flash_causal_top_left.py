@@ -26,18 +26,18 @@ def _scores(q, k, mask, causal, offset, scale):
     return (q @ k.transpose(-2, -1) * scale).masked_fill(~allowed, float("-inf"))
 
 
-def attention(q, k, v, mask=None, causal=False, softmax_scale=None):
+def attention(q, k, v, mask=None, causal=False, scale=None):
     """-> (out, lse `[..., n_q]` nats; +inf for rows with no key); causal bottom-right."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = _scores(q, k, mask, causal, k.shape[-2] - q.shape[-2], scale)
     lse = torch.logsumexp(s, dim=-1)
     lse = torch.where(torch.isfinite(lse), lse, torch.full_like(lse, float("inf")))
     return torch.exp(s - lse[..., None]) @ v, lse
 
 
-def attention_bwd(q, k, v, out, lse, d_out, mask=None, causal=False, softmax_scale=None):
+def attention_bwd(q, k, v, out, lse, d_out, mask=None, causal=False, scale=None):
     """(dq, dk, dv); recomputes P with the old top-left causal mask."""
-    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = _scores(q, k, mask, causal, 0, scale)  # offset 0: top-left
     p = torch.exp(s - lse[..., None])
     dv = p.transpose(-2, -1) @ d_out
