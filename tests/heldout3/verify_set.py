@@ -983,3 +983,47 @@ def _(case):
             ref_grads(q2, k2, v2, g2, causal(6, 6, "bottom_right")),
         ),
     ]
+
+
+@witness("fwd_probs_cast_to_bfloat16")
+def _(case):
+    f = case.target
+    q, k, v = qkv(d=16, n_k=40)
+    allowed = random_allowed((2, 2, 5, 40))
+    ref = ref_attention(q, k, v, allowed)
+    q16, k16, v16 = (T(x).to(torch.bfloat16) for x in (q, k, v))
+    ref16 = ref_attention(A(q16.float()), A(k16.float()), A(v16.float()), allowed)
+    return [
+        differ("float64 inputs", f(T(q), T(k), T(v), mask=T(allowed)), ref),
+        same(
+            "bfloat16 inputs, to bfloat16's precision",
+            f(q16, k16, v16, mask=T(allowed)).float(),
+            ref16,
+            rtol=3e-2,
+            atol=3e-2,
+        ),
+    ]
+
+
+@witness("fwd_softmax_over_flattened_heads")
+def _(case):
+    f = case.target
+    q, k, v = qkv(h=3)
+    q1, k1, v1 = qkv(h=1)
+    allowed = random_allowed((2, 1, 5, 7))
+    return [
+        differ("3 heads", f(T(q), T(k), T(v)), ref_attention(q, k, v)),
+        same("1 head, masked", f(T(q1), T(k1), T(v1), mask=T(allowed)), ref_attention(q1, k1, v1, allowed)),
+    ]
+
+
+@witness("okbwd_jax_plain")
+def _(case):
+    import jax
+    import jax.numpy as jnp
+
+    bwd = jax.jit(case.backward)
+    q, k, v, g = _grad_inputs()
+    allowed = random_allowed((2, 2, 5, 7), empty_row=(0, 0, 3))
+    grads = bwd(*(jnp.asarray(x, dtype=jnp.float32) for x in (q, k, v, g)), mask=jnp.asarray(allowed))
+    return [same("float32, mask with an empty row", grads, ref_grads(q, k, v, g, allowed), rtol=1e-4, atol=1e-5)]
