@@ -9,7 +9,7 @@ SOURCE = "https://github.com/vllm-project/vllm/pull/2368"
 KIND = "forward"
 EXPECTED = "precision"
 ALSO_OK = ()
-CHECK = {"compute_dtype": "input"}
+CHECK = {}
 TARGET = "attention"
 
 
