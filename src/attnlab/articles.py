@@ -7,6 +7,7 @@ detail". Each example keeps the article's inputs exactly; the numbers the articl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -61,7 +62,13 @@ def _a(x) -> np.ndarray:
     return a
 
 
-def _inputs(q, k, v) -> dict[str, np.ndarray]:
+class _Inputs(TypedDict):
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+
+
+def _inputs(q, k, v) -> _Inputs:
     """An example's ``q, k, v`` as read-only arrays (``Example(name, title, source, **_inputs(q, k, v))``)."""
     return {"q": _a(q), "k": _a(k), "v": _a(v)}
 
