@@ -95,6 +95,12 @@ def test_views_of_smollm2_on_english_and_chinese(page, tmp_path, capsys):
     shot(grid, tmp_path, "views-en-model")
     for v in views(page):
         shot(page.locator(f"[data-testid='{v}']"), tmp_path, f"views-en-{v[3:]}")
+    # hovering a head's colour in the legend leaves that head alone (CSS :hover, no script)
+    hv.locator("g.al-hv-head[data-head='4'] rect").hover()
+    opacity = "(e) => getComputedStyle(e).opacity"
+    assert hv.locator("g.al-hv-head[data-head='4']").evaluate(opacity) == "1"
+    assert float(hv.locator("g.al-hv-head[data-head='0']").evaluate(opacity)) < 0.2
+    page.mouse.move(1, 1)
     # the temperature redraws the block view
     temp = page.get_by_role("slider").nth(page.get_by_role("slider").count() - 2)  # temperature, then top tokens
     temp.focus()
@@ -115,9 +121,11 @@ def test_views_of_smollm2_on_english_and_chinese(page, tmp_path, capsys):
     # the page in Chinese
     page.locator("select").first.select_option(label="中文")
     page.wait_for_selector("text=揭晓")
-    page.get_by_role("button", name="run", exact=True).click()
-    page.wait_for_selector("[data-testid='al-block-view']", timeout=WAIT_MS)
+    page.wait_for_selector("text=句子运行完后", timeout=WAIT_MS)  # the form is new: nothing has run in Chinese yet
+    run_sentence(page, ZH_SENTENCE)  # the sentence box is new in the new language
+    page.wait_for_selector("[data-testid='al-head-view'][data-n='4']", timeout=WAIT_MS)
     assert "模块视图" in page.locator("[data-testid='al-block-view']").text_content()
+    assert "合并成它们组成的 4 个字符" in page.locator("[data-testid='al-live']").inner_text()
     assert page.evaluate(FITS_JS, "[data-testid='al-views'] svg") == []
     shot(page.locator("[data-testid='al-views']"), tmp_path, "views-zh-ui")
     with capsys.disabled():

@@ -33,6 +33,13 @@ def run(smollm2):
     return smollm2, ids, out
 
 
+def test_token_bytes_are_the_texts_bytes(run):
+    m, ids, _ = run
+    pieces = m.tokenizer.token_bytes(ids)
+    assert b"".join(pieces) == SENTENCE.encode("utf-8") and len(pieces) == len(ids)
+    assert m.tokenizer.token_bytes(m.encode("<|im_start|>")) == [b"<|im_start|>"]  # a special token: its text
+
+
 def test_capture_keeps_the_forward_pass_and_its_queries_are_after_rope(run):
     m, ids, out = run
     plain = llama_forward(m, ids)
@@ -58,7 +65,7 @@ def test_capture_keeps_the_forward_pass_and_its_queries_are_after_rope(run):
 
 @pytest.mark.parametrize(("layer", "head", "query", "key"), [(0, 0, -1, 0), (7, 5, 9, 3), (29, 8, 4, 4), (3, 1, 2, 6)])
 def test_neuron_products_sum_to_the_models_score(run, layer, head, query, key):
-    m, ids, out = run
+    _, _, out = run
     p = views.neuron_pair(out.trace, layer, head, query, key)
     assert p.kv_head == p.head // 3  # SmolLM2: 9 query heads read 3 kv heads
     np.testing.assert_allclose(p.products, p.q * p.k)
@@ -76,7 +83,7 @@ def test_neuron_products_sum_to_the_models_score(run, layer, head, query, key):
 
 @pytest.mark.parametrize("temperature", [0.3, 1.0, 2.7])
 def test_block_probabilities_are_softmax_of_logits_over_t(run, temperature):
-    m, ids, out = run
+    m, _, out = run
     z = out.logits[0, -1]
     b = views.block_numbers(out.trace, z, temperature=temperature, top_k=7)
     zz = np.asarray(z, np.float64) / temperature

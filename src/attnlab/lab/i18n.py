@@ -372,6 +372,7 @@ ZH.update(
         "key position": "键位置",
         "block view: temperature T": "模块视图：温度 T",
         "top tokens": "前几个 token",
+        " (\\x..: the first bytes of a character)": "（\\x..：一个字符的前几个字节）",
         "*The model, head, neuron and block views appear when the sentence has run.*": "*句子运行完后，这里显示模型总览、头视图、神经元视图和模块视图。*",
     }
 )

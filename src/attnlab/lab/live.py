@@ -216,7 +216,7 @@ def _forward(key: str, text: str) -> LiveResult:
             allowed = masks.causal(n)
             z = np.asarray(out.logits[0, -1], dtype=np.float64)  # [vocab]
             top = np.argsort(-z, kind="stable")[:20]
-            extra = {
+            extra: dict[str, Any] = {
                 "chars": merge_bytes(m.tokenizer.token_bytes(ids), w, allowed),
                 "trace": out.trace,
                 "next_logits": z,
@@ -682,7 +682,12 @@ def views_html(
                         lang, "the middle boxes: layer {layer}; each layer adds attention, then MLP", layer=layer
                     ),
                     "norms": t(lang, "norms of each stage per layer (last token)"),
-                    "top": t(lang, "next token: top {k}, p = softmax(logits / T)", k=k_top),
+                    "top": t(lang, "next token: top {k}, p = softmax(logits / T)", k=k_top)
+                    + (
+                        t(lang, " (\\x..: the first bytes of a character)")
+                        if any(lab.startswith("\\x") for _, lab in r.next_top[:k_top])
+                        else ""
+                    ),
                 },
             )
         )
