@@ -170,7 +170,7 @@ class LiveResult:
     truncated: bool = False
     #: SmolLM2: the tokens grouped into characters (:func:`attnlab.models.tokens.merge_bytes`), else None.
     chars: Any = None
-    #: SmolLM2: every layer's q, k (after RoPE), scores and residual stream (:class:`attnlab.models.LlamaTrace`).
+    #: SmolLM2: every layer's q, k (after RoPE), scores and residual stream (:class:`attnlab.models.LlamaCapture`).
     trace: Any = None
     #: SmolLM2: ``[vocab]`` the last position's logits (the next-token prediction).
     next_logits: np.ndarray | None = None

@@ -10,7 +10,7 @@
   residual stream → next-token distribution at a temperature, with the top tokens and the norm of each stage.
 
 The model view (every layer × head) is :func:`attnlab.lab.svg.grid_svg`. The numbers come from
-:class:`attnlab.models.llama.LlamaTrace` (``llama_forward(..., capture=True)``): nothing is recomputed here
+:class:`attnlab.models.llama.LlamaCapture` (``llama_forward(..., capture=True)``): nothing is recomputed here
 except the temperature's softmax.
 
 Shapes: ``weights [h, n, n]`` (one layer's heads), ``allowed [n, n]``, a trace's ``q [B, h, n, d]``,
@@ -269,7 +269,7 @@ def _index(name: str, value: int, count: int) -> int:
 
 
 def neuron_pair(trace: Any, layer: int, head: int, query: int, key: int, *, weights: Any = None) -> NeuronPair:
-    """The pieces of one score from a :class:`~attnlab.models.llama.LlamaTrace` (batch 0).
+    """The pieces of one score from a :class:`~attnlab.models.llama.LlamaCapture` (batch 0).
 
     Args:
         trace: ``llama_forward(..., capture=True).trace``.
@@ -402,7 +402,7 @@ class BlockNumbers:
 
 
 def block_numbers(trace: Any, logits: Any, *, temperature: float = 1.0, top_k: int = 10) -> BlockNumbers:
-    """The block view's numbers for the last position of a :class:`~attnlab.models.llama.LlamaTrace` (batch 0).
+    """The block view's numbers for the last position of a :class:`~attnlab.models.llama.LlamaCapture` (batch 0).
 
     Args:
         trace: ``llama_forward(..., capture=True).trace``.

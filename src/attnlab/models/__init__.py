@@ -35,11 +35,11 @@ _LAZY = {
     "smollm2_gguf_path": "gguf",
     # the NumPy Llama
     "Generation": "llama",
+    "LlamaCapture": "llama",
     "LlamaConfig": "llama",
     "LlamaLayer": "llama",
     "LlamaModel": "llama",
     "LlamaOutput": "llama",
-    "LlamaTrace": "llama",
     "PositionCheck": "llama",
     "generate": "llama",
     "llama_forward": "llama",

@@ -31,11 +31,11 @@ from ..validate import check_choice, check_int
 
 __all__ = [
     "Generation",
+    "LlamaCapture",
     "LlamaConfig",
     "LlamaLayer",
     "LlamaModel",
     "LlamaOutput",
-    "LlamaTrace",
     "PositionCheck",
     "generate",
     "llama_forward",
@@ -207,7 +207,7 @@ class LlamaModel:
 
 
 @dataclass(frozen=True)
-class LlamaTrace:
+class LlamaCapture:
     """What every layer computed, kept by :func:`llama_forward` with ``capture=True`` (for the lab's views).
 
     Shapes (``L`` layers, ``n_k`` = cached + new tokens):
@@ -243,7 +243,7 @@ class LlamaOutput:
           ``None`` unless ``return_attention=True``;
         * ``hidden [B, n, d_model]``: the final hidden state after the last RMSNorm;
         * ``positions [B, n]``: the positions the tokens were given (RoPE angles);
-        * ``trace``: a :class:`LlamaTrace` (every layer's q, k, scores and residual stream) with ``capture=True``,
+        * ``trace``: a :class:`LlamaCapture` (every layer's q, k, scores and residual stream) with ``capture=True``,
           else ``None``.
     """
 
@@ -251,7 +251,7 @@ class LlamaOutput:
     attentions: tuple[np.ndarray, ...] | None
     hidden: np.ndarray
     positions: np.ndarray
-    trace: LlamaTrace | None = None
+    trace: LlamaCapture | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ def llama_forward(
         blas_threads: limit the BLAS library to this many threads during the call (needs ``threadpoolctl``,
             extra ``fast``; default: leave BLAS as it is). One thread is often faster for decode-sized products,
             and much faster when other processes keep the cores busy.
-        capture: also keep a :class:`LlamaTrace` (every layer's q and k after RoPE, scores, attention and MLP
+        capture: also keep a :class:`LlamaCapture` (every layer's q and k after RoPE, scores, attention and MLP
             outputs, residual stream; dense attention, as with ``return_attention``) in ``LlamaOutput.trace``.
             The same forward pass: nothing is computed twice, only kept.
 
@@ -493,7 +493,7 @@ def llama_forward(
     logits = hidden @ model.lm_head  # [B, n, vocab]
     trace = None
     if capture:
-        trace = LlamaTrace(embeddings=model.embed[ids], scale=scale, **{f: tuple(v) for f, v in kept.items()})
+        trace = LlamaCapture(embeddings=model.embed[ids], scale=scale, **{f: tuple(v) for f, v in kept.items()})
     return LlamaOutput(
         logits=logits,
         attentions=tuple(maps) if return_attention else None,
