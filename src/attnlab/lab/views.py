@@ -481,7 +481,12 @@ def block_svg(
     chart_w, chart_h = 420.0, 170.0
     lab_w = max(text_width(s, 12) for s in token_labels) + 10
     bars_w = lab_w + 220 + 70
-    width = max(flow_w + 8, 8 + chart_w + 40 + bars_w + 8, 16 + text_width(words["title"], 13, bold=True))
+    width = max(
+        flow_w + 8,
+        8 + chart_w + 40 + max(bars_w, text_width(words["top"], 12, bold=True)) + 8,
+        16 + text_width(words["title"], 13, bold=True),
+        xs[1] + text_width(words["layer"], 11) + 8,
+    )
     y2 = top + bh + 46
     height = y2 + max(chart_h + 56, 22 + 20 * len(b.top_ids)) + 10
     out = [
