@@ -337,4 +337,12 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
 )
 
 
+# ---- issue 22 §2: the Chinese view as complete as the English (the marks' claims, the page's last English words)
+ZH.update(
+    {
+        "The article prints these numbers; attnlab computes {k} of its {n} (marked):": "文章给出这些数字；attnlab 算出了其中 {k} 个（共 {n} 个，已标记）：",
+        "The article prints these numbers; none of them is in this output (nothing marked):": "文章给出这些数字；本输出中一个也没有找到（未标记）：",
+    }
+)
+
 register("lab", {en: (en, zh) for en, zh in ZH.items()})
