@@ -134,3 +134,52 @@ def test_no_english_in_the_chinese_page_server_side_for_every_preset():
         for run in english_runs(visible_text("\n".join(parts))):
             left.setdefault(run, set()).add(p.key)
     assert left == {}, left
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 22 §5: one number, written one way in every view; one NaN colour
+
+
+def test_the_saturation_weights_read_the_same_in_every_view():
+    """softmax([10, 20]) = [0.000045, 0.999955] (001 §4.2): the terminal's table, the lab's table, the lab's SVG
+    heatmap and attnlab.plot's cell text all write 0.000045 and 0.999955 (the SVG said 0.00 / 1.00)."""
+    from attnlab.explain.fmt import num
+    from attnlab.plot import cell_text
+
+    r = logic.compute(presets.PRESETS["saturation"].state)
+    w = r.weights[1]
+    assert [num(x) for x in w] == ["0.000045", "0.999955"] == [cell_text(x) for x in w]
+    _, text = presets.explain_output(("saturation",))
+    assert "0.000045  0.999955" in text
+    table = logic.result_html(r)
+    svg = logic.pictures_html(r)
+    for s in ("0.000045", "0.999955"):
+        assert f">{s}</td>" in table and f">{s}</text>" in svg, s
+    assert ">0.00<" not in svg and ">1.00<" not in svg
+
+
+def test_one_nan_colour_in_the_lab_the_pictures_and_the_terminal():
+    import io
+
+    from rich.console import Console
+
+    from attnlab import plot
+    from attnlab.explain import explain_example
+    from attnlab.explain.fmt import NAN_COLOUR
+    from attnlab.explain.render import print_rich
+    from attnlab.lab import svg
+
+    assert svg.NAN_FILL == plot.NAN_STYLE["facecolor"] == plot.POLICY_NAN_STYLE["facecolor"] == NAN_COLOUR
+    out = io.StringIO()
+    print_rich(explain_example("all-masked"), console=Console(file=out, force_terminal=True, color_system="truecolor"))
+    r, g, b = (int(NAN_COLOUR[i : i + 2], 16) for i in (1, 3, 5))
+    assert f"38;2;{r};{g};{b}m" in out.getvalue()  # the NaN cells in the pictures' colour
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_the_articles_rounded_printouts_are_noted_where_they_appear(lang):
+    for key, argv in (("item-00", ("one-query",)), ("item-20", ("2x2",)), ("item-25", ("2x2-causal",))):
+        markup = html.unescape(presets.item_html(presets.ITEM_PRESETS[key], lang))
+        assert t(lang, presets.ROUNDED[argv]) in markup, key
+    for n in ("13.396", "3.3024", "13.3952"):
+        assert n in presets.ROUNDED[("2x2-causal",)]

@@ -342,6 +342,9 @@ ZH.update(
     {
         "The article prints these numbers; attnlab computes {k} of its {n} (marked):": "文章给出这些数字；attnlab 算出了其中 {k} 个（共 {n} 个，已标记）：",
         "The article prints these numbers; none of them is in this output (nothing marked):": "文章给出这些数字；本输出中一个也没有找到（未标记）：",
+        "000 writes the output rounded to 2 decimals: [6.70, 6.60] is [6.6976, 6.6048].": "文章 000 把输出四舍五入到 2 位小数：[6.70, 6.60] 就是 [6.6976, 6.6048]。",
+        "001 §5 prints O ≈ [[6.698, 6.604], [3.302, 13.396]]: V multiplied by the weights rounded to 0.6698 and 0.3302. The exact output is [[6.6976, 6.6048], [3.3024, 13.3952]]; §12's expected printout writes 6.6041 and 13.3959 for 6.6048 and 13.3952.": "文章 001 §5 写 O ≈ [[6.698, 6.604], [3.302, 13.396]]：那是用四舍五入后的权重 0.6698 和 0.3302 乘以 V 得到的。精确输出是 [[6.6976, 6.6048], [3.3024, 13.3952]]；§12 的预期输出把 6.6048 和 13.3952 写成了 6.6041 和 13.3959。",
+        "001 §7.3 prints O = [[10, 0], [3.302, 13.396]] (the weights rounded to 0.3302 and 0.6698) and §12's expected printout 13.3959: the exact output is [[10, 0], [3.3024, 13.3952]].": "文章 001 §7.3 写 O = [[10, 0], [3.302, 13.396]]（用四舍五入后的权重 0.3302 和 0.6698），§12 的预期输出写 13.3959：精确输出是 [[10, 0], [3.3024, 13.3952]]。",
     }
 )
 

@@ -31,6 +31,7 @@ __all__ = [
     "ITEM_PRESETS",
     "NUMBER",
     "PRESETS",
+    "ROUNDED",
     "ItemPreset",
     "Preset",
     "expect_spans",
@@ -259,6 +260,22 @@ def expect_spans(argv: tuple[str, ...], expect: tuple[str, ...], lang: str = "en
     return out
 
 
+#: Where the articles print a number rounded further than attnlab (``attnlab explain ARGV``'s output -> the note
+#: shown under it; English, Chinese in :mod:`attnlab.lab.i18n`). ``attnlab demo`` says the same for 001 §5.
+ROUNDED: dict[tuple[str, ...], str] = {
+    ("one-query",): "000 writes the output rounded to 2 decimals: [6.70, 6.60] is [6.6976, 6.6048].",
+    ("2x2",): (
+        "001 §5 prints O ≈ [[6.698, 6.604], [3.302, 13.396]]: V multiplied by the weights rounded to 0.6698 and "
+        "0.3302. The exact output is [[6.6976, 6.6048], [3.3024, 13.3952]]; §12's expected printout writes 6.6041 "
+        "and 13.3959 for 6.6048 and 13.3952."
+    ),
+    ("2x2-causal",): (
+        "001 §7.3 prints O = [[10, 0], [3.302, 13.396]] (the weights rounded to 0.3302 and 0.6698) and §12's "
+        "expected printout 13.3959: the exact output is [[10, 0], [3.3024, 13.3952]]."
+    ),
+}
+
+
 def item_html(preset: ItemPreset, lang: str = "en") -> str:
     """The item's ``attnlab explain`` output with the article's numbers marked (``data-testid="al-item"``,
     ``data-found``: how many of them are marked, :func:`expect_spans`)."""
@@ -285,11 +302,13 @@ def item_html(preset: ItemPreset, lang: str = "en") -> str:
     else:
         claim = t(lang, "The article prints these numbers; none of them is in this output (nothing marked):")
     cmd = html.escape(" ".join(("attnlab explain", *preset.argv)))
+    note = ROUNDED.get(tuple(preset.argv))
+    rounded = f'<p data-testid="al-rounded"><em>{html.escape(t(lang, note))}</em></p>' if note else ""
     return (
         f'<div data-testid="al-item" data-key="{preset.key}" data-found="{found}" data-expected="{n}"'
         f' data-code="{code}">'
         f"<p>{html.escape(claim)} "
         f"<code>{cmd}</code></p>"
         f'<pre style="white-space:pre;overflow-x:auto;font-size:12px;max-height:420px;overflow-y:auto;'
-        f'background:#f7f7f7;color:#000;padding:8px">{body}</pre></div>'
+        f'background:#f7f7f7;color:#000;padding:8px">{body}</pre>{rounded}</div>'
     )
