@@ -419,7 +419,7 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     # the same in Chinese: every word but the sentence's own tokens
     page.locator("select").first.select_option(label="中文")
     page.wait_for_selector("text=揭晓")
-    page.get_by_role("button", name="run", exact=True).click()
+    page.get_by_role("button", name=I.t("zh", "run"), exact=True).click()  # 运行
     page.wait_for_selector("[data-testid='al-live'][data-n='10']")
     page.get_by_role("button", name=I.t("zh", "run the intervention (delete each token)")).click()
     page.wait_for_selector("[data-testid='al-intervention']", timeout=60_000)

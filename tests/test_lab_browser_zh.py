@@ -128,26 +128,27 @@ def use_every_control(page, lang: str, runs: dict[str, str]) -> None:
         chinese_runs(page, f"bad input {typed!r}", runs)
     q_box.fill("1, 0\n0, 1\n1, 1\n1, -1")
     q_box.blur()
+    # the live section's buttons (a single word the rule above lets through: checked by name)
+    assert page.get_by_role("button", name=t(lang, "run"), exact=True).count() == 1
+    assert page.get_by_role("button", name=t(lang, "run the intervention (delete each token)")).count() == 1
+
+
+def shoot_lessons(page, lang: str, tmp_path) -> None:
+    """Screenshots of two lessons (001 §4.2's saturation, 000's all-masked row) to look at."""
+    for key in ("item-19", "item-04"):
+        page.locator("select").nth(1).select_option(label=presets.ITEM_PRESETS[key].label(lang))
+        page.wait_for_selector(f"[data-testid='al-item'][data-key='{key}']")
+        shot(page, tmp_path, f"lab-{lang}-{key}")
 
 
 def test_every_preset_and_control_in_both_languages(page, tmp_path, capsys):
     t0 = time.perf_counter()
     counts = {"en": walk_presets(page, "en", None)}
-    page.locator("select").nth(1).select_option(label=presets.ITEM_PRESETS["item-19"].label("en"))
-    page.wait_for_selector("[data-testid='al-item'][data-key='item-19']")
-    shot(page, tmp_path, "lab-en-item-19")
-    page.locator("select").nth(1).select_option(label=presets.ITEM_PRESETS["item-04"].label("en"))
-    page.wait_for_selector("[data-testid='al-item'][data-key='item-04']")
-    shot(page, tmp_path, "lab-en-item-04")
+    shoot_lessons(page, "en", tmp_path)
     switch_language(page, "zh")
     runs: dict[str, str] = {}
     counts["zh"] = walk_presets(page, "zh", runs)
-    page.locator("select").nth(1).select_option(label=presets.ITEM_PRESETS["item-19"].label("zh"))
-    page.wait_for_selector("[data-testid='al-item'][data-key='item-19']")
-    shot(page, tmp_path, "lab-zh-item-19")
-    page.locator("select").nth(1).select_option(label=presets.ITEM_PRESETS["item-04"].label("zh"))
-    page.wait_for_selector("[data-testid='al-item'][data-key='item-04']")
-    shot(page, tmp_path, "lab-zh-item-04")
+    shoot_lessons(page, "zh", tmp_path)
     use_every_control(page, "zh", runs)
     shot(page, tmp_path, "lab-zh-controls")
     with capsys.disabled():

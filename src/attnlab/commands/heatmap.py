@@ -160,7 +160,14 @@ def from_model(args: argparse.Namespace) -> HeatmapData:
     layer = index_in("--layer", args.layer, model.config.num_layers, f"layers of {name}")
     head = index_in("--head", args.head, model.config.num_heads, f"heads of {name}")
     m = attention_maps(args.model, args.text, layer=layer or 0, head=head, model_obj=model)
-    return HeatmapData(m.weights, m.allowed, m.labels, m.labels, m.title, m.head_names)
+    from ..i18n import tr  # the title and head names in the figure's language (attention_maps writes English)
+
+    n_layers, n_heads = model.config.num_layers, model.config.num_heads
+    if head is None:
+        title = tr("plot.title.model_layer", args.lang, name=name, layer=(layer or 0) % n_layers, h=n_heads)
+    else:
+        title = tr("plot.title.model_head", args.lang, name=name, layer=(layer or 0) % n_layers, head=head % n_heads)
+    return HeatmapData(m.weights, m.allowed, m.labels, m.labels, title)  # head names: the figure's own "head i"
 
 
 #: source name -> loader. Add a source here (and in :func:`source_name`).

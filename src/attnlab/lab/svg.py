@@ -278,7 +278,7 @@ def last_row_svg(
     font = 11 if bw >= 20 else 9
     title = f"last query {row_label}: its real weights" if title is None else title
     labels = [
-        num(v, 3) if ok[j] and not math.isnan(v) else ("NaN" if math.isnan(v) else masked_word) for j, v in enumerate(w)
+        num(v) if ok[j] and not math.isnan(v) else ("NaN" if math.isnan(v) else masked_word) for j, v in enumerate(w)
     ]
     vertical_values = any(text_width(s, font) > bw + gap - 2 for s in labels)
     above = (max(text_width(s, font) for s in labels) + 8) if vertical_values else 16
