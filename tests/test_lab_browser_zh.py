@@ -8,13 +8,12 @@ go to ``tmp_path`` (and to ``$ATTNLAB_SHOTS`` when set); times are printed, neve
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
 import pytest
 from playwright.sync_api import expect
-from test_lab_browser_lessons import DEEP_TEXT_JS, shot
+from test_lab_browser_lessons import DEEP_TEXT_JS, open_lab, shot
 from test_lab_zh import english_runs
 
 from attnlab.lab import presets
@@ -46,12 +45,8 @@ NOT_THE_LAB = ("The cat sat on the mat because it was tired", "Radio Group", "Th
 
 @pytest.fixture(scope="module")
 def page(lab, browser):
-    context = browser.new_context(viewport={"width": 1300, "height": 2400})
-    pg = context.new_page()
-    pg.set_default_timeout(WAIT_MS)
-    pg.goto(lab.url, timeout=WAIT_MS)
-    pg.wait_for_selector("#al-weights", timeout=60_000)
-    pg.wait_for_selector("[data-testid='al-growth']", timeout=60_000)
+    """One page for the whole walk (both languages)."""
+    context, pg = open_lab(browser, lab.url)
     yield pg
     context.close()
 
@@ -65,11 +60,7 @@ def shown_text(page) -> str:
 
 
 def chinese_runs(page, where: str, found: dict[str, str]) -> None:
-    text = shown_text(page)
-    if os.environ.get("ZH_DUMP"):
-        with open(os.environ["ZH_DUMP"], "a", encoding="utf-8") as f:
-            f.write(f"\n@@@@ {where}\n{text}")
-    for run in english_runs(text):
+    for run in english_runs(shown_text(page)):
         found.setdefault(run, where)
 
 
