@@ -100,6 +100,18 @@ def use_every_control(page, lang: str, runs: dict[str, str]) -> None:
     page.get_by_role("checkbox").first.click()
     page.wait_for_selector("#al-weights[data-causal='false']")
     page.get_by_role("radio", name="nan", exact=True).first.click()
+    page.get_by_role("radio", name=t(lang, "side.left"), exact=True).click()
+    boxes = (
+        page.locator(f"input[aria-label*='{t(lang, 'padded keys')}']").first,  # marimo names a number box by label
+        page.get_by_placeholder("0, 1, 2, 3", exact=True),  # bias per key
+        page.get_by_placeholder("1/√d_k", exact=True),  # scale
+    )
+    for box, value in zip(boxes, ("1", "0, 1, 2, 3", "1"), strict=True):
+        box.fill(value)
+        box.blur()
+    page.wait_for_selector("#al-weights[data-padded='1']")
+    page.wait_for_selector("#al-weights[data-bias='0, 1, 2, 3']")
+    chinese_runs(page, "padding, bias, scale", runs)
     slider = page.get_by_role("slider").first
     slider.focus()
     page.keyboard.press("ArrowRight")
