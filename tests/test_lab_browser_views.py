@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page
 
+from attnlab.lab import i18n as I
+
 pytestmark = pytest.mark.xdist_group("lab_browser_views")
 
 WAIT_MS = 90_000
@@ -61,10 +63,10 @@ def page(lab, browser):
     context.close()
 
 
-def run_sentence(page: Page, text: str) -> None:
+def run_sentence(page: Page, text: str, lang: str = "en") -> None:
     box = page.locator("[data-testid='al-input-sentence'] input")
     box.fill(text)
-    page.get_by_role("button", name="run", exact=True).click()
+    page.get_by_role("button", name=I.t(lang, "run"), exact=True).click()
 
 
 def views(page: Page) -> list[str]:
@@ -122,7 +124,7 @@ def test_views_of_smollm2_on_english_and_chinese(page, tmp_path, capsys):
     page.locator("select").first.select_option(label="中文")
     page.wait_for_selector("text=揭晓")
     page.wait_for_selector("text=句子运行完后", timeout=WAIT_MS)  # the form is new: nothing has run in Chinese yet
-    run_sentence(page, ZH_SENTENCE)  # the sentence box is new in the new language
+    run_sentence(page, ZH_SENTENCE, "zh")  # the sentence box is new in the new language
     page.wait_for_selector("[data-testid='al-head-view'][data-n='4']", timeout=WAIT_MS)
     assert "模块视图" in page.locator("[data-testid='al-block-view']").text_content()
     assert "合并成它们组成的 4 个字符" in page.locator("[data-testid='al-live']").inner_text()
