@@ -53,7 +53,7 @@ Every call is also checked for ``crash``, ``timeout``, ``mutates-input`` (q, k, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -556,10 +556,9 @@ class GradTarget:
     lse_units: str = "nats"
     extra_unsupported: tuple[str, ...] = ()
 
-    def make_adapter(self, fn: Any) -> GradAdapter:
-        from .target import load_target
-
-        fwd = None if self.forward is None else load_target(self.forward)
+    def make_adapter(self, fn: Any, load: Callable[[str], Any]) -> GradAdapter:
+        """The adapter of the imported ``fn`` (its forward imported with ``load``, the worker's import)."""
+        fwd = None if self.forward is None else load(self.forward)
         return GradAdapter(
             fn,
             self.spec,

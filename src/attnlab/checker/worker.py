@@ -30,6 +30,8 @@ __all__ = ["BOOT", "forked", "main", "serve"]
 BOOT = "import sys; sys.path.insert(0, sys.argv[3]); from attnlab.checker.worker import main; main()"
 
 _PR_SET_PDEATHSIG = 1
+#: The modules this worker imported, by file or module name (each user file runs once per worker).
+_MODULES: dict[str, Any] = {}
 
 
 def _die_with_parent(parent: int) -> None:
@@ -117,8 +119,11 @@ def _adapter(conn: Any, init: dict[str, Any]) -> Any:
     from .runner import CallError, loaded_frameworks
     from .target import TargetError, load_target
 
+    def load(target: str) -> Any:
+        return load_target(target, _MODULES)
+
     try:
-        fn = load_target(init["target"])
+        fn = load(init["target"])
     except TargetError as err:
         conn.send(("usage", str(err)))
         return None
@@ -129,7 +134,7 @@ def _adapter(conn: Any, init: dict[str, Any]) -> Any:
         return None
     try:
         make = getattr(init["spec"], "make_adapter", None)  # the gradient session's (gradient_oracle.GradTarget)
-        adapter = make(fn) if make is not None else Adapter(fn, init["spec"])
+        adapter = make(fn, load) if make is not None else Adapter(fn, init["spec"])
     except UsageError as err:
         conn.send(("usage", str(err)))
         return None
