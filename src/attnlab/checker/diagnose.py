@@ -23,6 +23,7 @@ from .runner import Case, Outcome
 from .tolerance import FLOORS, Comparison, bound, compare, naive_output
 
 if TYPE_CHECKING:
+    from .outputs import Outputs
     from .session import Session
 
 __all__ = [
@@ -308,7 +309,7 @@ def experiments(s: Session, case: Case, out: np.ndarray) -> None:
     """Perturbation experiments on a mismatching case that no hypothesis explains, so that what they find is
     seen in this case: the same call repeated, its future tokens, its blocked keys, another batch element,
     another head, V = ones. At most :data:`EXPERIMENT_CASES` cases per run get them."""
-    st = s.strategy
+    st = cast("Outputs", s.strategy)
     if st.experiments_left <= 0 or out.shape != (*case.q.shape[:-1], case.v.shape[-1]):
         return
     st.experiments_left -= 1

@@ -371,7 +371,7 @@ def diagnose_grads(
             masked=not bool(allowed.all()),
             causal=case.causal,
             dropout=case.keep is not None,
-            flash=s.strategy.kind == "flash",
+            flash=s.grads.kind == "flash",
             explicit_scale=case.scale is not None,
         )
     )
@@ -379,7 +379,7 @@ def diagnose_grads(
     refit = only is None or any(v.lse == "shifted" for _, _, v in only)
     cands = [c for c in cands if c[2].lse != "shifted"]  # a fitted lse belongs to the case it was fitted on
     if refit and grads.get("dq") is not None:  # a wrong lse of any kind: fitted from dq, row by row
-        right = s.strategy.case_grads(case)
+        right = s.grads.case_grads(case)
         cands = [*cands, *fitted_lse(right["dq"], grads["dq"], rows)]
     worst = max(c.max_error for c in bad.values() if c.max_error < math.inf) if bad else 0.0
     for code, text, var in cands:
@@ -387,7 +387,7 @@ def diagnose_grads(
             continue
         if var.p_causal is not None and case.causal is None:
             continue
-        alt = s.strategy.case_grads(case, var)
+        alt = s.grads.case_grads(case, var)
         ok = True
         err = 0.0
         naive_alt = None
@@ -402,7 +402,7 @@ def diagnose_grads(
             tol = bounds[name]
             if work != "float64":  # the mistake made in the same precision: its own rounding error
                 if naive_alt is None:
-                    naive_alt = s.strategy.case_grads(case, var, work)
+                    naive_alt = s.grads.case_grads(case, var, work)
                 tol = max(tol, grad_bound(work, e, naive_alt[name]))
             c = compare(a, e, tol, rows if name == "dq" else None)
             if not c.ok:
@@ -410,14 +410,14 @@ def diagnose_grads(
                 break
             err = max(err, c.max_error)
         if ok and (err * 10 <= worst or any(c.nonfinite for c in bad.values())):
-            if (code, text, var) not in s.strategy.matched:
-                s.strategy.matched.append((code, text, var))
-            if code == "grad-lse" and s.strategy.kind != "flash" and not s.strategy.has_forward:
+            if (code, text, var) not in s.grads.matched:
+                s.grads.matched.append((code, text, var))
+            if code == "grad-lse" and s.grads.kind != "flash" and not s.grads.has_forward:
                 text += " (the backward recomputes its own lse)"
             s.bug(
                 code,
                 text,
-                s.strategy.evidence(case, bad) + f"; the gradients match that explanation to {err:.2g}",
+                s.grads.evidence(case, bad) + f"; the gradients match that explanation to {err:.2g}",
             )
             return True
     return False

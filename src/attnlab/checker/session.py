@@ -180,14 +180,15 @@ class Session:
         return Case(q, k, v, dtype=dtype, mask=m, causal=given, scale=scale, label=label)
 
     def fit(self, g: Geom) -> Geom:
-        """``g`` within what the function was found or declared not to support (``unsupported``): n_q = n_k
-        without ``cross``, d_v = d_k without ``dv``, as many K/V heads as query heads without ``gqa``. A probe's
-        case never asks for a capability the function lacks (a clean refusal there is not a crash)."""
-        if "cross" in self.unsupported and g.n_q != g.n_k:
+        """``g`` within what the function is declared not to support (``unsupported=``): n_q = n_k without
+        ``cross``, d_v = d_k without ``dv``, as many K/V heads as query heads without ``gqa``. A probe's case never
+        asks for a declared-unsupported capability (a clean refusal there is not a crash)."""
+        declared = self.spec.unsupported
+        if "cross" in declared and g.n_q != g.n_k:
             g = replace(g, n_q=max(g.n_q, g.n_k), n_k=max(g.n_q, g.n_k))
-        if "dv" in self.unsupported and g.d_v != g.d_k:
+        if "dv" in declared and g.d_v != g.d_k:
             g = replace(g, d_v=g.d_k)
-        if "gqa" in self.unsupported and g.h_kv not in (None, g.h):
+        if "gqa" in declared and g.h_kv not in (None, g.h):
             g = replace(g, h_kv=None)
         return g
 
@@ -206,7 +207,7 @@ class Session:
             shape = arr[idx].shape
             new = self.rng.normal(0, 3, shape) if value is None else np.full(shape, value)
             arr[idx] = round_to(new, case.dtype).astype(np.float64)
-        return replace(case, **arrays)
+        return replace(case, q=arrays["q"], k=arrays["k"], v=arrays["v"])
 
     def allowed(self, case: Case, *, causal: str | None = "same") -> Any:
         """The full boolean mask of ``case`` ``[..., h, n_q, n_k]`` (user mask AND causal). Typed ``Any``: NumPy's
@@ -298,6 +299,11 @@ class Session:
                 f"your function returns the wrong kind of array: {out.returned.wrong_type}",
                 f"case {case.label}: {out.call}",
             )
+
+    @property
+    def grads(self) -> Gradients:
+        """The strategy as the gradient probes use it (a gradient session's)."""
+        return cast("Gradients", self.strategy)
 
     def expected(self, case: Case, **kw: Any) -> Any:
         """The strategy's reference for ``case`` and its tolerance."""

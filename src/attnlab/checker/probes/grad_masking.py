@@ -35,7 +35,7 @@ def grad_masked_keys(s: Session) -> None:
     assert base.mask is not None  # mask=True
     m = base.mask.copy()
     m[..., -1] = False
-    case = s.strategy.grad_case(replace(base, k=k, v=v, mask=m))
+    case = s.grads.grad_case(replace(base, k=k, v=v, mask=m))
     s.case_key = s.key(case)
     out = s.call(case)
     if not out.ok:
@@ -56,7 +56,7 @@ def grad_masked_keys(s: Session) -> None:
             f"case {case.label}: {case.shapes()}, the last key masked for every query, its K = 30 and V = 1e3; "
             + "; ".join(leak),
         )
-    ok = s.strategy.compare_grads(out)
+    ok = s.grads.compare_grads(out)
     # the masked key's K and V changed: no other gradient may move
     k2, v2 = case.k.copy(), case.v.copy()
     k2[..., -1, :] = -k2[..., -1, :]
@@ -111,7 +111,7 @@ def grad_masked_rows(s: Session) -> None:
         where = "query 1 of batch 0, head 0 and the last query of batch 1 have no allowed key"
         if s.mask_form == "batch":
             where = "the last query of batch 1 has no allowed key"
-    case = s.strategy.grad_case(replace(base, mask=m))
+    case = s.grads.grad_case(replace(base, mask=m))
     s.case_key = s.key(case)
     out = s.call(case)
     policy = s.spec.masked_rows

@@ -51,7 +51,7 @@ def grad_reference(s: Session) -> None:
     if "bias" not in s.unsupported:
         g0 = Geom(2, 2, 6, 9, 8, 8)
         base = s.make(g0, s.primary, label="bias", mask=("mask" in s.caps))
-        s.grid.append(s.call(s.strategy.grad_case(base, bias=True)))
+        s.grid.append(s.call(s.grads.grad_case(base, bias=True)))
     if "causal-cross" in s.caps and (s.causal_mode == "mask" or s.spec.causal_value == "align"):
         # the function can be told either alignment: both are checked
         for n_q, n_k in ((4, 9), (9, 5)):
@@ -74,7 +74,7 @@ def grad_reference(s: Session) -> None:
         if out.error is not None:
             s.crash(out)
             continue
-        results.append((out.case, s.strategy.compare_grads(out), s.case_key))
+        results.append((out.case, s.grads.compare_grads(out), s.case_key))
     # a feature whose cases alone fail, with nothing named: the backward's handling of that feature is wrong
     for code, has, text in (
         ("grad-causal", lambda c: c.causal is not None, "the backward's causal masking"),
@@ -107,13 +107,13 @@ def eliminate(s: Session, results: list[tuple[Any, bool, str | None]], code: str
 def grad_batch(s: Session) -> None:
     """The ``grad-batch`` probe: changing one batch element or head moves no other one's gradients."""
     g = Geom(2, 2, 5, 7, 4, 4)
-    base = s.strategy.grad_case(s.make(g, s.primary, label="batch", mask=("mask" in s.caps)))
+    base = s.grads.grad_case(s.make(g, s.primary, label="batch", mask=("mask" in s.caps)))
     s.case_key = s.key(base)
     out = s.call(base)
     if not out.ok:
         s.crash(out)
         return
-    s.strategy.compare_grads(out)
+    s.grads.compare_grads(out)
     ret = cast(GradReturned, out.returned)  # an ok call of the gradient battery returned its gradients
     _, bounds = s.expected(base)
     for axis, what, changed in ((0, "batch element", 1), (0, "batch element", 0), (1, "head", 1), (1, "head", 0)):
@@ -159,13 +159,13 @@ def grad_dropout(s: Session) -> None:
     for lbl, g, ex in cases:
         base = s.make(g, s.primary, label=lbl, **ex)
         keep = s.rng.random((*base.q.shape[:-2], base.q.shape[-2], base.k.shape[-2])) >= p
-        case = s.strategy.grad_case(base, keep=keep, dropout_p=p)
+        case = s.grads.grad_case(base, keep=keep, dropout_p=p)
         s.case_key = s.key(case)
         out = s.call(case)
         if not out.ok:
             s.crash(out)
             continue
-        ok = s.strategy.compare_grads(out)
+        ok = s.grads.compare_grads(out)
         # right without dropout (the reference grid passed), wrong with the keep mask: the dropout differs
         ref = next((r for r in s.probe_results if r.name == "grad-reference"), None)
         codes = {o.finding.code for o in s.obs if o.case == s.case_key}
