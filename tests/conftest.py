@@ -52,8 +52,9 @@ CHROMIUM = "/usr/bin/chromium"
 @pytest.fixture(scope="session")
 def lab():
     """``attnlab lab``'s server (marimo serving the packaged notebook on a free port), started once per test process
-    for tests/test_lab_browser.py and tests/test_lab_browser_lessons.py (one ``xdist_group``, so one process); every
-    page is a fresh marimo session. Always stopped, and its process must be gone."""
+    for tests/test_lab_browser.py and tests/test_lab_browser_lessons.py (an ``xdist_group`` each: one server per
+    worker that runs either, at most two); every page is a fresh marimo session. Always stopped, and its process
+    must be gone."""
     from attnlab.lab.server import start
 
     server = start()

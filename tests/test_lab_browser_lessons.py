@@ -27,7 +27,7 @@ from attnlab.lab.logic import compute
 
 WAIT_MS = 30_000
 
-pytestmark = pytest.mark.xdist_group("lab-server")  # the server is shared with test_lab_browser.py
+pytestmark = pytest.mark.xdist_group("test_lab_browser_lessons")  # one browser; tests/test_lab_browser.py says why
 
 
 def shot(page: Page, tmp_path: Path, name: str, *, full: bool = True) -> Path:
