@@ -52,8 +52,8 @@ CHROMIUM = "/usr/bin/chromium"
 @pytest.fixture(scope="session")
 def lab():
     """``attnlab lab``'s server (marimo serving the packaged notebook on a free port), started once per test process
-    for tests/test_lab_browser.py and tests/test_lab_browser_lessons.py (an ``xdist_group`` each: one server per
-    worker that runs either, at most two); every page is a fresh marimo session. Always stopped, and its process
+    for the browser tests (tests/test_lab_browser*.py, an ``xdist_group`` each: one server per worker that runs
+    any of them); every page is a fresh marimo session. Always stopped, and its process
     must be gone."""
     from attnlab.lab.server import start
 
