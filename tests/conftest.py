@@ -53,8 +53,7 @@ CHROMIUM = "/usr/bin/chromium"
 def lab():
     """``attnlab lab``'s server (marimo serving the packaged notebook on a free port), started once per test process
     for the browser tests (tests/test_lab_browser*.py, an ``xdist_group`` each: one server per worker that runs
-    any of them); every page is a fresh marimo session. Always stopped, and its process
-    must be gone."""
+    any of them); every page is a fresh marimo session. Always stopped, and its process must be gone."""
     from attnlab.lab.server import start
 
     server = start()
@@ -100,6 +99,11 @@ class ComputedOnce:
     whole-set acceptance test compute every check once between them. A row is JSON (lists, not tuples). Rows live in
     this run's base temporary folder (fresh for each run, shared by its workers), one file per key; a lock file per
     key makes a second asker wait for the row being computed instead of computing it again. Linux (``fcntl``).
+
+    The pattern (tests/test_check_heldout*.py): keys ``"<set>/<case name>"``; a parametrized per-case test that asserts
+    the rule's per-case parts on ``computed_once.row(key, compute)``, then, defined after it, the whole-set tests on
+    ``computed_once.rows(keys, compute)``. No module-scoped fixture holds the table: one would put the module's tests
+    in one worker (``pytest_collection_modifyitems`` below).
     """
 
     def __init__(self, root: Path) -> None:
