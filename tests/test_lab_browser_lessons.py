@@ -1,8 +1,8 @@
 """The lab's lessons as a person uses them, in Debian's Chromium: every article item as a preset, a committed
 prediction, pictures that fit from 1×1 to 32×32 with readable contrast, the Chinese view, and the live model.
 
-The server and browser fixtures are tests/conftest.py's (the server shared with test_lab_browser.py, in one
-pytest-xdist worker). Screenshots go to each test's ``tmp_path`` (and, when
+The server and browser fixtures are tests/conftest.py's (one server per pytest-xdist worker, one browser for this
+file's tests, in one worker). Screenshots go to each test's ``tmp_path`` (and, when
 ``ATTNLAB_SHOTS`` names a folder, a copy there to look at). Times are printed, never asserted.
 """
 
@@ -27,7 +27,7 @@ from attnlab.lab.logic import compute
 
 WAIT_MS = 30_000
 
-pytestmark = pytest.mark.xdist_group("lab-server")  # the server is shared with test_lab_browser.py
+pytestmark = pytest.mark.xdist_group("test_lab_browser_lessons")  # one browser; tests/test_lab_browser.py says why
 
 
 def shot(page: Page, tmp_path: Path, name: str, *, full: bool = True) -> Path:

@@ -14,6 +14,7 @@ Whoever changes the checker tunes it on the zoo (tests/zoo), never on this packa
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,3 +78,13 @@ def judge(case: Case, report: Any) -> str:
     if case.expected not in codes:
         return "misnamed" if codes else "no finding"
     return "pass"
+
+
+def table_row(case: Case) -> list[Any]:
+    """:func:`run_case` as one row of an acceptance table, in JSON: ``[codes, verdict, result]`` (the findings' codes
+    in order, the report's verdict, :func:`judge`'s result). The checked code's own RuntimeWarnings (NaN rows,
+    overflow) are expected and not errors here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = run_case(case)
+    return [[f.code for f in report.findings], report.verdict, judge(case, report)]
