@@ -449,6 +449,35 @@ register(
             "seconds to wait for the server to start (60)",
             "等待服务器启动的秒数（60）",
         ),
+        # ---- attnlab worksheet --help, and attnlab lab --item / --class
+        "help.worksheet.description": (
+            "attnlab worksheet: a printable worksheet of the articles' items and the lab's questions; the answers "
+            "follow a page break.",
+            "attnlab worksheet：生成可打印的练习单（两篇文章的条目与实验室的问题），答案在分页之后。",
+        ),
+        "help.worksheet.output": ("the file to write (.html or .md)", "要写入的文件（.html 或 .md）"),
+        "help.worksheet.lang": ("the worksheet's language: en or zh (default en)", "练习单的语言：en 或 zh（默认 en）"),
+        "help.worksheet.format": (
+            "html or markdown (default: from the file's ending)",
+            "html 或 markdown（默认：按文件扩展名）",
+        ),
+        "help.worksheet.item": (
+            "only item N of the articles (1-43, as in docs/learn.md; repeat for more)",
+            "只包含第 N 个条目（1-43，与 docs/learn.md 相同；可重复）",
+        ),
+        "help.worksheet.no_questions": ("leave out the lab's prediction questions", "不包含实验室的预测问题"),
+        "worksheet.wrote": (
+            "wrote {path} ({items} items, {questions} questions, answers after a page break)",
+            "已写入 {path}（{items} 个条目，{questions} 个问题，答案在分页之后）",
+        ),
+        "help.lab.item": (
+            "open the lab on item N of the articles (1-43) or the first item of an explain example, e.g. causal-4",
+            "打开实验室并载入第 N 个条目（1-43），或某个 explain 示例的第一个条目，例如 causal-4",
+        ),
+        "help.lab.class": (
+            "class mode (with --item): the item's answer stays hidden until a prediction is committed and revealed",
+            "课堂模式（与 --item 一起用）：在提交预测并揭晓之前隐藏该条目的答案",
+        ),
         # ---- the command line's values (localize_type) and argparse's own messages, in Chinese
         "argtype.int": ("expected an int >= {lo}, got {got!r}", "需要一个 >= {lo} 的整数，实际是 {got!r}"),
         "argtype.int_range": (

@@ -42,12 +42,13 @@ def _(I, T, lang, mo):
 
 
 @app.cell
-def _(P, T, lang, mo):
+def _(CM, P, T, lang, mo):
     _opts = {T(lang, "(your own inputs: the articles' four positions)"): ""}
     _opts.update({p.label(lang): key for key, p in P.ITEM_PRESETS.items()})
+    _asked = CM.item_of_query(mo.query_params())  # ?item=item-03 (attnlab lab --item): open on that item
     preset_pick = mo.ui.dropdown(
         options=_opts,
-        value=next(iter(_opts)),
+        value=P.ITEM_PRESETS[_asked].label(lang) if _asked else next(iter(_opts)),
         label=T(lang, "Article item (preset)"),
         full_width=True,
     )
@@ -63,8 +64,16 @@ def _(L, P, preset_pick):
 
 
 @app.cell
-def _(P, item, lang, mo):
-    mo.Html(P.item_html(item, lang)) if item is not None else None
+def _(CM, P, class_on, class_pred, class_show, item, lang, mo):
+    if item is None:
+        _out = None
+    elif class_on and not (class_show.value and class_pred.value.strip()):  # class mode: hidden until the reveal
+        _out = mo.vstack([mo.Html(CM.hidden_html(lang, bool(class_show.value))), class_pred, class_show])
+    elif class_on:
+        _out = mo.Html(CM.revealed_html(lang, class_pred.value, P.item_html(item, lang)))
+    else:
+        _out = mo.Html(P.item_html(item, lang))
+    _out  # noqa: B018 (a marimo cell shows its last expression)
     return
 
 
@@ -489,6 +498,26 @@ def _(LV, T, lang, live_intervene, live_model, live_text, mo):
                 T(lang, "*Press the button to compare the weight each token receives with the effect of deleting it.*")
             )
         )
+    return
+
+
+# ---- class mode (attnlab lab --item N --class) and the live model's pre-load (attnlab.lab.classmode, bench_lab.py)
+@app.cell
+def _(T, lang, mo):
+    from attnlab.lab import classmode as CM
+
+    # ?item=...&class=1: the item's answer stays hidden until a prediction is written and revealed
+    class_on = CM.is_class(mo.query_params())
+    class_pred = mo.ui.text_area(placeholder="…", label=T(lang, "class.prediction"), rows=2, full_width=True)
+    class_show = mo.ui.switch(label=T(lang, "reveal"))
+    return CM, class_on, class_pred, class_show
+
+
+@app.cell
+def _(LV, live_model):
+    # start loading the live model as soon as the page opens (in the background, once per server): the first
+    # heatmap after "run" then waits only for what is left of the load
+    LV.loader(live_model.value).start()
     return
 
 
