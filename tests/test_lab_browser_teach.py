@@ -41,7 +41,7 @@ def test_a_class_link_hides_the_answer_until_a_prediction_is_revealed(lab, brows
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
         page.goto(lab.url + class_query(key))
-        page.wait_for_selector("#al-weights")
+        page.wait_for_selector("[data-testid='al-class-hidden-weights']")
         if lang == "zh":
             page.locator("select").first.select_option(label="中文")
             page.wait_for_selector(f"text={I.t('zh', 'class.prediction')}")
@@ -50,6 +50,7 @@ def test_a_class_link_hides_the_answer_until_a_prediction_is_revealed(lab, brows
         # the preset is loaded (its label in the dropdown), its explanation is not on the page
         assert page.locator("select").nth(1).evaluate("s => s.options[s.selectedIndex].value") != ""
         assert page.locator("[data-testid='al-item']").count() == 0
+        assert page.locator("#al-weights").count() == 0  # nor the weights the lab computes
         assert "1       0       0       0" not in page.content()
         hidden.scroll_into_view_if_needed()
         shot(page, tmp_path, f"lab-class-hidden-{lang}")
@@ -58,12 +59,28 @@ def test_a_class_link_hides_the_answer_until_a_prediction_is_revealed(lab, brows
         page.wait_for_selector("[data-testid='al-class-hidden'][data-asked='true']")
         assert page.locator("[data-testid='al-item']").count() == 0
         box = page.get_by_role("textbox", name=I.t(lang, "class.prediction"))
-        box.fill("[1, 0, 0, 0]: q0 sees only k0")
+        mine = "[1, 0, 0, 0]: q0 sees only k0" if lang == "en" else "[1, 0, 0, 0]：q0 只能看到 k0"
+        box.fill(mine)
         box.blur()
         done = page.wait_for_selector("[data-testid='al-class-revealed'] [data-testid='al-item']")
         assert answer in done.inner_text()
-        assert "[1, 0, 0, 0]: q0 sees only k0" in page.locator("[data-testid='al-class-revealed']").inner_text()
+        page.wait_for_selector("#al-weights[data-causal='true']")  # the experiment is back after the reveal
+        assert mine in page.locator("[data-testid='al-class-revealed']").inner_text()
         page.locator("[data-testid='al-class-revealed']").scroll_into_view_if_needed()
         shot(page, tmp_path, f"lab-class-revealed-{lang}")
     finally:
         context.close()
+
+
+def test_item_names_and_the_class_flags_are_checked(capsys):
+    from attnlab.cli import main
+    from attnlab.errors import OptionError
+
+    assert item_key("4") == item_key("causal-4") == item_key("item-03") == "item-03"
+    assert ITEMS[int(item_key("2x2")[5:])].argv == ("2x2",)
+    with pytest.raises(OptionError, match=r"--item: expected an item number 1-43 or one of .*causal-4.*, got 'nope'"):
+        item_key("nope")
+    assert main(["lab", "--class"]) == 2
+    assert "--class: needs --item N" in capsys.readouterr().err
+    assert main(["lab", "--item", "44"]) == 2
+    assert "--item: expected an item number 1-43" in capsys.readouterr().err

@@ -478,6 +478,39 @@ register(
             "class mode (with --item): the item's answer stays hidden until a prediction is committed and revealed",
             "课堂模式（与 --item 一起用）：在提交预测并揭晓之前隐藏该条目的答案",
         ),
+        # the worksheet's words (attnlab.lab.worksheet) and class mode's (attnlab.lab.classmode)
+        "ws.title": ("attnlab worksheet: attention by hand", "attnlab 练习单：手算注意力"),
+        "ws.intro": (
+            "Predict each blank before you run the command; the answers are on the last pages.",
+            "先预测每个空，再运行命令；答案在最后几页。",
+        ),
+        "ws.items": ("Part 1. The articles' items", "第一部分：两篇文章的条目"),
+        "ws.item": ("Item {n}. Article {source}, {section}", "条目 {n}：文章 {source}，{section}"),
+        "ws.command": ("Command:", "命令："),
+        "ws.fill": ("Fill in the numbers it prints:", "填写它打印的数："),
+        "ws.write": ("Write what it prints and why:", "写出它打印的内容及原因："),
+        "ws.questions": (
+            "Part 2. Predict, then reveal (the lab's questions)",
+            "第二部分：先预测，再揭晓（实验室的问题）",
+        ),
+        "ws.why": ("Why?", "为什么？"),
+        "ws.answers": ("Answers", "答案"),
+        "ws.answer_item": ("Item {n}: `{cmd}` prints", "条目 {n}：`{cmd}` 打印"),
+        "ws.answer_question": ("Question {n}: {answer}", "问题 {n}：{answer}"),
+        "ws.made_by": (
+            "Made by `attnlab worksheet --lang {lang}`; every answer is computed by attnlab's core.",
+            "由 `attnlab worksheet --lang {lang}` 生成；每个答案都由 attnlab 的核心计算。",
+        ),
+        "class.hidden": (
+            "Class mode: the answer is hidden. Write your prediction below, then switch on reveal.",
+            "课堂模式：答案已隐藏。先在下面写下你的预测，再打开“揭晓”。",
+        ),
+        "class.predict_first": (
+            "Write a prediction first: the answer stays hidden until you commit one.",
+            "请先写下预测：提交预测之前答案一直隐藏。",
+        ),
+        "class.prediction": ("your prediction", "你的预测"),
+        "class.committed": ("Your committed prediction: {p}", "你提交的预测：{p}"),
         # ---- the command line's values (localize_type) and argparse's own messages, in Chinese
         "argtype.int": ("expected an int >= {lo}, got {got!r}", "需要一个 >= {lo} 的整数，实际是 {got!r}"),
         "argtype.int_range": (

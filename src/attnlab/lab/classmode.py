@@ -19,26 +19,9 @@ from typing import Any
 
 from ..articles import ITEMS
 from ..errors import OptionError
-from ..i18n import register
 from .i18n import t
 
 __all__ = ["class_query", "hidden_html", "is_class", "item_key", "item_of_query", "revealed_html"]
-
-register(
-    "classmode",
-    {
-        "class.hidden": (
-            "Class mode: the answer is hidden. Write your prediction below, then switch on reveal.",
-            "课堂模式：答案已隐藏。先在下面写下你的预测，再打开“揭晓”。",
-        ),
-        "class.predict_first": (
-            "Write a prediction first: the answer stays hidden until you commit one.",
-            "请先写下预测：提交预测之前答案一直隐藏。",
-        ),
-        "class.prediction": ("your prediction", "你的预测"),
-        "class.committed": ("Your committed prediction: {p}", "你提交的预测：{p}"),
-    },
-)
 
 
 def _key(index: int) -> str:
@@ -91,12 +74,12 @@ def is_class(params: Mapping[str, Any] | Any) -> bool:
         return False
 
 
-def hidden_html(lang: str, asked: bool) -> str:
+def hidden_html(lang: str, asked: bool, testid: str = "al-class-hidden") -> str:
     """What stands where the answer will be: the class-mode note, or (``asked``: reveal was pressed without a
-    prediction) the request to predict first (``data-testid="al-class-hidden"``)."""
+    prediction) the request to predict first (``data-testid`` is ``testid``)."""
     words = t(lang, "class.predict_first" if asked else "class.hidden")
     return (
-        f'<div data-testid="al-class-hidden" data-asked="{str(asked).lower()}" style="padding:8px 12px;'
+        f'<div data-testid="{testid}" data-asked="{str(asked).lower()}" style="padding:8px 12px;'
         f'border:1px dashed #6a51a3;background:#f2f0f7;color:#3f007d"><b>{html.escape(words)}</b></div>'
     )
 

@@ -64,10 +64,10 @@ def _(L, P, preset_pick):
 
 
 @app.cell
-def _(CM, P, class_on, class_pred, class_show, item, lang, mo):
+def _(CM, P, class_hidden, class_on, class_pred, class_show, item, lang, mo):
     if item is None:
         _out = None
-    elif class_on and not (class_show.value and class_pred.value.strip()):  # class mode: hidden until the reveal
+    elif class_hidden:  # class mode: the answer (and the weights below) hidden until the reveal
         _out = mo.vstack([mo.Html(CM.hidden_html(lang, bool(class_show.value))), class_pred, class_show])
     elif class_on:
         _out = mo.Html(CM.revealed_html(lang, class_pred.value, P.item_html(item, lang)))
@@ -206,15 +206,19 @@ def _(
 
 
 @app.cell
-def _(L, T, lang, mo, result):
+def _(CM, L, T, class_hidden, lang, mo, result):
     # One cell for the numbers and the pictures, so both arrive with the same update.
     mo.vstack(
         [
             mo.md("## " + T(lang, "Weights and output")),
-            mo.Html(L.result_html(result, lang)),
+            mo.Html(CM.hidden_html(lang, False, "al-class-hidden-weights"))
+            if class_hidden
+            else mo.Html(L.result_html(result, lang)),
             mo.Html(L.pictures_html(result, lang))
-            if result.ok
-            else mo.md(T(lang, "*(no picture until the inputs are fixed)*")),
+            if result.ok and not class_hidden
+            else mo.md(T(lang, "*(no picture until the inputs are fixed)*"))
+            if not class_hidden
+            else None,
         ]
     )
     return
@@ -511,6 +515,12 @@ def _(T, lang, mo):
     class_pred = mo.ui.text_area(placeholder="…", label=T(lang, "class.prediction"), rows=2, full_width=True)
     class_show = mo.ui.switch(label=T(lang, "reveal"))
     return CM, class_on, class_pred, class_show
+
+
+@app.cell
+def _(class_on, class_pred, class_show):
+    class_hidden = class_on and not (class_show.value and class_pred.value.strip())
+    return (class_hidden,)
 
 
 @app.cell

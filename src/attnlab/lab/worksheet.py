@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 
 from ..articles import ITEMS
-from ..i18n import check_lang, register
+from ..i18n import check_lang
 from ..validate import check_int
 from .i18n import t
 from .predict import QUESTIONS
@@ -41,34 +41,6 @@ PAGE_BREAK = '<div class="ws-break" style="break-before: page; page-break-before
 
 #: A number as ``attnlab explain`` prints it: 0.6698, -2.2118, 1,048,576, 1e9, inf, nan; 16 of 16x and 16×.
 _NUMBER = re.compile(r"(?<![\w.])[-−]?(?:\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?(?:e[+-]?\d+)?|inf|nan)(?!\.\d|[\dA-Za-wyz_])")
-
-register(
-    "worksheet",
-    {
-        "ws.title": ("attnlab worksheet: attention by hand", "attnlab 练习单：手算注意力"),
-        "ws.intro": (
-            "Predict each blank before you run the command; the answers are on the last pages.",
-            "先预测每个空，再运行命令；答案在最后几页。",
-        ),
-        "ws.items": ("Part 1. The articles' items", "第一部分：两篇文章的条目"),
-        "ws.item": ("Item {n}. Article {source}, {section}", "条目 {n}：文章 {source}，{section}"),
-        "ws.command": ("Command:", "命令："),
-        "ws.fill": ("Fill in the numbers it prints:", "填写它打印的数："),
-        "ws.write": ("Write what it prints and why:", "写出它打印的内容及原因："),
-        "ws.questions": (
-            "Part 2. Predict, then reveal (the lab's questions)",
-            "第二部分：先预测，再揭晓（实验室的问题）",
-        ),
-        "ws.why": ("Why?", "为什么？"),
-        "ws.answers": ("Answers", "答案"),
-        "ws.answer_item": ("Item {n}: `{cmd}` prints", "条目 {n}：`{cmd}` 打印"),
-        "ws.answer_question": ("Question {n}: {answer}", "问题 {n}：{answer}"),
-        "ws.made_by": (
-            "Made by `attnlab worksheet --lang {lang}`; every answer is computed by attnlab's core.",
-            "由 `attnlab worksheet --lang {lang}` 生成；每个答案都由 attnlab 的核心计算。",
-        ),
-    },
-)
 
 
 @dataclass(frozen=True)
