@@ -50,10 +50,14 @@ def test_a_class_link_hides_the_answer_until_a_prediction_is_revealed(lab, brows
         # the preset is loaded (its label in the dropdown), its explanation is not on the page
         assert page.locator("select").nth(1).evaluate("s => s.options[s.selectedIndex].value") != ""
         assert page.locator("[data-testid='al-item']").count() == 0
-        assert page.locator("#al-weights").count() == 0  # nor the weights the lab computes
+        assert page.locator("#al-weights").count() == 0  # nor the weights the lab computes, nor its steps
+        steps = I.t(lang, "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)")
+        assert page.get_by_text(steps).count() == 0
         assert "1       0       0       0" not in page.content()
         hidden.scroll_into_view_if_needed()
         shot(page, tmp_path, f"lab-class-hidden-{lang}")
+        page.locator("[data-testid='al-class-hidden-weights']").scroll_into_view_if_needed()
+        shot(page, tmp_path, f"lab-class-hidden-weights-{lang}")
         reveal = page.get_by_role("switch", name=I.t(lang, "reveal")).first
         reveal.click()  # reveal without a prediction: still hidden, the page asks for one
         page.wait_for_selector("[data-testid='al-class-hidden'][data-asked='true']")
@@ -66,8 +70,10 @@ def test_a_class_link_hides_the_answer_until_a_prediction_is_revealed(lab, brows
         assert answer in done.inner_text()
         page.wait_for_selector("#al-weights[data-causal='true']")  # the experiment is back after the reveal
         assert mine in page.locator("[data-testid='al-class-revealed']").inner_text()
-        page.locator("[data-testid='al-class-revealed']").scroll_into_view_if_needed()
+        page.locator("[data-testid='al-class-revealed'] mark").first.scroll_into_view_if_needed()
         shot(page, tmp_path, f"lab-class-revealed-{lang}")
+        page.locator("#al-weights").scroll_into_view_if_needed()
+        shot(page, tmp_path, f"lab-class-revealed-weights-{lang}")
     finally:
         context.close()
 

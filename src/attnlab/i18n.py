@@ -509,6 +509,10 @@ register(
             "Write a prediction first: the answer stays hidden until you commit one.",
             "请先写下预测：提交预测之前答案一直隐藏。",
         ),
+        "class.hidden_weights": (
+            "Class mode: the weights, the output and the pictures appear after the reveal above.",
+            "课堂模式：权重、输出和图在上方揭晓之后显示。",
+        ),
         "class.prediction": ("your prediction", "你的预测"),
         "class.committed": ("Your committed prediction: {p}", "你提交的预测：{p}"),
         # ---- the command line's values (localize_type) and argparse's own messages, in Chinese

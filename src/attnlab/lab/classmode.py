@@ -21,7 +21,15 @@ from ..articles import ITEMS
 from ..errors import OptionError
 from .i18n import t
 
-__all__ = ["class_query", "hidden_html", "is_class", "item_key", "item_of_query", "revealed_html"]
+__all__ = [
+    "class_query",
+    "hidden_html",
+    "hidden_weights_html",
+    "is_class",
+    "item_key",
+    "item_of_query",
+    "revealed_html",
+]
 
 
 def _key(index: int) -> str:
@@ -74,14 +82,19 @@ def is_class(params: Mapping[str, Any] | Any) -> bool:
         return False
 
 
-def hidden_html(lang: str, asked: bool, testid: str = "al-class-hidden") -> str:
+def hidden_html(lang: str, asked: bool, testid: str = "al-class-hidden", words: str = "") -> str:
     """What stands where the answer will be: the class-mode note, or (``asked``: reveal was pressed without a
-    prediction) the request to predict first (``data-testid`` is ``testid``)."""
-    words = t(lang, "class.predict_first" if asked else "class.hidden")
+    prediction) the request to predict first; ``words`` instead of either (``data-testid`` is ``testid``)."""
+    words = words or t(lang, "class.predict_first" if asked else "class.hidden")
     return (
         f'<div data-testid="{testid}" data-asked="{str(asked).lower()}" style="padding:8px 12px;'
         f'border:1px dashed #6a51a3;background:#f2f0f7;color:#3f007d"><b>{html.escape(words)}</b></div>'
     )
+
+
+def hidden_weights_html(lang: str) -> str:
+    """What stands where the weights table and the pictures will be until the item's reveal."""
+    return hidden_html(lang, False, "al-class-hidden-weights", t(lang, "class.hidden_weights"))
 
 
 def revealed_html(lang: str, prediction: str, answer: str) -> str:

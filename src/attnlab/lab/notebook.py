@@ -208,26 +208,20 @@ def _(
 @app.cell
 def _(CM, L, T, class_hidden, lang, mo, result):
     # One cell for the numbers and the pictures, so both arrive with the same update.
-    mo.vstack(
-        [
-            mo.md("## " + T(lang, "Weights and output")),
-            mo.Html(CM.hidden_html(lang, False, "al-class-hidden-weights"))
-            if class_hidden
-            else mo.Html(L.result_html(result, lang)),
-            mo.Html(L.pictures_html(result, lang))
-            if result.ok and not class_hidden
-            else mo.md(T(lang, "*(no picture until the inputs are fixed)*"))
-            if not class_hidden
-            else None,
-        ]
-    )
+    if class_hidden:  # class mode (attnlab.lab.classmode): shown after the item's reveal
+        _shown = [mo.Html(CM.hidden_weights_html(lang))]
+    elif result.ok:
+        _shown = [mo.Html(L.result_html(result, lang)), mo.Html(L.pictures_html(result, lang))]
+    else:
+        _shown = [mo.Html(L.result_html(result, lang)), mo.md(T(lang, "*(no picture until the inputs are fixed)*"))]
+    mo.vstack([mo.md("## " + T(lang, "Weights and output")), *_shown])
     return
 
 
 @app.cell
-def _(L, T, lang, mo, result):
+def _(L, T, class_hidden, lang, mo, result):
     # Built only when the accordion is opened, so moving a slider does not redraw every step table.
-    mo.accordion(
+    None if class_hidden else mo.accordion(
         {
             T(lang, "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)"): mo.lazy(
                 lambda: mo.Html(L.steps_html(result, lang))
