@@ -3,7 +3,9 @@ the checker, in-process, with what was expected, what was found and the verdict,
 
 Run: ``PYTHONPATH=src python benchmarks/check_acceptance.py`` (the forward set; ``--backward`` the held-out backward
 passes of ``tests/heldout/backward_passes.py``; ``--set 2`` the second held-out sets, ``tests/heldout2/`` and
-``tests/heldout2_backward/``, written later by other authors; ``--json`` for machine-readable rows). Exit status 0
+``tests/heldout2_backward/``, written later by other authors; ``--set 3`` the third set, ``tests/heldout3/``, forward
+and gradient cases rebuilt from public bug reports by an author who never read the checker (issue 20); ``--json``
+for machine-readable rows). Exit status 0
 when the acceptance rule holds, 1 when it does not.
 """
 
@@ -102,6 +104,47 @@ def backward_rows(cases: list) -> list[dict]:
     return out
 
 
+def set3_rows() -> list[dict]:
+    """The third held-out set (``tests/heldout3/``, forward and backward cases in one table), as :func:`rows`: a
+    buggy case passes when its ``EXPECTED`` code (or one of its ``ALSO_OK`` codes) is among the findings."""
+    from heldout3 import load_cases
+
+    import attnlab
+
+    out = []
+    for case in load_cases():
+        t0 = time.perf_counter()
+        try:
+            report = attnlab.check(case.target, isolate=False, name=case.name, **case.check_options())
+            codes = [f.code for f in report.findings]
+            verdict = report.verdict
+        except Exception as err:  # the checker itself failed: that is a result too
+            codes, verdict = [f"checker raised {type(err).__name__}: {err}"[:200]], "checker-error"
+        named = {case.expected, *case.also_ok} & set(codes) if case.buggy else set()
+        if verdict == "checker-error":
+            result = "checker error"
+        elif not case.buggy:
+            result = "pass" if not codes else "false finding"
+        else:
+            result = "pass" if named else ("OK on a bug" if verdict == "clean" else "misnamed")
+        out.append(
+            {
+                "case": case.name,
+                "kind": case.kind,
+                "expected": case.expected or "-",
+                "second": "",
+                "got": ",".join(codes) or "-",
+                "verdict": verdict,
+                "result": result,
+                "strict": bool(case.buggy and case.expected in codes),
+                "second_found": False,
+                "seconds": time.perf_counter() - t0,
+                "buggy": case.buggy,
+            }
+        )
+    return out
+
+
 def summary(table: list[dict]) -> dict:
     buggy = [r for r in table if r["buggy"]]
     correct = [r for r in table if not r["buggy"]]
@@ -125,10 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
     ap.add_argument("--backward", action="store_true", help="the held-out backward passes instead of the forward set")
-    ap.add_argument("--set", type=int, choices=(1, 2), default=1, help="the first (default) or the second held-out set")
+    ap.add_argument("--set", type=int, choices=(1, 2, 3), default=1, help="the held-out set: 1 (default), 2 or 3")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    table = backward_rows(backward_cases(args.set)) if args.backward else rows(forward_cases(args.set))
+    if args.set == 3:  # one table: its forward and backward cases
+        table = set3_rows()
+    else:
+        table = backward_rows(backward_cases(args.set)) if args.backward else rows(forward_cases(args.set))
     s = summary(table)
     if args.json:
         print(json.dumps({"rows": table, "summary": s}, indent=1))
@@ -143,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"correct cases with a finding: {len(s['false_findings'])}/{s['correct']} {s['false_findings'] or ''}")
     print(f"buggy cases with a clean verdict: {len(s['ok_on_bug'])} {s['ok_on_bug'] or ''}")
     print(f"second planted bug reported too: {s['second_bug_found']}")
+    for kind in sorted({r["kind"] for r in table if "kind" in r}):
+        mine = [r for r in table if r.get("kind") == kind and r["buggy"]]
+        strict = sum(r["strict"] for r in mine)
+        named = sum(r["result"] == "pass" for r in mine)
+        print(f"  {kind}: {named}/{len(mine)} named ({strict} by EXPECTED itself)")
     print(f"acceptance: {'MET' if s['accepted'] else 'NOT MET'} ({time.perf_counter() - t0:.1f} s)")
     return 0 if s["accepted"] else 1
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import Any
 
 from .errors import OptionError
 from .validate import check_float, check_int
@@ -41,6 +42,7 @@ __all__ = [
     "input_file",
     "int_or_text",
     "int_type",
+    "keywords",
     "output_file",
     "probability",
     "text_type",
@@ -183,6 +185,17 @@ def index_in(flag: str, value: int | None, size: int, what: str) -> int | None:
     if not 0 <= value < size:
         raise OptionError(f"{flag}: expected an int in [0, {size - 1}] ({size} {what}), got {value}")
     return value
+
+
+def keywords(args: argparse.Namespace, flags: Mapping[str, str]) -> dict[str, Any]:
+    """A library function's keyword arguments from the parsed command line: ``flags`` maps each keyword to the
+    option that sets it (the one table a command keeps, also for naming the option in an error), and each value
+    is what argparse stored for that option.
+
+    >>> keywords(argparse.Namespace(pairs=8, block_q=None), {"n_pairs": "--pairs", "block_q": "--block-q"})
+    {'n_pairs': 8, 'block_q': None}
+    """
+    return {keyword: getattr(args, flag.lstrip("-").replace("-", "_")) for keyword, flag in flags.items()}
 
 
 def int_or_text(text: str) -> int | str:

@@ -7,6 +7,7 @@ detail". Each example keeps the article's inputs exactly; the numbers the articl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 
@@ -61,171 +62,153 @@ def _a(x) -> np.ndarray:
     return a
 
 
+class _Inputs(TypedDict):
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+
+
+def _inputs(q, k, v) -> _Inputs:
+    """An example's ``q, k, v`` as read-only arrays (``Example(name, title, source, **_inputs(q, k, v))``)."""
+    return {"q": _a(q), "k": _a(k), "v": _a(v)}
+
+
+def _by_name(*examples: Example) -> dict[str, Example]:
+    return {e.name: e for e in examples}
+
+
 _I2 = [[1, 0], [0, 1]]
 _V2 = [[10, 0], [0, 20]]
+_V3 = [[10, 0], [0, 10], [5, 5]]  # the weighted average's three values (001 §1), read again in §3 and §8
+#: The 2×2 example (Q = K = I) and the four positions of article 000's causal example (its self-test adds a bias):
+#: each example below that starts from them names them, so the article's numbers are written once.
+_TWO = _inputs(_I2, _I2, _V2)
+_PAD_QK = [[1, 0], [0, 1], [1, 1], [0, 0]]  # the padding example's queries = keys: three tokens and PAD
+_FOUR = _inputs([[1, 0], [0, 1], [1, 1], [1, -1]], [[1, 0], [0, 1], [1, 1], [-1, 1]], [[1, 0], [0, 1], [1, 1], [2, 0]])
 
 #: The six lesson examples of the articles by name (``attnlab explain NAME``; ``2x2`` is the demo's).
-EXAMPLES: dict[str, Example] = {
-    e.name: e
-    for e in (
-        Example(
-            "weighted-average",
-            "Attention is a weighted average: 0.6 v1 + 0.3 v2 + 0.1 v3",
-            "001 §1",
-            v=_a([[10, 0], [0, 10], [5, 5]]),
-            weights=_a([[0.6, 0.3, 0.1]]),
-        ),
-        Example(
-            "one-query",
-            "One query [1, 0] against keys [1, 0] and [0, 1]",
-            "000, 'compute one row by hand'",
-            q=_a([[1, 0]]),
-            k=_a(_I2),
-            v=_a(_V2),
-            align="bottom_right",
-        ),
-        Example("2x2", "The 2×2 example: Q = K = I, V = [[10, 0], [0, 20]]", "001 §5", q=_a(_I2), k=_a(_I2), v=_a(_V2)),
-        Example(
-            "2x2-causal",
-            "The 2×2 example with the causal mask",
-            "001 §7.3",
-            q=_a(_I2),
-            k=_a(_I2),
-            v=_a(_V2),
-            causal=True,
-        ),
-        Example(
-            "causal-4",
-            "Four positions under the causal mask: row i has i + 1 legal keys",
-            "000, 'causality is an information boundary'",
-            q=_a([[1, 0], [0, 1], [1, 1], [1, -1]]),
-            k=_a([[1, 0], [0, 1], [1, 1], [-1, 1]]),
-            v=_a([[1, 0], [0, 1], [1, 1], [2, 0]]),
-            causal=True,
-        ),
-        Example(
-            "saturation",
-            "Why scale: softmax([1, 2]) vs softmax([10, 20])",
-            "001 §4.2",
-            logits=(_a([1.0, 2.0]), _a([10.0, 20.0])),
-        ),
-    )
-}
+EXAMPLES: dict[str, Example] = _by_name(
+    Example(
+        "weighted-average",
+        "Attention is a weighted average: 0.6 v1 + 0.3 v2 + 0.1 v3",
+        "001 §1",
+        v=_a(_V3),
+        weights=_a([[0.6, 0.3, 0.1]]),
+    ),
+    Example(
+        "one-query",
+        "One query [1, 0] against keys [1, 0] and [0, 1]",
+        "000, 'compute one row by hand'",
+        **_inputs([[1, 0]], _I2, _V2),
+        align="bottom_right",
+    ),
+    Example("2x2", "The 2×2 example: Q = K = I, V = [[10, 0], [0, 20]]", "001 §5", **_TWO),
+    Example("2x2-causal", "The 2×2 example with the causal mask", "001 §7.3", **_TWO, causal=True),
+    Example(
+        "causal-4",
+        "Four positions under the causal mask: row i has i + 1 legal keys",
+        "000, 'causality is an information boundary'",
+        **_FOUR,
+        causal=True,
+    ),
+    Example(
+        "saturation",
+        "Why scale: softmax([1, 2]) vs softmax([10, 20])",
+        "001 §4.2",
+        logits=(_a([1.0, 2.0]), _a([10.0, 20.0])),
+    ),
+)
 
 
 #: Further worked numbers the articles use to make a point (kept apart from the six lesson examples above).
-EXTRA_EXAMPLES: dict[str, Example] = {
-    e.name: e
-    for e in (
-        Example(
-            "mask-order",
-            "Mask before softmax: scores [1, 2] with the second key masked",
-            "001 §7.4",
-            q=_a([[1]]),
-            k=_a([[1], [2]]),
-            v=_a(_V2),
-            mask=_a([[True, False]]),
-            scale=1.0,
-        ),
-        Example(
-            "one-query-v100",
-            "The one-query example with v0 = [100, 0]: the same weights, another output",
-            "000, notebook",
-            q=_a([[1, 0]]),
-            k=_a(_I2),
-            v=_a([[100, 0], [0, 20]]),
-            align="bottom_right",
-        ),
-        Example(
-            "dot-product",
-            "A dot product is a match score, not a probability: same direction, opposite, orthogonal",
-            "001 §3, §3.1",
-            q=_a([[1, 1]]),
-            k=_a([[1, 1], [-1, -1], [1, -1]]),
-            v=_a([[10, 0], [0, 10], [5, 5]]),
-        ),
-        Example(
-            "cross",
-            "Cross attention: 2 queries read 3 source positions; A is [n_q, n_k] = [2, 3], not square",
-            "001 §2.2, §8",
-            q=_a(_I2),
-            k=_a([[1, 0], [0, 1], [1, 1]]),
-            v=_a([[10, 0], [0, 10], [5, 5]]),
-        ),
-        Example(
-            "padding",
-            "Padding masks the PAD key column; the PAD query still gets an output",
-            "001 §7.1, §17.4",
-            q=_a([[1, 0], [0, 1], [1, 1], [0, 0]]),
-            k=_a([[1, 0], [0, 1], [1, 1], [0, 0]]),
-            v=_a([[1, 0], [0, 1], [1, 1], [9, 9]]),
-            padding=3,
-            tokens=("我", "喜欢", "猫", "PAD"),
-        ),
-        Example(
-            "all-masked",
-            "A query row with every key masked: softmax over nothing is 0/0 = NaN",
-            "001 §7.5; 000, engineering trap",
-            q=_a(_I2),
-            k=_a(_I2),
-            v=_a(_V2),
-            mask=_a([[False, False], [True, True]]),
-            masked_rows="nan",
-        ),
-        Example(
-            "column-bias",
-            "Self-test, second half: a different bias per column changes the weights",
-            "000, self-test",
-            q=_a([[1, 0], [0, 1], [1, 1], [1, -1]]),
-            k=_a([[1, 0], [0, 1], [1, 1], [-1, 1]]),
-            v=_a([[1, 0], [0, 1], [1, 1], [2, 0]]),
-            causal=True,
-            bias=_a([[0.0, 1.0, 2.0, 3.0]]),
-        ),
-    )
-}
+EXTRA_EXAMPLES: dict[str, Example] = _by_name(
+    Example(
+        "mask-order",
+        "Mask before softmax: scores [1, 2] with the second key masked",
+        "001 §7.4",
+        **_inputs([[1]], [[1], [2]], _V2),
+        mask=_a([[True, False]]),
+        scale=1.0,
+    ),
+    Example(
+        "one-query-v100",
+        "The one-query example with v0 = [100, 0]: the same weights, another output",
+        "000, notebook",
+        **_inputs([[1, 0]], _I2, [[100, 0], [0, 20]]),
+        align="bottom_right",
+    ),
+    Example(
+        "dot-product",
+        "A dot product is a match score, not a probability: same direction, opposite, orthogonal",
+        "001 §3, §3.1",
+        **_inputs([[1, 1]], [[1, 1], [-1, -1], [1, -1]], _V3),
+    ),
+    Example(
+        "cross",
+        "Cross attention: 2 queries read 3 source positions; A is [n_q, n_k] = [2, 3], not square",
+        "001 §2.2, §8",
+        **_inputs(_I2, [[1, 0], [0, 1], [1, 1]], _V3),
+    ),
+    Example(
+        "padding",
+        "Padding masks the PAD key column; the PAD query still gets an output",
+        "001 §7.1, §17.4",
+        **_inputs(_PAD_QK, _PAD_QK, [[1, 0], [0, 1], [1, 1], [9, 9]]),
+        padding=3,
+        tokens=("我", "喜欢", "猫", "PAD"),
+    ),
+    Example(
+        "all-masked",
+        "A query row with every key masked: softmax over nothing is 0/0 = NaN",
+        "001 §7.5; 000, engineering trap",
+        **_TWO,
+        mask=_a([[False, False], [True, True]]),
+        masked_rows="nan",
+    ),
+    Example(
+        "column-bias",
+        "Self-test, second half: a different bias per column changes the weights",
+        "000, self-test",
+        **_FOUR,
+        causal=True,
+        bias=_a([[0.0, 1.0, 2.0, 3.0]]),
+    ),
+)
 
 
 #: Lessons computed by :mod:`attnlab.explain.lessons` (no Q, K, V of their own): name -> title and source.
-LESSONS: dict[str, Example] = {
-    e.name: e
-    for e in (
-        Example("variance", "Why 1/sqrt(d_k): the variance of q·k grows with d_k; the scale restores it", "001 §4.1"),
-        Example("overflow", "Stable softmax: e^1000 overflows unless the row max is subtracted first", "001 §6"),
-        Example(
-            "fp16-mask", "Additive masks and dtypes: -1e9 is fine in float32 and becomes -inf in float16", "001 §7"
-        ),
-        Example(
-            "self-test", "Self-test: add 100 to every legal score; then a different bias per column", "000, self-test"
-        ),
-        Example(
-            "multi-head",
-            "Multi-head: split -> per-head attention -> concat -> W_O, with the shapes",
-            "001 §10-§11; 000",
-        ),
-        Example("dropout", "Dropout on the weights: after inverted dropout the rows no longer sum to 1", "001 §18"),
-        Example(
-            "growth",
-            "T² growth: 1,024 -> 4,096 tokens is 4x the length and 16x the score elements",
-            "000; 001 §13, §19",
-        ),
-        Example(
-            "complexity", "Cost: projections O(B n d²), scores O(B n² d), memory O(B h n²), the KV cache", "001 §13-§15"
-        ),
-        Example("leak-test", "Leak test: change a future token; a causal output must not move", "001 §17.3, §20"),
-        Example(
-            "mask-not-access",
-            "A mask is not access control: b never attends to the secret, yet reads it through a in a second layer",
-            "001 §17.5, §21",
-        ),
-        Example(
-            "long-context",
-            "Long context: doubling n is 4x the score elements; a window, MQA/GQA and the KV cache grow otherwise",
-            "001 §19",
-        ),
-        Example("invariants", "The six invariants of every attention implementation, each with its number", "001 §21"),
-    )
-}
+LESSONS: dict[str, Example] = _by_name(
+    Example("variance", "Why 1/sqrt(d_k): the variance of q·k grows with d_k; the scale restores it", "001 §4.1"),
+    Example("overflow", "Stable softmax: e^1000 overflows unless the row max is subtracted first", "001 §6"),
+    Example("fp16-mask", "Additive masks and dtypes: -1e9 is fine in float32 and becomes -inf in float16", "001 §7"),
+    Example("self-test", "Self-test: add 100 to every legal score; then a different bias per column", "000, self-test"),
+    Example(
+        "multi-head",
+        "Multi-head: split -> per-head attention -> concat -> W_O, with the shapes",
+        "001 §10-§11; 000",
+    ),
+    Example("dropout", "Dropout on the weights: after inverted dropout the rows no longer sum to 1", "001 §18"),
+    Example(
+        "growth",
+        "T² growth: 1,024 -> 4,096 tokens is 4x the length and 16x the score elements",
+        "000; 001 §13, §19",
+    ),
+    Example(
+        "complexity", "Cost: projections O(B n d²), scores O(B n² d), memory O(B h n²), the KV cache", "001 §13-§15"
+    ),
+    Example("leak-test", "Leak test: change a future token; a causal output must not move", "001 §17.3, §20"),
+    Example(
+        "mask-not-access",
+        "A mask is not access control: b never attends to the secret, yet reads it through a in a second layer",
+        "001 §17.5, §21",
+    ),
+    Example(
+        "long-context",
+        "Long context: doubling n is 4x the score elements; a window, MQA/GQA and the KV cache grow otherwise",
+        "001 §19",
+    ),
+    Example("invariants", "The six invariants of every attention implementation, each with its number", "001 §21"),
+)
 
 
 #: d_k values of the variance experiment (001 §4.1): 2 and 8, the articles' d_head 64, their d_model 512.

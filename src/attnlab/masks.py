@@ -38,7 +38,7 @@ import numpy as np
 
 from ._arrays import namespace, shape_of, to_numpy
 from .errors import DTypeError, MaskError, MemoryLimitError, NonFiniteError, OptionError, ShapeError
-from .validate import check_float, check_int
+from .validate import check_float, check_int, check_optional_int
 
 __all__ = [
     "ALLOWED",
@@ -255,7 +255,7 @@ def window(
     n_q = _check_len("n_q", n_q)
     n_k = n_q if n_k is None else _check_len("n_k", n_k)
     for name, w in (("left", left), ("right", right)):
-        check_int(name, w, minimum=0, optional=True, error=MaskError)
+        check_optional_int(name, w, minimum=0, error=MaskError)
     shift = _diagonal_shift(n_q, n_k, align, "window")
     _check_dense("window", (n_q, n_k))
     return _position_mask(n_q, n_k, shift, *_reach(False, left, right))  # [n_q, n_k]
@@ -662,7 +662,7 @@ def _window_pair(window: Any) -> tuple[int | None, int | None] | None:
         raise MaskError(f"window: expected None, an int >= 0 or a (left, right) pair, got {window!r}")
     for name, w in zip(("window left", "window right"), pair, strict=True):
         try:
-            check_int(name, w, minimum=0, optional=True, error=MaskError)
+            check_optional_int(name, w, minimum=0, error=MaskError)
         except MaskError as err:
             raise MaskError(f"{err} (window={window!r})") from None
     return (None if pair[0] is None else int(pair[0]), None if pair[1] is None else int(pair[1]))

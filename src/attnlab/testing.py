@@ -143,9 +143,16 @@ def assert_attention_correct(fn: Callable[..., Any], **options: Any) -> Any:
     __tracebackhide__ = True
     from .checker import check
 
+    return _clean_report(lambda: check(fn, **options))
+
+
+def _clean_report(run: Callable[[], Any]) -> Any:
+    """``run()``'s :class:`~attnlab.checker.Report` if its verdict is clean, else an ``AssertionError`` with the
+    report; a usage error (an :class:`AttnlabError`) is raised with its message, without the checker's frames."""
+    __tracebackhide__ = True
     try:
-        report = check(fn, **options)
-    except AttnlabError as err:  # a usage error: its message, without the checker's frames
+        report = run()
+    except AttnlabError as err:
         raise err.with_traceback(None) from None
     if not report.ok:
         raise AssertionError(f"{report.summary}\n{report.to_text()}")
@@ -215,23 +222,18 @@ def assert_attention_grads_correct(fn_or_bwd: Callable[..., Any] | str, **option
     from .checker import check
     from .checker.gradient_oracle import check_backward, detect_kind
 
-    try:
+    def run() -> Any:
         if "backward" in options:
-            report = check(fn_or_bwd, **options)
-        else:
-            fn = fn_or_bwd
-            if isinstance(fn, str):
-                from .checker.gradient_oracle import load_callable
+            return check(fn_or_bwd, **options)
+        fn = fn_or_bwd
+        if isinstance(fn, str):
+            from .checker.gradient_oracle import load_callable
 
-                fn = load_callable(fn)
-            autograd = detect_kind(fn) == "autograd" and "forward" not in options
-            if autograd and options.get("kind") in (None, "autograd"):
-                options.pop("kind", None)
-                report = check(fn_or_bwd, backward=True, **options)
-            else:
-                report = check_backward(fn_or_bwd, **options)
-    except AttnlabError as err:  # a usage error: its message, without the checker's frames
-        raise err.with_traceback(None) from None
-    if not report.ok:
-        raise AssertionError(f"{report.summary}\n{report.to_text()}")
-    return report
+            fn = load_callable(fn)
+        autograd = detect_kind(fn) == "autograd" and "forward" not in options
+        if autograd and options.get("kind") in (None, "autograd"):
+            options.pop("kind", None)
+            return check(fn_or_bwd, backward=True, **options)
+        return check_backward(fn_or_bwd, **options)
+
+    return _clean_report(run)

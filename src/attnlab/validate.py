@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Literal, overload
+from typing import Any
 
 import numpy as np
 
 from .errors import OptionError
 
-__all__ = ["check_choice", "check_float", "check_int"]
+__all__ = ["check_choice", "check_float", "check_int", "check_optional_int"]
 
 
 def _bounds(minimum: float | None, maximum: float | None) -> str:
@@ -38,51 +38,44 @@ def _bounds(minimum: float | None, maximum: float | None) -> str:
     return ""
 
 
-@overload
-def check_int(
-    name: str,
-    value: Any,
-    *,
-    minimum: int | None = None,
-    maximum: int | None = None,
-    optional: Literal[False] = False,
-    error: type[Exception] = OptionError,
-) -> int: ...
-
-
-@overload
-def check_int(
-    name: str,
-    value: Any,
-    *,
-    minimum: int | None = None,
-    maximum: int | None = None,
-    optional: bool,
-    error: type[Exception] = OptionError,
-) -> int | None: ...
-
-
-def check_int(
-    name: str,
-    value: Any,
-    *,
-    minimum: int | None = None,
-    maximum: int | None = None,
-    optional: bool = False,
-    error: type[Exception] = OptionError,
-) -> int | None:
-    """``value`` as an ``int`` (Python or NumPy integer, never a bool) within ``[minimum, maximum]``; ``None``
-    passes through when ``optional``. ``error`` is the class raised (:class:`OptionError`; a mask's window is a
-    :class:`~attnlab.errors.MaskError`)."""
-    if optional and value is None:
-        return None
-    what = "None or an int" if optional else "an int"
+def _checked_int(
+    name: str, value: Any, minimum: int | None, maximum: int | None, error: type[Exception], what: str
+) -> int:
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise error(f"{name}: expected {what}{_bounds(minimum, maximum)}, got {value!r}")
     n = int(value)
     if (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
         raise error(f"{name}: expected {what}{_bounds(minimum, maximum)}, got {n}")
     return n
+
+
+def check_int(
+    name: str,
+    value: Any,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    error: type[Exception] = OptionError,
+) -> int:
+    """``value`` as an ``int`` (Python or NumPy integer, never a bool) within ``[minimum, maximum]``. ``error`` is
+    the class raised (:class:`OptionError`; a mask's window is a :class:`~attnlab.errors.MaskError`)."""
+    return _checked_int(name, value, minimum, maximum, error, "an int")
+
+
+def check_optional_int(
+    name: str, value: Any, *, minimum: int | None = None, error: type[Exception] = OptionError
+) -> int | None:
+    """``None`` (passed through) or ``value`` checked as by :func:`check_int` against a lower bound; the message
+    says that ``None`` is accepted too.
+
+    >>> check_optional_int("left", None, minimum=0) is None
+    True
+    >>> check_optional_int("left", -1, minimum=0)
+    Traceback (most recent call last):
+    ...
+    attnlab.errors.OptionError: left: expected None or an int >= 0, got -1
+    """
+    return None if value is None else _checked_int(name, value, minimum, None, error, "None or an int")
 
 
 def check_float(

@@ -71,10 +71,12 @@ class _PlainProgress:
         self.stream.flush()
 
 
-#: BenchOptions' field -> the option that sets it, so that an error names what the user typed
+#: BenchOptions' field -> the option that sets it: the options are read by this table, and an error names what the
+#: user typed (``causal`` and ``decode_contexts`` are converted from ``--causal`` and ``--decode`` below)
 FLAGS = {"sizes": "--sizes", "d": "--d", "heads": "--heads", "batch": "--batch", "repetitions": "--repetitions",
-         "block_q": "--block-q", "block_k": "--block-k", "num_threads": "--threads", "naive_max_gb": "--naive-max-gb",
-         "decode_contexts": "--decode", "long_n": "--long", "isolate": "--isolate"}  # fmt: skip
+         "methods": "--methods", "backward": "--backward", "block_q": "--block-q", "block_k": "--block-k",
+         "num_threads": "--threads", "naive_max_gb": "--naive-max-gb", "decode_contexts": "--decode",
+         "long_n": "--long", "isolate": "--isolate"}  # fmt: skip
 
 
 def _check_output(option: str, path: str) -> None:
@@ -92,6 +94,7 @@ def _check_output(option: str, path: str) -> None:
 
 def _options(args: argparse.Namespace) -> BenchOptions:
     """The command line as a checked :class:`~attnlab.bench.BenchOptions` (an OptionError names the first bad one)."""
+    from ..argtypes import keywords
     from ..bench import BenchOptions, decode_minimum
     from ..errors import OptionError
 
@@ -103,23 +106,7 @@ def _options(args: argparse.Namespace) -> BenchOptions:
                 f"them), got {short[0]}"
             )
     decode = None if args.decode is None else (args.decode or [1024, 2048, 4096, 8192])
-    return BenchOptions(
-        sizes=args.sizes,
-        d=args.d,
-        heads=args.heads,
-        batch=args.batch,
-        causal=_bools(args.causal),
-        repetitions=args.repetitions,
-        methods=args.methods,
-        backward=args.backward,
-        block_q=args.block_q,
-        block_k=args.block_k,
-        num_threads=args.threads,
-        naive_max_gb=args.naive_max_gb,
-        decode_contexts=decode or (),
-        long_n=args.long,
-        isolate=args.isolate,
-    )
+    return BenchOptions(**{**keywords(args, FLAGS), "causal": _bools(args.causal), "decode_contexts": decode or ()})
 
 
 def run(args: argparse.Namespace) -> int:

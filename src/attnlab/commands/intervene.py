@@ -28,18 +28,20 @@ NAME = "intervene"
 HELP = "attention received vs. the effect of deleting/replacing each token (SmolLM2 or MiniLM)"
 
 
+def _index_option(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """An optional index from 0 (``--target``, ``--layer``): its upper end is known once the model is loaded and
+    has tokenized the text, and :func:`run` checks it then."""
+    parser.add_argument(flag, type=int_type(minimum=0), default=None, help=help)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """TEXT and what to intervene on."""
     parser.add_argument("text", type=text_type, help="the prompt (SmolLM2) or sentence (MiniLM)")
     parser.add_argument(
         "--model", choices=("smollm2", "minilm"), default="smollm2", help="the model (default smollm2, a causal LM)"
     )
-    parser.add_argument(
-        "--target",
-        type=int_type(minimum=0),
-        default=None,
-        help="query position from 0 (SmolLM2 default: the last token; MiniLM default: the mean over all queries)",
-    )
+    target_help = "query position from 0 (SmolLM2 default: the last token; MiniLM default: the mean over all queries)"
+    _index_option(parser, "--target", target_help)
     parser.add_argument(
         "--target-token",
         default=None,
@@ -56,12 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="SmolLM2: the replacing token (one token of text; default <|endoftext|>); MiniLM: [MASK]",
     )
-    parser.add_argument(
-        "--layer",
-        type=int_type(minimum=0),
-        default=None,
-        help="summarise this layer's heads, from 0 (default: all layers)",
-    )
+    _index_option(parser, "--layer", "summarise this layer's heads, from 0 (default: all layers)")
     parser.add_argument(
         "--plot", type=output_file((".png", ".svg", ".pdf")), default=None, metavar="PATH", help="save a plot"
     )
@@ -113,10 +110,15 @@ def check_args(args: argparse.Namespace) -> None:
         )
 
 
+#: :func:`~attnlab.models.interventions.intervene`'s keyword -> the option that sets it (SmolLM2)
+FLAGS = {"target": "--target", "target_token": "--target-token", "method": "--method", "replacement": "--replacement",
+         "layer": "--layer"}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     """Delete or replace each token of TEXT, compare the effect with the attention it received, and print the table
     and its reading (or ``--json``; ``--plot`` also draws it); returns 0."""
-    from ..argtypes import index_in
+    from ..argtypes import index_in, keywords
     from ..errors import OptionError
     from ..models.interventions import intervene, intervene_minilm, plot_intervention
 
@@ -133,15 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 f"tokens), got {args.target}"
             )
         index_in("--layer", args.layer, model.config.num_layers, f"layers of {model.config.name}")
-        r = intervene(
-            model,
-            args.text,
-            target=args.target,
-            target_token=args.target_token,
-            method=args.method,
-            replacement=args.replacement,
-            layer=args.layer,
-        )
+        r = intervene(model, args.text, **keywords(args, FLAGS))
     else:
         from ..models.minilm import MiniLM
 

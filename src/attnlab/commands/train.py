@@ -281,18 +281,15 @@ def check_args(args: argparse.Namespace) -> None:
         )
 
 
+#: train_retrieval's keyword -> the option that sets it (``--every`` is the report's)
+FLAGS = {"steps": "--steps", "batch": "--batch", "n_pairs": "--pairs", "n_keys": "--keys", "n_values": "--values",
+         "num_heads": "--heads", "lr": "--lr", "dropout_p": "--dropout", "seed": "--seed"}  # fmt: skip
+
+
 def run(args: argparse.Namespace) -> int:
     """Train with :func:`train_retrieval` and print :func:`report_text`; returns 0."""
-    result = train_retrieval(
-        steps=args.steps,
-        batch=args.batch,
-        n_pairs=args.pairs,
-        n_keys=args.keys,
-        n_values=args.values,
-        num_heads=args.heads,
-        lr=args.lr,
-        dropout_p=args.dropout,
-        seed=args.seed,
-    )
+    from ..argtypes import keywords
+
+    result = train_retrieval(**keywords(args, FLAGS))
     sys.stdout.write(report_text(result, every=args.every))
     return 0

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..validate import check_int
+from ..validate import check_optional_int
 from .config import current as current_config
 
 __all__ = [
@@ -74,10 +74,9 @@ def max_threads() -> int:
 def resolve_threads(num_threads: Any) -> int:
     """``None`` -> every available core (1 without threadpoolctl); otherwise an int >= 1 (an
     :class:`~attnlab.errors.OptionError` if not), capped at :func:`max_threads`."""
-    if num_threads is None:
+    n = check_optional_int("num_threads", num_threads, minimum=1)
+    if n is None:
         return available_cores() if _has_threadpoolctl() else 1
-    n = check_int("num_threads", num_threads, minimum=1, optional=True)
-    assert n is not None  # None was handled above
     return min(n, max_threads())
 
 

@@ -250,6 +250,21 @@ class _Sizes:
     rotate_x: bool  # key labels vertical
 
 
+def _axis_labels(
+    query_labels: Sequence[str] | None, key_labels: Sequence[str] | None, n_q: int, n_k: int
+) -> tuple[list[str], list[str]]:
+    """The rows' and columns' labels (``q0, q1, ...`` and ``k0, k1, ...`` where none are given)."""
+    return _labels(query_labels, n_q, "query_labels", "q"), _labels(key_labels, n_k, "key_labels", "k")
+
+
+def _figure_and_sizes(
+    w: np.ndarray, cells: Cells, kl: list[str], values: bool | None, figsize: tuple[float, float] | None
+) -> tuple[Any, _Sizes]:
+    """A new figure and the cell sizes that fit the texts, measured with its renderer."""
+    fig = _new_figure(figsize)
+    return fig, _sizes(w, cells, kl, values, fig.canvas.get_renderer())
+
+
 def _sizes(w: np.ndarray, cells: Cells, kl: list[str], values: bool | None, renderer: Any) -> _Sizes:
     """Cells wide and tall enough for the texts in them; ``w`` is ``[n_q, n_k]`` or ``[h, n_q, n_k]``."""
     n_q, n_k = w.shape[-2:]
@@ -366,12 +381,19 @@ def _draw(
     return img
 
 
-def _colorbar(fig: Any, img: Any, ax: Any, height_in: float) -> Any:
-    cb = fig.colorbar(img, ax=ax, aspect=25, pad=0.02)
+def _colorbar(fig: Any, img: Any, ax: Any, height_in: float, aspect: float = 25) -> Any:
+    """The weights' colour bar beside ``ax`` (one axes or a list), its ticks thinned below 1.6 inches."""
+    cb = fig.colorbar(img, ax=ax, aspect=aspect, pad=0.02)
     cb.set_label(_w("weight"), fontsize=layout.LABEL_PT)
     cb.set_ticks([0.0, 0.25, 0.5, 0.75, 1.0] if height_in >= 1.6 else [0.0, 0.5, 1.0])
     cb.ax.tick_params(labelsize=layout.TICK_PT)
     return cb
+
+
+def _legend(fig: Any, handles: list[Any]) -> None:
+    """The figure's legend of cell kinds, under the axes (none without ``handles``)."""
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", fontsize=layout.TICK_PT, frameon=False)
 
 
 def _title(text: str, width_in: float) -> str:
@@ -423,11 +445,9 @@ def heatmap(
     """
     w, ok = _weights(weights, allowed)
     n_q, n_k = w.shape
-    ql = _labels(query_labels, n_q, "query_labels", "q")
-    kl = _labels(key_labels, n_k, "key_labels", "k")
+    ql, kl = _axis_labels(query_labels, key_labels, n_q, n_k)
     cells = Cells.of(w, ok)
-    fig = _new_figure(figsize)
-    sz = _sizes(w, cells, kl, values, fig.canvas.get_renderer())
+    fig, sz = _figure_and_sizes(w, cells, kl, values, figsize)
     ax = fig.add_subplot()
     img = _draw(ax, w, ok, ql, kl, sz, row_sums=row_sums, cmap=cmap)
     ax.set_xlabel(_w("key_axis"), fontsize=layout.LABEL_PT)
@@ -435,10 +455,7 @@ def heatmap(
     panel = (n_k * sz.cell_w, max(n_q * sz.cell_h, 1.0 if colorbar else 0.0))
     if colorbar:
         _colorbar(fig, img, ax, panel[1])
-    if cells.kinds():
-        fig.legend(
-            handles=_legend_handles(cells.kinds()), loc="outside lower center", fontsize=layout.TICK_PT, frameon=False
-        )
+    _legend(fig, _legend_handles(cells.kinds()))
     # a figure title (not the axes'): constrained layout keeps it above the axis labels too, at any width
     fig.suptitle(_title(title or _w("title.weights"), panel[0] + 1.5), fontsize=layout.TITLE_PT)
     if figsize is None:
@@ -469,14 +486,12 @@ def head_grid(
     """
     w, ok = _weights(weights, allowed, ndim=3)
     h, n_q, n_k = w.shape
-    ql = _labels(query_labels, n_q, "query_labels", "q")
-    kl = _labels(key_labels, n_k, "key_labels", "k")
+    ql, kl = _axis_labels(query_labels, key_labels, n_q, n_k)
     names = _labels(head_names, h, "head_names", _w("head") + " ")
     cols = min(check_int("columns", columns, minimum=1), h)
     rows = -(-h // cols)
     cells = Cells.of(w, ok)
-    fig = _new_figure(None)
-    sz = _sizes(w, cells, kl, values, fig.canvas.get_renderer())
+    fig, sz = _figure_and_sizes(w, cells, kl, values, None)
     axes = fig.subplots(rows, cols, squeeze=False)
     img = None
     panels = []
@@ -497,14 +512,8 @@ def head_grid(
             ax.set_xlabel(_w("key"), fontsize=layout.LABEL_PT)
         panels.append(ax)
     panel = (n_k * sz.cell_w, n_q * sz.cell_h)
-    cb = fig.colorbar(img, ax=panels, aspect=30, pad=0.02)
-    cb.set_label(_w("weight"), fontsize=layout.LABEL_PT)
-    cb.set_ticks([0.0, 0.25, 0.5, 0.75, 1.0] if rows * panel[1] >= 1.6 else [0.0, 0.5, 1.0])
-    cb.ax.tick_params(labelsize=layout.TICK_PT)
-    if cells.kinds():
-        fig.legend(
-            handles=_legend_handles(cells.kinds()), loc="outside lower center", fontsize=layout.TICK_PT, frameon=False
-        )
+    _colorbar(fig, img, panels, rows * panel[1], aspect=30)
+    _legend(fig, _legend_handles(cells.kinds()))
     fig.suptitle(_title(title or _w("title.heads", h=h), cols * (panel[0] + 1.2)), fontsize=layout.TITLE_PT)
     fig.set_size_inches(cols * (panel[0] + 1.5) + 1.5, rows * (panel[1] + 1.2) + 1.0)
     layout.fit(fig, panels, panel, (rows, cols))
@@ -568,7 +577,7 @@ def last_row_bar(
             else _legend_handles([k])[0]
             for k in kinds
         ]
-        fig.legend(handles=handles, loc="outside lower center", fontsize=layout.TICK_PT, frameon=False)
+        _legend(fig, handles)
     ax.set_xticks(range(n_k), kl, rotation=90 if rotate else 0)
     ax.tick_params(labelsize=layout.TICK_PT)
     ax.set_xlim(-0.5, n_k - 0.5)
@@ -600,8 +609,7 @@ def mask_picture(
     if m.dtype != np.bool_:
         raise DTypeError(f"allowed: expected a bool mask (True = may attend), got dtype {m.dtype}")
     n_q, n_k = m.shape
-    ql = _labels(query_labels, n_q, "query_labels", "q")
-    kl = _labels(key_labels, n_k, "key_labels", "k")
+    ql, kl = _axis_labels(query_labels, key_labels, n_q, n_k)
     from matplotlib import colormaps
 
     fig = _new_figure(None)

@@ -1,0 +1,41 @@
+"""A NumPy attention backward whose softmax gradient is dS = P * dP, without the `- delta` term. Source:
+https://github.com/HKUSTDial/flash-sparse-attention/pull/109 (a review of the backward's pointwise dS: "The original
+logic `p * (dp - d)` is the standard softmax gradient formula. This change may break backward pass correctness").
+Bug: dQ and dK miss P * delta; dV is right."""
+
+import math
+
+import numpy as np
+
+SOURCE = "https://github.com/HKUSTDial/flash-sparse-attention/pull/109"
+KIND = "backward"
+EXPECTED = "grad-jacobian"
+ALSO_OK = ()
+CHECK = {"backward": "attention_bwd"}
+TARGET = "attention"
+
+
+def _probs(q, k, mask, scale):
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    d = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, d, out=np.zeros_like(e), where=d > 0)
+
+
+def attention(q, k, v, mask=None, scale=None):
+    """q `[..., n_q, d]`, k/v `[..., n_k, d]`; `mask` bool, True = attend."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _probs(q, k, mask, scale) @ v
+
+
+def attention_bwd(q, k, v, d_out, mask=None, scale=None):
+    """(dq, dk, dv)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    p = _probs(q, k, mask, scale)
+    dv = np.swapaxes(p, -1, -2) @ d_out
+    dp = d_out @ np.swapaxes(v, -1, -2)
+    ds = p * dp  # should be p * (dp - rowsum(dp * p))
+    return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, dv
