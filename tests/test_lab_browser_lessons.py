@@ -48,15 +48,22 @@ def shot(page: Page, tmp_path: Path, name: str, *, full: bool = True) -> Path:
     return path
 
 
-@pytest.fixture
-def page(lab, browser):
-    """A fresh lab page, tall enough that a full screenshot holds the whole notebook."""
+def open_lab(browser, url: str):
+    """A new context and page on the lab at ``url``, tall enough that a full screenshot holds the whole notebook,
+    once the notebook's first run is over; the caller closes the context."""
     context = browser.new_context(viewport={"width": 1300, "height": 2400})
     pg = context.new_page()
     pg.set_default_timeout(WAIT_MS)
-    pg.goto(lab.url, timeout=WAIT_MS)
+    pg.goto(url, timeout=WAIT_MS)
     pg.wait_for_selector("#al-weights", timeout=60_000)
     pg.wait_for_selector("[data-testid='al-growth']", timeout=60_000)  # the last cell: the first run is over
+    return context, pg
+
+
+@pytest.fixture
+def page(lab, browser):
+    """A fresh lab page (:func:`open_lab`)."""
+    context, pg = open_lab(browser, lab.url)
     yield pg
     context.close()
 
@@ -418,7 +425,7 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     # the same in Chinese: every word but the sentence's own tokens
     page.locator("select").first.select_option(label="中文")
     page.wait_for_selector("text=揭晓")
-    page.get_by_role("button", name="run", exact=True).click()
+    page.get_by_role("button", name=I.t("zh", "run"), exact=True).click()  # 运行
     page.wait_for_selector("[data-testid='al-live'][data-n='10']")
     page.get_by_role("button", name=I.t("zh", "run the intervention (delete each token)")).click()
     page.wait_for_selector("[data-testid='al-intervention']", timeout=60_000)

@@ -156,7 +156,7 @@ def test_heatmap_reads_well_at_every_size(tmp_path, n_q, n_k, values):
     else:
         assert not ax.texts
     sums = [t.get_text() for t in ax.child_axes[0].get_yticklabels()]
-    assert sums == ["Σ=1.00"] * n_q
+    assert sums == ["Σ=1"] * n_q
     assert cells_of(ax, "masked") == int((~allowed).sum())
 
 
@@ -187,7 +187,7 @@ def test_heatmap_draws_weights_masked_cells_distinctly_and_row_sums():
     assert [t.get_text() for t in ax.get_yticklabels()] == ["I", "like", "cats"]
     assert ax.get_xlabel().startswith("key") and ax.get_ylabel().startswith("query")
     right = ax.child_axes[0]
-    assert [t.get_text() for t in right.get_yticklabels()] == ["Σ=1.00", "Σ=1.00", "Σ=1.00"]
+    assert [t.get_text() for t in right.get_yticklabels()] == ["Σ=1", "Σ=1", "Σ=1"]
     assert len(fig.axes) == 2 and fig.axes[1].get_ylabel() == "weight"  # the colour bar
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["masked (blocked by the mask, weight 0)"]
 
@@ -231,7 +231,7 @@ def test_nan_policy_rows_are_drawn_as_nan_and_zero_policy_rows_as_masked_with_su
     assert cells_of(ax, "policy-nan") == 4 and cells_of(ax, "masked") == 3 + 2 and cells_of(ax, "nan") == 0
     assert texts(ax).count("nan") == 4 and texts(ax).count("masked") == 5
     sums = [t.get_text() for t in ax.child_axes[0].get_yticklabels()]
-    assert sums == ["Σ=1.00", "Σ=1.00", "Σ=nan", "Σ=1.00"]
+    assert sums == ["Σ=1", "Σ=1", "Σ=nan", "Σ=1"]
     assert [t.get_text() for t in fig.legends[0].get_texts()] == [
         "masked (blocked by the mask, weight 0)",
         "nan (fully masked row, masked_rows='nan')",
@@ -243,21 +243,21 @@ def test_nan_policy_rows_are_drawn_as_nan_and_zero_policy_rows_as_masked_with_su
 
     ax = plot.heatmap(zero.weights, zero.allowed).axes[0]
     assert cells_of(ax, "masked") == 3 + 2 + 4 and cells_of(ax, "policy-nan") == 0
-    assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()][2] == "Σ=0.00"  # honest: the row is 0
+    assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()][2] == "Σ=0"  # honest: the row is 0
 
     # NaN where the mask allows (a broken computation) is red, and its row sums to nan
     broken = W.copy()
     broken[1, 0] = np.nan
     ax = plot.heatmap(broken, ALLOWED).axes[0]
     assert cells_of(ax, "nan") == 1 and cells_of(ax, "policy-nan") == 0 and cells_of(ax, "masked") == 3
-    assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()] == ["Σ=1.00", "Σ=nan", "Σ=1.00"]
+    assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()] == ["Σ=1", "Σ=nan", "Σ=1"]
     # a blocked key with a weight that is not 0 (a leak) keeps its colour, is not called masked, counts in Σ
     leak = W.copy()
     leak[0, 2] = 0.5
     fig = plot.heatmap(leak, ALLOWED)
     ax = fig.axes[0]
     assert cells_of(ax, "masked") == 2 and ax.images[0].get_array()[0, 2] == 0.5
-    assert ax.child_axes[0].get_yticklabels()[0].get_text() == "Σ=1.50"
+    assert ax.child_axes[0].get_yticklabels()[0].get_text() == "Σ=1.5"
     assert "leak (blocked by the mask, yet weight ≠ 0)" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
@@ -280,7 +280,7 @@ def test_head_grid_reads_well_with_row_sums(tmp_path, h, n):
     assert [ax.get_title() for ax in heads] == [f"head {i}" for i in range(h)]
     for i, ax in enumerate(heads):
         np.testing.assert_array_equal(ax.images[0].get_array().data[allowed], w[i][allowed])
-        assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()] == ["Σ=1.00"] * n
+        assert [t.get_text() for t in ax.child_axes[0].get_yticklabels()] == ["Σ=1"] * n
         assert cells_of(ax, "masked") == texts(ax).count("masked") == n * (n - 1) // 2
 
 

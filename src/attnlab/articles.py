@@ -247,7 +247,9 @@ class Item:
     """One item of the articles (a worked number, experiment, trap or self-test question) and the
     ``attnlab explain`` command that reproduces it: ``argv`` (after ``attnlab explain``) prints every string of
     ``expect`` (the article's number as attnlab writes it). ``lab`` names the lab preset for the same item (the
-    example or lesson name; the lab wires its presets by these names)."""
+    example or lesson name; the lab wires its presets by these names). Each expect holds numbers, or is written the
+    same in every language (a mask picture, a name): the lab finds it in the Chinese output by its numbers
+    (:func:`attnlab.lab.presets.expect_spans`)."""
 
     source: str
     section: str
@@ -286,7 +288,7 @@ ITEMS: tuple[Item, ...] = (
         "one decoding query, causal",
         "a query that sees every earlier key (n_q = 1 < n_k = 2, bottom-right)",
         "one-query --causal",
-        "causal (bottom_right)",
+        "bottom_right",
         "q0  0.6698  0.3302",
     ),
     _i(
@@ -309,7 +311,7 @@ ITEMS: tuple[Item, ...] = (
         "trap: True = allow vs True = block",
         "the same mask read the other way: the future leaks",
         "2x2-causal --mistake inverted-mask",
-        "(the future, under a causal mask: a leak)",
+        "right 1, 1; wrong 1, nan",
     ),
     _i(
         "000",
@@ -350,7 +352,7 @@ ITEMS: tuple[Item, ...] = (
         "FlashAttention",
         "exact attention in key blocks with a running max and sum",
         "causal-4 --tiled 2",
-        "Normalize once, at the end",
+        "[1.7328, 0.7362] / 1.8561 = [0.9336, 0.3966]",
     ),
     _i(
         "000",
@@ -375,7 +377,7 @@ ITEMS: tuple[Item, ...] = (
         "self vs cross attention: A is [n_q, n_k] = [2, 3]",
         "cross",
         "K [n_k=3, d_k=2]",
-        "A is [n_q, n_k], not square",
+        "n_q=2 != n_k=3",
     ),
     _i(
         "001",
@@ -409,7 +411,7 @@ ITEMS: tuple[Item, ...] = (
         "§7.1, §17.4",
         "padding masks keys; the PAD query still has an output",
         "padding",
-        "PAD query still gets an output",
+        "PAD  0.6667  0.6667",
     ),
     _i("001", "§7.2", "the causal allow matrix C for length 4", "causal-4", "■ ■ ■ ⬚"),
     _i(
@@ -474,9 +476,7 @@ ITEMS: tuple[Item, ...] = (
         "causal-4 --mistake query-axis",
         "each KEY's column sums to 1",
     ),
-    _i(
-        "001", "§17.2", "... and invisible on the symmetric 2×2", "2x2 --mistake query-axis", "the mistake is invisible"
-    ),
+    _i("001", "§17.2", "... and invisible on the symmetric 2×2", "2x2 --mistake query-axis", "right 1, 1; wrong 1, 1"),
     _i("001", "§17.3, §20", "the leak test: change a future token", "leak-test", "q0 moves 0 under the causal mask"),
     _i(
         "001",

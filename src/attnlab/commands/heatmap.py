@@ -28,6 +28,7 @@ from ..argtypes import index_in, input_file, int_type, output_file, text_type
 from ..explain.args import add_input_arguments, add_lang_argument, examples_listing
 
 __all__ = [
+    "LESSON_PICTURES",
     "HeatmapData",
     "add_arguments",
     "check_args",
@@ -63,6 +64,22 @@ class HeatmapData:
     key_labels: tuple[str, ...] | None
     title: str
     head_names: tuple[str, ...] | None = None
+    kind: str | None = None  # the picture a lesson asks for when it is not --kind's (growth, mask)
+
+
+#: How a lesson without Q, K, V of its own (:data:`attnlab.articles.LESSONS`) is drawn: the steps of its explanation
+#: that hold its weights (two: one picture per head), or another picture ("growth": the T² growth for the lessons
+#: about sizes; "mask": the causal mask the leak test checks).
+LESSON_PICTURES: dict[str, tuple[str, ...] | str] = {
+    "variance": ("saturation",),
+    "fp16-mask": ("causal",),
+    "multi-head": ("head0", "head1"),
+    "mask-not-access": ("weights",),
+    "leak-test": "mask",
+    "growth": "growth",
+    "complexity": "growth",
+    "long-context": "growth",
+}
 
 
 def from_inputs(args: argparse.Namespace) -> HeatmapData:
@@ -71,8 +88,19 @@ def from_inputs(args: argparse.Namespace) -> HeatmapData:
     from ..explain.args import setup_from_args
 
     setup = setup_from_args(args)
-    if isinstance(setup, str):  # weighted-average, saturation: given weights / softmax rows
+    if isinstance(setup, str):  # weighted-average, saturation: given weights / softmax rows; the lessons
         e = explain_example(setup, lang=args.lang)
+        picture = LESSON_PICTURES.get(setup)
+        if picture == "growth":
+            return HeatmapData(np.zeros((1, 1)), None, None, None, e.title, kind="growth")
+        if picture == "mask":
+            from .. import masks
+
+            return HeatmapData(np.ones((3, 3)), masks.causal(3), None, None, e.title, kind="mask")
+        if picture is not None:
+            steps = [next(s for s in e.steps if s.key == key) for key in picture]
+            w = np.stack([np.asarray(s.matrix, dtype=np.float64) for s in steps])  # [h, n_q, n_k]
+            return HeatmapData(w if len(steps) > 1 else w[0], None, steps[0].rows, steps[0].cols, e.title)
         last = e.steps[-1]  # the weights step (saturation: rows are the logit vectors) or the output step
         rows = last.rows if last.key == "weights" else None
         cols = last.cols if last.key == "weights" else None
@@ -132,7 +160,14 @@ def from_model(args: argparse.Namespace) -> HeatmapData:
     layer = index_in("--layer", args.layer, model.config.num_layers, f"layers of {name}")
     head = index_in("--head", args.head, model.config.num_heads, f"heads of {name}")
     m = attention_maps(args.model, args.text, layer=layer or 0, head=head, model_obj=model)
-    return HeatmapData(m.weights, m.allowed, m.labels, m.labels, m.title, m.head_names)
+    from ..i18n import tr  # the title and head names in the figure's language (attention_maps writes English)
+
+    n_layers, n_heads = model.config.num_layers, model.config.num_heads
+    if head is None:
+        title = tr("plot.title.model_layer", args.lang, name=name, layer=(layer or 0) % n_layers, h=n_heads)
+    else:
+        title = tr("plot.title.model_head", args.lang, name=name, layer=(layer or 0) % n_layers, head=head % n_heads)
+    return HeatmapData(m.weights, m.allowed, m.labels, m.labels, title)  # head names: the figure's own "head i"
 
 
 #: source name -> loader. Add a source here (and in :func:`source_name`).
@@ -301,7 +336,7 @@ def run(args: argparse.Namespace) -> int:
             msg=error_message(err, args.lang),
             hint=tr("cli.masked_rows_hint", args.lang),
         ) from None
-    fig = _figure(args.kind, data, args)
+    fig = _figure(data.kind if data is not None and data.kind else args.kind, data, args)
     _check_size(fig, args.dpi)
     try:
         path = plot.save(fig, args.output, dpi=args.dpi)

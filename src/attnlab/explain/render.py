@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import missing_extra
-from .fmt import num
+from .fmt import NAN_COLOUR, num
 from .i18n import tr
 from .mistakes import Mistake
 from .steps import Explanation, Step
@@ -243,7 +243,10 @@ def _rich_table(matrix: np.ndarray, rows: Sequence[str], cols: Sequence[str], co
         cells = []
         for x in r:
             s = num(x)
-            cells.append(f"[dim]{s}[/dim]" if not np.isfinite(x) else s)
+            if np.isnan(x):  # the pictures' NaN colour (attnlab.explain.fmt.NAN_COLOUR)
+                cells.append(f"[bold {NAN_COLOUR}]{s}[/]")
+            else:
+                cells.append(f"[dim]{s}[/dim]" if not np.isfinite(x) else s)
         t.add_row(str(label), *cells)
     return t
 

@@ -119,7 +119,7 @@ O = A V。在下面选一个文章条目（或直接修改矩阵），开关遮�
         LIVE_INTRO: r"""
 ## 真实模型：真实的注意力权重
 
-输入一句话并按 **run**：SmolLM2-135M（因果语言模型，30 层 × 9 个头）用 attnlab 自己的 NumPy Llama 离线运行已安装的 GGUF 文件；
+输入一句话并按 **运行**：SmolLM2-135M（因果语言模型，30 层 × 9 个头）用 attnlab 自己的 NumPy Llama 离线运行已安装的 GGUF 文件；
 all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token），运行时附加两个 [PAD] 位置，让你看到填充遮罩。选择层和头；
 模型总览同时显示每一层的每一个头。模型只加载一次（约 5–10 秒），之后每句话一两秒，并会被记住。
 
@@ -180,7 +180,7 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         # ---- live model
         "{model}: {n} tokens, forward pass {s} s; layer {layer}, head {head}.": "{model}：{n} 个 token，前向计算 {s} 秒；第 {layer} 层，第 {head} 个头。",
         "Rank correlation of weight and effect: {rho}. The token with the most weight ({a}) is {same} the one whose deletion changes the result most ({b}): a large weight says where the query reads, not what matters.": "权重与影响的秩相关：{rho}。得到最多权重的 token（{a}）{same}删除后结果变化最大的那个（{b}）：强权重说明查询从哪里读取，不说明什么重要。",
-        "{name}: not loaded yet; it loads when you press run (about 5-10 s).": "{name}：尚未加载；按 run 时开始加载（约 5–10 秒）。",
+        "{name}: not loaded yet; it loads when you press run (about 5-10 s).": "{name}：尚未加载；按“运行”时开始加载（约 5–10 秒）。",
         "{name}: loading… {s} s (reading and dequantizing the weights, once per server)": "{name}：加载中… {s} 秒（读取并反量化权重，每个服务器只做一次）",
         "(cut to the first {n} tokens)": "（截取前 {n} 个 token）",
         "Bidirectional: every token reads every real token; the [PAD] keys are masked.": "双向：每个 token 读取所有真实 token；[PAD] 键被遮罩。",
@@ -227,7 +227,7 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "temperature": "温度",
         "SmolLM2-135M (causal language model)": "SmolLM2-135M（因果语言模型）",
         "model": "模型",
-        "run": "run",
+        "run": "运行",
         "layer": "层",
         "run the intervention (delete each token)": "运行干预实验（逐个删除 token）",
         "One row per line, numbers separated by commas. At most {n} positions and {d} numbers per row.": "每行一个向量，数字用逗号分隔。最多 {n} 个位置，每行最多 {d} 个数字。",
@@ -241,7 +241,7 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "sentence": "句子",
         "*Deleting each token and running the model again…*": "*正在逐个删除 token 并重新运行模型…*",
         "*Press the button to compare the weight each token receives with the effect of deleting it.*": "*按下按钮，比较每个 token 得到的权重与删除它的影响。*",
-        "Type a sentence and press run.": "输入一句话，然后按 run。",
+        "Type a sentence and press run.": "输入一句话，然后按“运行”。",
         "Two traps": "两个陷阱",
         # ---- predictions
         "Score: no prediction committed yet (predict, then reveal)": "得分：还没有锁定的预测（先预测，再揭晓）",
@@ -336,5 +336,16 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
     }
 )
 
+
+# ---- issue 22 §2: the Chinese view as complete as the English (the marks' claims, the page's last English words)
+ZH.update(
+    {
+        "The article prints these numbers; attnlab computes {k} of its {n} (marked):": "文章给出这些数字；attnlab 算出了其中 {k} 个（共 {n} 个，已标记）：",
+        "The article prints these numbers; none of them is in this output (nothing marked):": "文章给出这些数字；本输出中一个也没有找到（未标记）：",
+        "000 writes the output rounded to 2 decimals: [6.70, 6.60] is [6.6976, 6.6048].": "文章 000 把输出四舍五入到 2 位小数：[6.70, 6.60] 就是 [6.6976, 6.6048]。",
+        "001 §5 prints O ≈ [[6.698, 6.604], [3.302, 13.396]]: V multiplied by the weights rounded to 0.6698 and 0.3302. The exact output is [[6.6976, 6.6048], [3.3024, 13.3952]]; §12's expected printout writes 6.6041 and 13.3959 for 6.6048 and 13.3952.": "文章 001 §5 写 O ≈ [[6.698, 6.604], [3.302, 13.396]]：那是用四舍五入后的权重 0.6698 和 0.3302 乘以 V 得到的。精确输出是 [[6.6976, 6.6048], [3.3024, 13.3952]]；§12 的预期输出把 6.6048 和 13.3952 写成了 6.6041 和 13.3959。",
+        "001 §7.3 prints O = [[10, 0], [3.302, 13.396]] (the weights rounded to 0.3302 and 0.6698) and §12's expected printout 13.3959: the exact output is [[10, 0], [3.3024, 13.3952]].": "文章 001 §7.3 写 O = [[10, 0], [3.302, 13.396]]（用四舍五入后的权重 0.3302 和 0.6698），§12 的预期输出写 13.3959：精确输出是 [[10, 0], [3.3024, 13.3952]]。",
+    }
+)
 
 register("lab", {en: (en, zh) for en, zh in ZH.items()})

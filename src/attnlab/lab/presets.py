@@ -16,7 +16,9 @@ A preset is the lab's inputs (:class:`~attnlab.lab.logic.LabState`) that reprodu
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +29,12 @@ from ..articles import EXAMPLES, EXTRA_EXAMPLES
 __all__ = [
     "DEFAULT_PRESET",
     "ITEM_PRESETS",
+    "NUMBER",
     "PRESETS",
+    "ROUNDED",
     "ItemPreset",
     "Preset",
+    "expect_spans",
     "explain_output",
     "item_html",
     "item_preset",
@@ -190,34 +195,120 @@ def _items() -> dict[str, ItemPreset]:
 ITEM_PRESETS: dict[str, ItemPreset] = _items()
 
 
+@functools.lru_cache(maxsize=256)
 def explain_output(argv: tuple[str, ...], lang: str = "en") -> tuple[int, str]:
     """What ``attnlab explain ARGV --format text`` shows: (exit status, text), from
-    :func:`attnlab.explain.request.explain_argv` (no command line run, no output captured)."""
+    :func:`attnlab.explain.request.explain_argv` (no command line run, no output captured; the same text is
+    returned again without recomputing it)."""
     from ..explain.request import explain_argv
 
     return explain_argv(argv, lang)
 
 
+#: A number as explain writes it, in any language: 0.6698, -2.2118, 1,048,576, 4.1e-01, nan, -inf; not the digits
+#: of a name (q0, float16, k1).
+NUMBER = re.compile(r"(?<![\w.])-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:e[+-]?\d+)?|(?<![\w.])-?(?:nan|inf)(?!\w)")
+
+
+def _numbers(text: str) -> list[tuple[str, int, int]]:
+    return [(m.group().replace(",", ""), m.start(), m.end()) for m in NUMBER.finditer(text)]
+
+
+def _occurrences(text: str, expect: str) -> list[tuple[int, int]]:
+    """Where ``expect``'s numbers stand in ``text``, one after another (no other number between, in any order: a
+    translation may turn a sentence around): the spans from the first number to the last; an expect without a
+    number (a mask picture, a name) where it stands as written."""
+    want = sorted(n for n, _, _ in _numbers(expect))
+    if not want:
+        return [(m.start(), m.end()) for m in re.finditer(re.escape(expect), text)]
+    got = _numbers(text)
+    return [
+        (got[i][1], got[i + len(want) - 1][2])
+        for i in range(len(got) - len(want) + 1)
+        if sorted(n for n, _, _ in got[i : i + len(want)]) == want
+    ]
+
+
+def expect_spans(argv: tuple[str, ...], expect: tuple[str, ...], lang: str = "en") -> list[tuple[int, int] | None]:
+    """Where each of the article's numbers ``expect`` stands in ``attnlab explain ARGV``'s text in ``lang`` (None:
+    not there).
+
+    One rule for every language: an expect is written as the English output prints it (``"q0  0.6698  0.3302"``,
+    :data:`attnlab.articles.ITEMS`); its *numbers* (:data:`NUMBER`) are what is looked for, so the words around
+    them may be in any language. The English text says which occurrence is meant: the k-th place where those
+    numbers stand one after another (in any order) in the English text is the k-th in the other language's text.
+    An expect without a number is looked for as written (it must be written the same in every language:
+    ``■ ■ ⬚ ⬚``, ``RoPE``).
+
+    >>> text = explain_output(("leak-test",), "zh")[1]
+    >>> [text[s - 13 : e] for s, e in expect_spans(("leak-test",), ("q0 moves 0 under the causal mask",), "zh")]
+    ['在因果遮罩下 q0 变化 0']
+    """
+    en = explain_output(argv, "en")[1]
+    text = en if lang == "en" else explain_output(argv, lang)[1]
+    out: list[tuple[int, int] | None] = []
+    for e in expect:
+        at = en.find(e)
+        if at < 0:
+            out.append(None)
+            continue
+        first = NUMBER.search(e)
+        start = at + (first.start() if first else 0)
+        k = sum(1 for s, _ in _occurrences(en, e) if s < start)
+        there = _occurrences(text, e)
+        out.append(there[k] if k < len(there) else None)
+    return out
+
+
+#: Where the articles print a number rounded further than attnlab (``attnlab explain ARGV``'s output -> the note
+#: shown under it; English, Chinese in :mod:`attnlab.lab.i18n`). ``attnlab demo`` says the same for 001 §5.
+ROUNDED: dict[tuple[str, ...], str] = {
+    ("one-query",): "000 writes the output rounded to 2 decimals: [6.70, 6.60] is [6.6976, 6.6048].",
+    ("2x2",): (
+        "001 §5 prints O ≈ [[6.698, 6.604], [3.302, 13.396]]: V multiplied by the weights rounded to 0.6698 and "
+        "0.3302. The exact output is [[6.6976, 6.6048], [3.3024, 13.3952]]; §12's expected printout writes 6.6041 "
+        "and 13.3959 for 6.6048 and 13.3952."
+    ),
+    ("2x2-causal",): (
+        "001 §7.3 prints O = [[10, 0], [3.302, 13.396]] (the weights rounded to 0.3302 and 0.6698) and §12's "
+        "expected printout 13.3959: the exact output is [[10, 0], [3.3024, 13.3952]]."
+    ),
+}
+
+
 def item_html(preset: ItemPreset, lang: str = "en") -> str:
-    """The item's ``attnlab explain`` output with the article's numbers marked (``data-testid="al-item"``)."""
+    """The item's ``attnlab explain`` output with the article's numbers marked (``data-testid="al-item"``,
+    ``data-found``: how many of them are marked, :func:`expect_spans`)."""
     import html
 
     from .i18n import t
 
     code, text = explain_output(preset.argv, lang)
-    body = html.escape(text.rstrip("\n"))
-    found = 0
-    for e in preset.expect:
-        esc = html.escape(e)
-        if esc in body:
-            found += 1
-            body = body.replace(esc, f'<mark data-testid="al-expect">{esc}</mark>', 1)
+    text = text.rstrip("\n")
+    spans = sorted({s for s in expect_spans(preset.argv, preset.expect, lang) if s is not None})
+    found = len(spans)
+    parts, end = [], 0
+    for s, e in spans:
+        if s < end:  # overlapping another mark: already inside it
+            continue
+        parts += [html.escape(text[end:s]), f'<mark data-testid="al-expect">{html.escape(text[s:e])}</mark>']
+        end = e
+    body = "".join(parts) + html.escape(text[end:])
+    n = len(preset.expect)
+    if found == n:
+        claim = t(lang, "The article prints these numbers; attnlab computes them (marked):")
+    elif found:
+        claim = t(lang, "The article prints these numbers; attnlab computes {k} of its {n} (marked):", k=found, n=n)
+    else:
+        claim = t(lang, "The article prints these numbers; none of them is in this output (nothing marked):")
     cmd = html.escape(" ".join(("attnlab explain", *preset.argv)))
+    note = ROUNDED.get(tuple(preset.argv))
+    rounded = f'<p data-testid="al-rounded"><em>{html.escape(t(lang, note))}</em></p>' if note else ""
     return (
-        f'<div data-testid="al-item" data-key="{preset.key}" data-found="{found}" data-expected="{len(preset.expect)}"'
+        f'<div data-testid="al-item" data-key="{preset.key}" data-found="{found}" data-expected="{n}"'
         f' data-code="{code}">'
-        f"<p>{html.escape(t(lang, 'The article prints these numbers; attnlab computes them (marked):'))} "
+        f"<p>{html.escape(claim)} "
         f"<code>{cmd}</code></p>"
         f'<pre style="white-space:pre;overflow-x:auto;font-size:12px;max-height:420px;overflow-y:auto;'
-        f'background:#f7f7f7;color:#000;padding:8px">{body}</pre></div>'
+        f'background:#f7f7f7;color:#000;padding:8px">{body}</pre>{rounded}</div>'
     )

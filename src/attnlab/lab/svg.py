@@ -20,7 +20,7 @@ import unicodedata
 
 import numpy as np
 
-from ..explain.fmt import num
+from ..explain.fmt import NAN_COLOUR, num, row_sum
 
 __all__ = [
     "HATCH_DEFS",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 #: Dark red for NaN cells (white text on it is 8.6:1).
-NAN_FILL = "#a50f15"
+NAN_FILL = NAN_COLOUR
 #: Text on the hatched masked cells and stubs.
 MASKED_INK = "#333333"
 _HATCH_BG = "#e0e0e0"
@@ -155,8 +155,13 @@ def heatmap_svg(
     ok = np.broadcast_to(np.asarray(allowed, dtype=bool), w.shape)
     n_q, n_k = w.shape
     cell = _cell_size(max(n_q, n_k), budget)
-    show_numbers = cell >= 34
     font = 11 if cell >= 24 else 9
+    # the numbers as the tables write them (attnlab.explain.fmt.num), in a font small enough for the longest
+    # (0.000045 in a 46-pixel cell: 8 px); none when even 7 px does not fit
+    cell_texts = [num(x) for x in w[ok & ~np.isnan(w)]] or ["0"]
+    longest = max(text_width(s, 11) for s in cell_texts)
+    value_font = min(11.0, 11.0 * (cell - 6) / longest)
+    show_numbers = cell >= 34 and value_font >= 7
     rl = [r[:10] for r in rows]
     cl = [c[:8] for c in cols]
     vertical = any(text_width(c, font) > cell - 4 for c in cl)
@@ -170,7 +175,7 @@ def heatmap_svg(
     for i in range(n_q):
         row = w[i]
         s = float("nan") if np.isnan(row).any() else float(np.where(ok[i], row, 0.0).sum())
-        sum_labels.append(f"Σ={num(round(s, 6), 3)}")  # float32 weights: 1.00000001 is written 1
+        sum_labels.append(row_sum(s))
     bar_x = sums_x + max(text_width(s, font) for s in sum_labels) + 12
     has_nan = bool(np.isnan(w).any())
     legend_items = [legend[1]] + ([legend[2]] if has_nan else [])
@@ -230,8 +235,8 @@ def heatmap_svg(
                     _text(
                         x + cell / 2,
                         y + cell / 2 + 4,
-                        f"{v:.2f}",
-                        size=font,
+                        num(v),
+                        size=round(value_font, 1),
                         anchor="middle",
                         fill=ink_for(fill),
                         bg=fill,
@@ -273,7 +278,7 @@ def last_row_svg(
     font = 11 if bw >= 20 else 9
     title = f"last query {row_label}: its real weights" if title is None else title
     labels = [
-        num(v, 3) if ok[j] and not math.isnan(v) else ("NaN" if math.isnan(v) else masked_word) for j, v in enumerate(w)
+        num(v) if ok[j] and not math.isnan(v) else ("NaN" if math.isnan(v) else masked_word) for j, v in enumerate(w)
     ]
     vertical_values = any(text_width(s, font) > bw + gap - 2 for s in labels)
     above = (max(text_width(s, font) for s in labels) + 8) if vertical_values else 16

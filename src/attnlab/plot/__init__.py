@@ -1,8 +1,8 @@
 """Pictures of attention (extra ``plot``: matplotlib, imported only when a function here is called).
 
 * :func:`heatmap`: weights ``[n_q, n_k]``, rows = queries, columns = keys, masked cells hatched grey (distinct from
-  weights that are merely small), a NaN row of ``masked_rows='nan'`` orange cross-hatched "nan", any other NaN red,
-  row sums at the right (``Σ=nan`` for a NaN row, ``Σ=0.00`` for a ``masked_rows='zero'`` row), a legend for the
+  weights that are merely small), NaN dark red (a NaN row of ``masked_rows='nan'`` cross-hatched "nan"), row sums
+  at the right (``Σ=nan`` for a NaN row, ``Σ=0`` for a ``masked_rows='zero'`` row), a legend for the
   kinds of cell present, a colour bar;
 * :func:`head_grid`: one heatmap per head ``[h, n_q, n_k]``, each with its row sums;
 * :func:`last_row_bar`: the last query's real weights as bars (a masked key has no bar, it says "masked");
@@ -33,7 +33,7 @@ import numpy as np
 
 from .._arrays import to_numpy
 from ..errors import DTypeError, OptionError, ShapeError, missing_extra
-from ..explain.fmt import num
+from ..explain.fmt import NAN_COLOUR, num, row_sum
 from ..validate import check_int
 from . import layout
 
@@ -54,8 +54,8 @@ FORMATS = ("png", "svg", "pdf")
 
 #: Cell styles (face colour, hatch) that are not a weight. Their text colours are picked by WCAG contrast.
 MASKED_STYLE = {"facecolor": "#d9d9d9", "hatch": "///", "hatchcolor": "#969696"}
-POLICY_NAN_STYLE = {"facecolor": "#fdae6b", "hatch": "xx", "hatchcolor": "#e6550d"}
-NAN_STYLE = {"facecolor": "#e34a33", "hatch": "", "hatchcolor": "#e34a33"}
+POLICY_NAN_STYLE = {"facecolor": NAN_COLOUR, "hatch": "xx", "hatchcolor": "#fcbba1"}
+NAN_STYLE = {"facecolor": NAN_COLOUR, "hatch": "", "hatchcolor": NAN_COLOUR}
 #: The language of the figure being built (set by each public function's ``lang=``; English by default).
 _LANG: contextvars.ContextVar[str] = contextvars.ContextVar("attnlab_plot_lang", default="en")
 #: Fonts for a Chinese figure: DejaVu for Latin and symbols, WenQuanYi Micro Hei (fonts-wqy-microhei) for CJK.
@@ -85,7 +85,8 @@ def _cjk_fonts() -> list[str]:
 
 
 def _in_lang(fn: Any) -> Any:
-    """``fn(..., lang="en"|"zh")``: its words in ``lang``; a Chinese figure is built with a CJK font."""
+    """``fn(..., lang="en"|"zh")``: its words in ``lang``; every figure is built with DejaVu and a CJK fallback
+    (:data:`CJK_FONTS`): an English figure can have Chinese token labels (the padding example's 我 喜欢 猫)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, lang: str = "en", **kwargs: Any) -> Any:
@@ -94,10 +95,10 @@ def _in_lang(fn: Any) -> Any:
         lang = check_lang(lang)
         token = _LANG.set(lang)
         try:
-            if lang == "en":
+            try:
+                from matplotlib import rc_context
+            except ImportError:  # fn says how to install it
                 return fn(*args, **kwargs)
-            from matplotlib import rc_context
-
             with rc_context({"font.family": _cjk_fonts()}):
                 return fn(*args, **kwargs)
         finally:
@@ -156,24 +157,19 @@ def _labels(labels: Sequence[str] | None, n: int, name: str, prefix: str) -> lis
 
 
 def cell_text(x: float) -> str:
-    """A weight as it is written in a heatmap cell: at most about 6 characters, tiny weights keep a digit.
+    """A weight as it is written in a heatmap cell: as every table writes it (:func:`attnlab.explain.fmt.num`, the
+    one rule: 4 decimals, more near 0 and 1), so 0.000045 is never a rounded 0.
 
     >>> [cell_text(x) for x in (0.0, 1.0, 0.5, 0.123456, 0.001, 0.0000453979, 0.99926, 0.9999546, float("nan"))]
-    ['0', '1', '0.5', '0.12', '0.001', '4.5e-5', '0.9993', '>0.9999', 'nan']
+    ['0', '1', '0.5', '0.1235', '0.001', '0.000045', '0.99926', '0.999955', 'nan']
     """
-    s = num(x, 2)
-    if len(s) <= 6 or not np.isfinite(x):
-        return s
-    if abs(x) < 0.5:
-        m, e = f"{x:.1e}".split("e")
-        return f"{m.removesuffix('.0')}e{int(e)}"
-    s = f"{x:.4f}"  # near 1: four decimals, and never a rounded "1" for a weight that is not 1
-    return s if s != "1.0000" else ">0.9999"
+    return num(x)
 
 
 def row_sum_text(s: float) -> str:
-    """A row sum as written at the right of a heatmap: ``Σ=1.00``, ``Σ=0.00`` (a zero-policy row), ``Σ=nan``."""
-    return f"Σ={s:.2f}" if np.isfinite(s) else f"Σ={num(s)}"
+    """A row sum as written at the right of a heatmap (:func:`attnlab.explain.fmt.row_sum`): ``Σ=1``, ``Σ=0`` (a
+    zero-policy row), ``Σ=nan``."""
+    return row_sum(s)
 
 
 @dataclass(frozen=True)
@@ -285,7 +281,7 @@ def _sizes(w: np.ndarray, cells: Cells, kl: list[str], values: bool | None, rend
     kw, kh = layout.widest(renderer, kl, layout.TICK_PT)
     rotate_x = kw + 0.06 > cell_w
     cell_w = max(cell_w, kh + 0.08)  # vertical key labels side by side
-    _, qh = layout.widest(renderer, ["Σ=1.00"], layout.TICK_PT)
+    _, qh = layout.widest(renderer, [row_sum(1.0)], layout.TICK_PT)  # a height: any sum is as tall
     cell_h = max(cell_h, qh + 0.08)  # query labels and row sums one above the other
     return _Sizes(cell_w, cell_h, value_pt, bool(show), masked_label, rotate_x)
 
@@ -425,7 +421,8 @@ def heatmap(
         weights: ``[n_q, n_k]`` (leading axes of size 1 are dropped).
         allowed: bool ``[n_q, n_k]`` (broadcastable), True = may attend. Blocked cells with weight 0 are hatched
             grey ("masked"), so they never look like a weight that is merely small; a fully blocked row of NaN
-            (``masked_rows='nan'``) is orange cross-hatched "nan"; any other NaN is red; a blocked cell with a
+            (``masked_rows='nan'``) is dark red cross-hatched "nan" (``NAN_COLOUR``); any other NaN is dark red; a
+            blocked cell with a
             weight that is not 0 (a leak) keeps its colour with a red border. A legend names the kinds present.
         query_labels, key_labels: tokens for the rows and columns.
         values: write each weight in its cell (default: when both sides are <= 12).
@@ -561,7 +558,7 @@ def last_row_bar(
             ax.text(j, 0.04, _w("masked"), ha="center", va="bottom", fontsize=layout.VALUE_PT, color=_MASKED_TEXT)
         elif cells.policy_nan[0, j] or cells.nan[0, j]:
             ax.plot([j], [0.0], marker="x", color=NAN_STYLE["facecolor"], markersize=6, clip_on=False)
-            ax.text(j, 0.04, "nan", ha="center", va="bottom", fontsize=layout.VALUE_PT, color="#a50f15")
+            ax.text(j, 0.04, "nan", ha="center", va="bottom", fontsize=layout.VALUE_PT, color=NAN_COLOUR)
         else:
             if cells.leak[0, j]:
                 b.set(edgecolor=_LEAK_EDGE, linewidth=1.5)
