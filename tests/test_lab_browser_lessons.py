@@ -429,9 +429,11 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     page.wait_for_selector("[data-testid='al-live'][data-n='10']")
     page.get_by_role("button", name=I.t("zh", "run the intervention (delete each token)")).click()
     page.wait_for_selector("[data-testid='al-intervention']", timeout=60_000)
-    shown = " ".join(
-        page.locator(f"[data-testid='{x}']").inner_text() for x in ("al-live", "al-intervention")
-    ) + " ".join(page.locator("[data-testid='al-live'] svg").evaluate_all("ss => ss.map(s => s.textContent)"))
+    shown = (
+        " ".join(page.locator(f"[data-testid='{x}']").inner_text() for x in ("al-live", "al-intervention"))
+        + " "
+        + " ".join(page.locator("[data-testid='al-live'] svg text").evaluate_all("ts => ts.map(t => t.textContent)"))
+    )
     sentence = set("The cat sat on the mat because it was tired".split())
     assert [w for w in english_words(shown) if w not in sentence] == []
     page.locator("[data-testid='al-live']").scroll_into_view_if_needed()

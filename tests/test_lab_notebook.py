@@ -393,25 +393,43 @@ def test_live_views_of_a_result():
     w /= w.sum(-1, keepdims=True)
     r = live.LiveResult("SmolLM2-135M", "a b c d", ("a", "Ġb", "Ġc", "Ġd"), w, allowed, 0.5)
     page = live.live_html(r, 1, 2, "en")
-    assert 'data-testid="al-live-heatmap"' in page and 'data-layers="2" data-heads="3"' in page
+    assert 'data-testid="al-live-heatmap"' in page
     assert "·b" in page and "layer 1, head 2" in page
     assert page.count('data-kind="masked"') == n * (n - 1) // 2  # the causal mask of the heatmap
     assert "第 1 层" in live.live_html(r, 1, 2, "zh")
+    grid = live.model_view(r, [[f"<i>{li},{hj}</i>" for hj in range(h)] for li in range(L)], 1, 2)
+    assert 'data-layers="2" data-heads="3"' in grid and "data-layer='1' data-head='2' data-selected='1'" in grid
+    att = np.zeros((L, h, 3))
+    att[1, 2] = [0.2, 0.7, 0.1]  # the head shown above
+    att[0] = [0.9, 0.05, 0.05]
     res = SimpleNamespace(
-        mean_attention=lambda: np.array([0.6, 0.3, 0.1]),
+        mean_attention=lambda: att.mean(axis=(0, 1)),
+        attention=att,
         effect=np.array([0.1, 0.5, 0.2]),
+        delta_logprob=np.array([-0.01, -0.4, 0.02]),
         tokens=("x", "y", "z", "t"),
         sources=(0, 1, 2),
+        target=3,
         correlation=lambda: 0.5,
         effect_name="KL",
-        target_label="log p('t')",
+        target_label="log p('.') of the next token after position 3 ('t')",
     )
-    iv = live.intervention_html(res)
+    iv = live.intervention_html(res, "en", 1, 2)
     assert "(x) is not the one whose deletion changes the result most (y)" in iv
-    zh = live.intervention_html(
-        SimpleNamespace(**{**vars(res), "target_label": "log p(',') of the next token after position 3 ('t')"}), "zh"
-    )
-    assert "位置 3（&#x27;t&#x27;）之后下一个 token 为 &#x27;,&#x27; 的 log p" in zh and "不是" in zh
+    heads = re.findall(r"<th style='padding:2px 8px'>([^<]*)</th>", iv)
+    assert heads == [
+        "token deleted",
+        "weight from t, layer 1 head 2 (the head shown above)",
+        "weight from t, mean over all 2×3 heads",
+        "effect: KL(before ‖ after) of the next-token distribution",
+        "change of log p(&#x27;.&#x27;)",
+    ]
+    rows = re.findall(r"<tr><td style='padding:2px 8px'>(\w)</td>(.*?)</tr>", iv)
+    shown = {tok: re.findall(r">([-+0-9.]+)</td>", rest) for tok, rest in rows}
+    assert shown["y"] == ["0.700", f"{att.mean(axis=(0, 1))[1]:.3f}", "0.5000", "-0.4000"]
+    assert "Measured on" not in iv and "Query: the last token t (position 3)" in iv
+    zh = live.intervention_html(res, "zh", 1, 2)
+    assert "第 1 层第 2 个头（上方显示的头）" in zh and "不是" in zh
     assert 'data-rho="0.5000"' in iv
 
 

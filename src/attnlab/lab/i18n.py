@@ -186,11 +186,9 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         "Bidirectional: every token reads every real token; the [PAD] keys are masked.": "双向：每个 token 读取所有真实 token；[PAD] 键被遮罩。",
         "layer {layer}, head {head}: rows = queries, columns = keys": "第 {layer} 层，第 {head} 个头：行 = 查询，列 = 键",
         "last token {q}: its real weights": "最后一个 token {q}：它的真实权重",
-        "model view: every layer (rows) × head (columns); orange = the head above": "模型总览：每一层（行）× 每个头（列）；橙框 = 上方的那个头",
         "{name}: loaded in {s} s.": "{name}：已加载，用时 {s} 秒。",
         "{name} could not be loaded: {err}": "{name} 无法加载：{err}",
         "token deleted": "删除的 token",
-        "weight it received": "它得到的权重",
         "effect ({name})": "影响（{name}）",
         "also": "也是",
         "not": "不是",
@@ -347,5 +345,49 @@ ZH.update(
         "001 §7.3 prints O = [[10, 0], [3.302, 13.396]] (the weights rounded to 0.3302 and 0.6698) and §12's expected printout 13.3959: the exact output is [[10, 0], [3.3024, 13.3952]].": "文章 001 §7.3 写 O = [[10, 0], [3.302, 13.396]]（用四舍五入后的权重 0.3302 和 0.6698），§12 的预期输出写 13.3959：精确输出是 [[10, 0], [3.3024, 13.3952]]。",
     }
 )
+
+
+# the live model's views and its Chinese text (attnlab.lab.views, attnlab.models.tokens; brief H-views)
+ZH.update(
+    {
+        "Byte-level tokens merged into the {g} characters they form ({n} tokens): a query's weight on a character is the sum of its weights on that character's tokens (each row still sums to 1), and a character's row is the row of its last token, the position that has read the whole character.": "字节级 token 已合并成它们组成的 {g} 个字符（原为 {n} 个 token）：查询对一个字符的权重是它对该字符各 token 的权重之和（每行之和仍为 1）；一个字符的行取其最后一个 token 的行，即已读完整个字符的位置。",
+        "MiniLM's vocabulary cannot represent {c} of the {n} characters of this text ({chars}): they became {k} [UNK] tokens, and the model sees an unknown token, not the characters.": "MiniLM 的词表无法表示这段文字 {n} 个字符中的 {c} 个（{chars}）：它们变成了 {k} 个 [UNK] token，模型看到的是未知 token，而不是这些字符。",
+        "weight from {q}, layer {layer} head {head} (the head shown above)": "{q} 给它的权重：第 {layer} 层第 {head} 个头（上方显示的头）",
+        "weight from {q}, mean over all {L}×{h} heads": "{q} 给它的权重：全部 {L}×{h} 个头的平均",
+        "weight, mean over the real queries and all {L}×{h} heads": "权重：对所有真实查询和全部 {L}×{h} 个头取平均",
+        "effect: KL(before ‖ after) of the next-token distribution": "效果：下一个 token 分布的 KL（删除前 ‖ 删除后）",
+        "change of log p({y})": "log p({y}) 的变化",
+        "Query: the last token {q} (position {i}). Each earlier token is deleted in turn; the effect is how far the next-token distribution moves (KL), and how log p({y}) changes ({y}: the token the model predicts).": "查询：最后一个 token {q}（位置 {i}）。依次删除每个更早的 token；效果是下一个 token 的分布移动了多少（KL），以及 log p({y}) 如何变化（{y}：模型预测的 token）。",
+        "model view: every layer (rows) × head (columns); click a head to open it above (orange)": "模型总览：每一层（行）× 每个头（列）；点击一个头即在上方打开它（橙框）",
+        "head view: layer {layer}, every head (queries left, keys right)": "头视图：第 {layer} 层的每个头（左为查询，右为键）",
+        "line width = weight (8 px for 1; under 0.01 not drawn); hover a head's lines or its colour": "线宽 = 权重（权重 1 为 8 像素；小于 0.01 不画）；把鼠标移到某个头的线或色块上可单独显示它",
+        "The neuron and block views need SmolLM2 (q, k after RoPE).": "神经元视图与模块视图需要 SmolLM2（RoPE 之后的 q、k）。",
+        "Σ q⊙k = {dot}; × 1/√{d} = {scale} -> score {score}": "Σ q⊙k = {dot}；× 1/√{d} = {scale} -> 分数 {score}",
+        "the causal mask hides this key from this query: the model never used this score": "因果遮罩对这个查询隐藏了这个键：模型从未使用这个分数",
+        "the score the model's softmax got: {m}; its weight after the softmax: {w}": "模型的 softmax 得到的分数：{m}；softmax 之后的权重：{w}",
+        "neuron view: layer {layer}, head {head} (kv head {kv}), query {qi} {q} -> key {ki} {k}": "神经元视图：第 {layer} 层第 {head} 个头（键值头 {kv}），查询 {qi} {q} -> 键 {ki} {k}",
+        "q (after RoPE)": "q（RoPE 之后）",
+        "k (after RoPE)": "k（RoPE 之后）",
+        "block view: the last token {q} through the model, and the next token": "模块视图：最后一个 token {q} 穿过模型，以及下一个 token",
+        "embedding": "嵌入",
+        "attention (layer {layer})": "注意力（第 {layer} 层）",
+        "MLP (layer {layer})": "前馈网络（第 {layer} 层）",
+        "residual stream": "残差流",
+        "attention": "注意力",
+        "MLP": "前馈网络",
+        "norm, LM head, softmax": "归一化、输出层、softmax",
+        "the middle boxes: layer {layer}; each layer adds attention, then MLP": "中间的方框：第 {layer} 层；每一层先加上注意力，再加上前馈网络",
+        "norms of each stage per layer (last token)": "每层各阶段的范数（最后一个 token）",
+        "next token: top {k}, p = softmax(logits / T)": "下一个 token：前 {k} 个，p = softmax(logits / T)",
+        "heads in the head view": "头视图中的头",
+        "neuron view: query position (-1 = the last)": "神经元视图：查询位置（-1 = 最后一个）",
+        "key position": "键位置",
+        "block view: temperature T": "模块视图：温度 T",
+        "top tokens": "前几个 token",
+        " (\\x..: the first bytes of a character)": "（\\x..：一个字符的前几个字节）",
+        "*The model, head, neuron and block views appear when the sentence has run.*": "*句子运行完后，这里显示模型总览、头视图、神经元视图和模块视图。*",
+    }
+)
+
 
 register("lab", {en: (en, zh) for en, zh in ZH.items()})

@@ -10,6 +10,10 @@ background thread (:class:`Loader`: its ``status`` says what it is doing and for
 weights are cached (:func:`run`), so the second look at a sentence, another layer or another head costs nothing.
 
 Shapes: :attr:`LiveResult.weights` ``[L, h, n, n]`` (layers, heads, queries, keys), ``allowed [n, n]``.
+
+Chinese text in SmolLM2: its byte-level tokens are shown as the characters they form
+(:func:`attnlab.models.tokens.merge_bytes`: a key's weight is the sum over its tokens, a character's row is its
+last token's); MiniLM's vocabulary has no entry for most Chinese characters, and the page counts its ``[UNK]``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 from .. import masks
 from ..errors import ShapeError
 from .i18n import t
-from .svg import grid_svg, heatmap_svg, last_row_svg
+from .svg import heatmap_svg, last_row_svg
 
 __all__ = [
     "MAX_TOKENS",
@@ -41,9 +45,14 @@ __all__ = [
     "intervention_html",
     "live_html",
     "loader",
+    "model_view",
     "run",
     "run_intervention",
+    "shown",
     "status_html",
+    "thumbnails",
+    "tokens_note",
+    "views_html",
 ]
 
 #: Sentences are cut to this many tokens (the heatmap stays readable and a forward pass well under 2 s).
@@ -159,6 +168,18 @@ class LiveResult:
     allowed: np.ndarray
     seconds: float
     truncated: bool = False
+    #: SmolLM2: the tokens grouped into characters (:func:`attnlab.models.tokens.merge_bytes`), else None.
+    chars: Any = None
+    #: SmolLM2: every layer's q, k (after RoPE), scores and residual stream (:class:`attnlab.models.LlamaCapture`).
+    trace: Any = None
+    #: SmolLM2: ``[vocab]`` the last position's logits (the next-token prediction).
+    next_logits: np.ndarray | None = None
+    #: SmolLM2: the 20 most likely next tokens, (id, label), most likely first.
+    next_top: tuple[tuple[int, str], ...] = ()
+    #: MiniLM: the characters of the text its vocabulary cannot represent (each became ``[UNK]``).
+    unknown: tuple[str, ...] = ()
+    #: MiniLM: how many [UNK] tokens the text has.
+    unk_tokens: int = 0
 
 
 def _one_blas_thread() -> Any:
@@ -184,12 +205,23 @@ def _forward(key: str, text: str) -> LiveResult:
                 raise ShapeError(f"text: {text!r} has no tokens; expected at least one")
             if len(ids) > MAX_TOKENS:
                 ids, truncated = ids[:MAX_TOKENS], True
-            out = llama_forward(m, ids, return_attention=True)
+            from ..models.tokens import merge_bytes
+
+            out = llama_forward(m, ids, return_attention=True, capture=True)
             assert out.attentions is not None  # return_attention=True
             w = np.stack([np.asarray(a[0], dtype=np.float64) for a in out.attentions])  # [L, h, n, n]
+            w.setflags(write=False)
             labels = tuple(m.tokenizer.labels(ids))
             n = len(ids)
             allowed = masks.causal(n)
+            z = np.asarray(out.logits[0, -1], dtype=np.float64)  # [vocab]
+            top = np.argsort(-z, kind="stable")[:20]
+            extra: dict[str, Any] = {
+                "chars": merge_bytes(m.tokenizer.token_bytes(ids), w, allowed),
+                "trace": out.trace,
+                "next_logits": z,
+                "next_top": tuple((int(i), m.tokenizer.labels([int(i)])[0]) for i in top),
+            }
         else:
             from ..models.minilm import model_dir
 
@@ -205,8 +237,12 @@ def _forward(key: str, text: str) -> LiveResult:
             tok = Tokenizer.from_file(str((m.path or model_dir()) / "tokenizer.json"))
             labels = tuple(tok.id_to_token(int(i)) or str(i) for i in ids[0])
             allowed = np.broadcast_to(masks.from_keep(am[0]), (ids.shape[1], ids.shape[1])).copy()  # [n, n]
+            enc = tok.encode(text, add_special_tokens=False)
+            unk = tok.token_to_id("[UNK]")
+            spans = [text[a:b] for i, (a, b) in zip(enc.ids, enc.offsets, strict=True) if i == unk]
+            extra = {"unknown": tuple(dict.fromkeys(ch for sp in spans for ch in sp)), "unk_tokens": len(spans)}
     w.setflags(write=False)
-    return LiveResult(MODELS[key].name, text, labels, w, allowed, time.perf_counter() - t0, truncated)
+    return LiveResult(MODELS[key].name, text, labels, w, allowed, time.perf_counter() - t0, truncated, **extra)
 
 
 _CACHE: OrderedDict[tuple[str, str, str], Future] = OrderedDict()
@@ -315,27 +351,28 @@ def status_html(key: str, lang: str = "en") -> str:
 
 
 def live_html(r: LiveResult, layer: int, head: int, lang: str = "en") -> str:
-    """One head as a heatmap, the last token's weights, and the model view (every layer × head)."""
+    """One head as a heatmap and the last token's weights (the model view is :func:`model_view`)."""
     L, h = r.weights.shape[:2]
     layer, head = min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)
-    w = r.weights[layer, head]
-    labels = tuple(s.replace("Ġ", "·") for s in r.labels)
+    weights, allowed, labels = shown(r)
+    w = weights[layer, head]
     info = t(
         lang,
         "{model}: {n} tokens, forward pass {s} s; layer {layer}, head {head}.",
         model=r.model,
-        n=len(labels),
+        n=len(r.labels),
         s=f"{r.seconds:.2f}",
         layer=layer,
         head=head,
     )
+    info += " " + tokens_note(r, lang)
     if r.truncated:
         info += " " + t(lang, "(cut to the first {n} tokens)", n=MAX_TOKENS)
     if not MODELS["smollm2" if r.model.startswith("SmolLM2") else "minilm"].causal:
         info += " " + t(lang, "Bidirectional: every token reads every real token; the [PAD] keys are masked.")
     heat = heatmap_svg(
         w,
-        r.allowed,
+        allowed,
         labels,
         labels,
         title=t(lang, "layer {layer}, head {head}: rows = queries, columns = keys", layer=layer, head=head),
@@ -349,31 +386,76 @@ def live_html(r: LiveResult, layer: int, head: int, lang: str = "en") -> str:
     )
     last = last_row_svg(
         w,
-        r.allowed,
+        allowed,
         labels,
         labels[-1],
         title=t(lang, "last token {q}: its real weights", q=labels[-1]),
         masked_word=t(lang, "plot.masked"),
         testid="al-live-last",
     )
-    grid = grid_svg(
-        r.weights,
-        r.allowed,
-        row_names=tuple(t(lang, "layer {i}", i=i) for i in range(L)),
-        col_names=tuple(f"h{j}" for j in range(h)),
-        title=t(lang, "model view: every layer (rows) × head (columns); orange = the head above"),
-        selected=(layer, head),
-    )
     return (
-        f'<div data-testid="al-live" data-model="{html.escape(r.model)}" data-n="{len(labels)}" '
-        f'data-layer="{layer}" data-head="{head}">'
+        f'<div data-testid="al-live" data-model="{html.escape(r.model)}" data-n="{len(r.labels)}" '
+        f'data-groups="{len(labels)}" data-unk="{r.unk_tokens}" data-layer="{layer}" data-head="{head}">'
         f"<p>{html.escape(info)}</p>"
-        "<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>"
-        + heat
-        + last
-        + "</div><div style='overflow-x:auto;max-width:100%'>"
-        + grid
-        + "</div></div>"
+        "<div style='display:flex;gap:24px;flex-wrap:wrap;align-items:flex-start'>" + heat + last + "</div></div>"
+    )
+
+
+def shown(r: LiveResult) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    """What the page draws: ``(weights [L, h, g, g], allowed [g, g], labels)``, the byte tokens merged into the
+    characters they form (SmolLM2; ``g`` groups, :func:`attnlab.models.tokens.merge_bytes`), else the tokens."""
+    c = r.chars
+    if c is not None and c.merged:
+        return c.weights, c.allowed, c.labels
+    return r.weights, r.allowed, tuple(s.replace("Ġ", "·") for s in r.labels)
+
+
+def tokens_note(r: LiveResult, lang: str = "en") -> str:
+    """What the page says about the tokens: merged byte tokens (how the weights were merged), or MiniLM's [UNK]."""
+    c = r.chars
+    if c is not None and c.merged:
+        return t(
+            lang,
+            "Byte-level tokens merged into the {g} characters they form ({n} tokens): a query's weight on a "
+            "character is the sum of its weights on that character's tokens (each row still sums to 1), and a "
+            "character's row is the row of its last token, the position that has read the whole character.",
+            g=len(c.labels),
+            n=len(r.labels),
+        )
+    if r.unk_tokens:
+        unknown = set(r.unknown)
+        text = [ch for ch in r.text if not ch.isspace()]
+        return t(
+            lang,
+            "MiniLM's vocabulary cannot represent {c} of the {n} characters of this text ({chars}): they became {k} "
+            "[UNK] tokens, and the model sees an unknown token, not the characters.",
+            c=sum(ch in unknown for ch in text),
+            n=len(text),
+            chars=" ".join(r.unknown),
+            k=r.unk_tokens,
+        )
+    return ""
+
+
+def _predicted(label: str) -> str:
+    """The tracked token's repr out of :attr:`InterventionResult.target_label`."""
+    import re
+
+    m = re.fullmatch(r"log p\((.*)\) of the next token after position \d+ \(.*\)", label)
+    return m[1] if m else "?"
+
+
+def _measured(res: Any, lang: str) -> str:
+    """The sentence above the table: which query's weights, and what the effect is measured on."""
+    if res.delta_logprob is None:
+        return t(lang, "Measured on: {what}", what=_target_words(res.target_label, lang))
+    return t(
+        lang,
+        "Query: the last token {q} (position {i}). Each earlier token is deleted in turn; the effect is how far the "
+        "next-token distribution moves (KL), and how log p({y}) changes ({y}: the token the model predicts).",
+        q=res.tokens[res.target].replace("Ġ", "·"),
+        i=res.target,
+        y=_predicted(res.target_label),
     )
 
 
@@ -391,25 +473,51 @@ def _target_words(label: str, lang: str) -> str:
     return label
 
 
-def intervention_html(res: Any, lang: str = "en") -> str:
-    """Weight received vs effect of deleting each token, as a table and the rank correlation, in words."""
+def intervention_html(res: Any, lang: str = "en", layer: int | None = None, head: int | None = None) -> str:
+    """Weight received vs effect of deleting each token, as a table and the rank correlation, in words.
+
+    Columns: the token deleted; with ``layer`` and ``head`` (the head the page shows), the weight that head's
+    query row gives the token (the number in the heatmap's last row); the weight averaged over every layer and
+    head (what the rank correlation uses); the effect (SmolLM2: KL(before ‖ after) of the next-token
+    distribution, and the change of log p of the predicted token; MiniLM: 1 - cos of the sentence embedding)."""
     att = res.mean_attention()
     eff = res.effect
+    L, h = res.attention.shape[:2]
+    one = None
+    if layer is not None and head is not None:
+        li, hj = min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)
+        one = res.attention[li, hj]  # [n_src]
+    lm = res.delta_logprob is not None
+    td = "<td style='text-align:right;padding:2px 8px'>"
     rows = []
     order = np.argsort(-att)
     top_w, top_e = int(np.argmax(att)), int(np.argmax(eff))
     for i in order:
         tok = res.tokens[res.sources[i]].replace("Ġ", "·")
-        rows.append(
-            f"<tr><td style='padding:2px 8px'>{html.escape(tok)}</td><td style='text-align:right;padding:2px 8px'>"
-            f"{att[i]:.3f}</td><td style='text-align:right;padding:2px 8px'>{eff[i]:.4f}</td></tr>"
-        )
+        cells = [f"<td style='padding:2px 8px'>{html.escape(tok)}</td>"]
+        if one is not None:
+            cells.append(f"{td}{one[i]:.3f}</td>")
+        cells.append(f"{td}{att[i]:.3f}</td>{td}{eff[i]:.4f}</td>")
+        if lm:
+            cells.append(f"{td}{res.delta_logprob[i]:+.4f}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
     rho = res.correlation()
-    head = (
-        f"<tr><th style='padding:2px 8px'>{html.escape(t(lang, 'token deleted'))}</th>"
-        f"<th style='padding:2px 8px'>{html.escape(t(lang, 'weight it received'))}</th>"
-        f"<th style='padding:2px 8px'>{html.escape(t(lang, 'effect ({name})', name=res.effect_name))}</th></tr>"
-    )
+    q = res.tokens[res.target].replace("Ġ", "·") if res.target is not None else ""
+    names = [t(lang, "token deleted")]
+    if one is not None:
+        names.append(
+            t(lang, "weight from {q}, layer {layer} head {head} (the head shown above)", q=q, layer=li, head=hj)
+        )
+    if res.target is not None:
+        names.append(t(lang, "weight from {q}, mean over all {L}×{h} heads", q=q, L=L, h=h))
+    else:
+        names.append(t(lang, "weight, mean over the real queries and all {L}×{h} heads", L=L, h=h))
+    if lm:
+        names.append(t(lang, "effect: KL(before ‖ after) of the next-token distribution"))
+        names.append(t(lang, "change of log p({y})", y=_predicted(res.target_label)))
+    else:
+        names.append(t(lang, "effect ({name})", name=res.effect_name))
+    head_row = "<tr>" + "".join(f"<th style='padding:2px 8px'>{html.escape(x)}</th>" for x in names) + "</tr>"
     same = top_w == top_e
     words = t(
         lang,
@@ -422,7 +530,170 @@ def intervention_html(res: Any, lang: str = "en") -> str:
     )
     return (
         f'<div data-testid="al-intervention" data-rho="{rho:.4f}">'
-        f"<p>{html.escape(t(lang, 'Measured on: {what}', what=_target_words(res.target_label, lang)))}</p>"
-        f"<table style='border-collapse:collapse;font-family:monospace'>{head}{''.join(rows)}</table>"
+        f"<p>{html.escape(_measured(res, lang))}</p>"
+        f"<table style='border-collapse:collapse;font-family:monospace'>{head_row}{''.join(rows)}</table>"
         f"<p>{html.escape(words)}</p></div>"
+    )
+
+
+def _key_of(r: LiveResult) -> str:
+    return next(k for k, info in MODELS.items() if info.name == r.model)
+
+
+def thumbnails(r: LiveResult) -> tuple[tuple[str, ...], ...]:
+    """Every head's map as a small PNG data URI, ``[L][h]`` (:func:`attnlab.lab.views.head_thumbnails` of the
+    shown weights), cached per sentence with the result."""
+    from .views import head_thumbnails
+
+    w, ok, _ = shown(r)
+    return _cached("thumbnails", _key_of(r), r.text, lambda: head_thumbnails(w, ok)).result()
+
+
+def model_view(r: LiveResult, cells: Any, layer: int, head: int, lang: str = "en") -> str:
+    """The model view: ``cells[layer][head]`` (the page's buttons, each showing its head's thumbnail) in a table of
+    layers × heads, the head shown above outlined (:func:`attnlab.lab.views.model_view_html`)."""
+    from .views import model_view_html
+
+    L, h = r.weights.shape[:2]
+    return model_view_html(
+        cells,
+        row_names=tuple(t(lang, "layer {i}", i=i) for i in range(L)),
+        col_names=tuple(f"h{j}" for j in range(h)),
+        title=t(lang, "model view: every layer (rows) × head (columns); click a head to open it above (orange)"),
+        selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)),
+    )
+
+
+def _token_names(r: LiveResult) -> tuple[str, ...]:
+    """Each token's label, with the character it is part of when the bytes were merged (``\\xe5 (喜)``)."""
+    names = [s.replace("Ġ", "·") for s in r.labels]
+    c = r.chars
+    if c is not None and c.merged:
+        for g, lab in zip(c.groups, c.labels, strict=True):
+            if len(g) > 1:
+                for p in g:
+                    names[p] = f"{names[p]} ({lab})"
+    return tuple(names)
+
+
+def views_html(
+    r: LiveResult,
+    layer: int,
+    head: int,
+    lang: str = "en",
+    *,
+    heads: Any = None,
+    query: int = -1,
+    key: int = 0,
+    temperature: float = 1.0,
+    top_k: int = 10,
+) -> str:
+    """The head view of ``layer`` (the ticked ``heads``), and for SmolLM2 the neuron view of the pair (``query``,
+    ``key``) in (``layer``, ``head``) and the block view of the last token at ``temperature``
+    (:mod:`attnlab.lab.views`)."""
+    from . import views as V
+
+    L, h = r.weights.shape[:2]
+    layer, head = min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)
+    weights, allowed, labels = shown(r)
+    picked = list(range(h)) if heads is None else [int(j) for j in heads if 0 <= int(j) < h]
+    parts = [
+        V.head_view_svg(
+            weights[layer],
+            allowed,
+            labels,
+            heads=picked,
+            title=t(lang, "head view: layer {layer}, every head (queries left, keys right)", layer=layer),
+            legend=t(
+                lang, "line width = weight (8 px for 1; under 0.01 not drawn); hover a head's lines or its colour"
+            ),
+        )
+    ]
+    if r.trace is None:
+        parts.append(
+            "<p>" + html.escape(t(lang, "The neuron and block views need SmolLM2 (q, k after RoPE).")) + "</p>"
+        )
+    else:
+        n = len(r.labels)
+        qi = min(max(int(query) if int(query) >= 0 else n + int(query), 0), n - 1)
+        ki = min(max(int(key) if int(key) >= 0 else n + int(key), 0), n - 1)
+        p = V.neuron_pair(r.trace, layer, head, qi, ki, weights=r.weights[layer])
+        names = _token_names(r)
+        d = p.q.size
+        sums = [
+            t(
+                lang,
+                "Σ q⊙k = {dot}; × 1/√{d} = {scale} -> score {score}",
+                dot=f"{p.dot:.4f}",
+                d=d,
+                scale=f"{p.scale:g}",
+                score=f"{p.score:.4f}",
+            ),
+        ]
+        if p.masked:
+            sums.append(t(lang, "the causal mask hides this key from this query: the model never used this score"))
+        else:
+            sums.append(
+                t(
+                    lang,
+                    "the score the model's softmax got: {m}; its weight after the softmax: {w}",
+                    m=f"{p.model_score:.4f}",
+                    w=f"{p.weight:.4f}",
+                )
+            )
+        parts.append(
+            V.neuron_svg(
+                p,
+                title=t(
+                    lang,
+                    "neuron view: layer {layer}, head {head} (kv head {kv}), query {qi} {q} -> key {ki} {k}",
+                    layer=layer,
+                    head=head,
+                    kv=p.kv_head,
+                    qi=qi,
+                    q=names[qi],
+                    ki=ki,
+                    k=names[ki],
+                ),
+                rows=(t(lang, "q (after RoPE)"), t(lang, "k (after RoPE)"), "q ⊙ k"),
+                sums=tuple(sums),
+            )
+        )
+        assert r.next_logits is not None  # set with the trace
+        k_top = min(max(int(top_k), 1), len(r.next_top))
+        b = V.block_numbers(r.trace, r.next_logits, temperature=temperature, top_k=k_top)
+        parts.append(
+            V.block_svg(
+                b,
+                token_labels=[lab for _, lab in r.next_top[:k_top]],
+                layer=layer,
+                words={
+                    "title": t(
+                        lang, "block view: the last token {q} through the model, and the next token", q=names[-1]
+                    ),
+                    "embedding": t(lang, "embedding"),
+                    "attention": t(lang, "attention (layer {layer})", layer=layer),
+                    "mlp": t(lang, "MLP (layer {layer})", layer=layer),
+                    "residual": t(lang, "residual stream"),
+                    "attention_all": t(lang, "attention"),
+                    "mlp_all": t(lang, "MLP"),
+                    "head": t(lang, "norm, LM head, softmax"),
+                    "layer": t(
+                        lang, "the middle boxes: layer {layer}; each layer adds attention, then MLP", layer=layer
+                    ),
+                    "norms": t(lang, "norms of each stage per layer (last token)"),
+                    "top": t(lang, "next token: top {k}, p = softmax(logits / T)", k=k_top)
+                    + (
+                        t(lang, " (\\x..: the first bytes of a character)")
+                        if any(lab.startswith("\\x") for _, lab in r.next_top[:k_top])
+                        else ""
+                    ),
+                },
+            )
+        )
+    return (
+        f'<div data-testid="al-views" data-layer="{layer}" data-head="{head}" '
+        "style='display:flex;flex-direction:column;gap:18px;overflow-x:auto;max-width:100%'>"
+        + "".join(f"<div style='overflow-x:auto;max-width:100%'>{x}</div>" for x in parts)
+        + "</div>"
     )

@@ -427,12 +427,12 @@ def _(T, lang, mo):
 
 
 @app.cell
-def _(LV, T, lang, live_model, mo):
+def _(LV, T, get_live_pick, lang, live_model, mo):
     _info = LV.MODELS[live_model.value]
-    live_layer = mo.ui.slider(
-        0, _info.layers - 1, value=min(3, _info.layers - 1), show_value=True, label=T(lang, "layer")
-    )
-    live_head = mo.ui.slider(0, _info.heads - 1, value=0, show_value=True, label=T(lang, "plot.head"))
+    _pick = get_live_pick()  # the head a click in the model view opened (below)
+    _at = _pick[1:] if _pick is not None and _pick[0] == live_model.value else (min(3, _info.layers - 1), 0)
+    live_layer = mo.ui.slider(0, _info.layers - 1, value=_at[0], show_value=True, label=T(lang, "layer"))
+    live_head = mo.ui.slider(0, _info.heads - 1, value=_at[1], show_value=True, label=T(lang, "plot.head"))
     mo.hstack([live_layer, live_head], justify="start", gap=2)
     return live_head, live_layer
 
@@ -461,6 +461,126 @@ def _(LV, T, lang, live_head, live_layer, live_model, live_text, mo):
 
 
 @app.cell
+def _(mo):
+    # The live model's views (attnlab.lab.views): the result of a sentence arriving (set from a thread) and the
+    # head a click in the model view opened
+    get_views_ready, set_views_ready = mo.state(None)
+    get_live_pick, set_live_pick = mo.state(None)
+    return get_live_pick, get_views_ready, set_live_pick, set_views_ready
+
+
+@app.cell
+def _(LV, live_model, live_text, mo, set_views_ready):
+    _key, _text = live_model.value, live_text.value
+    if _text and LV.cached("forward", _key, _text) is None:
+
+        def _wait_views():
+            me = mo.current_thread()
+            try:
+                LV.run(_key, _text)  # the live cell's forward pass (one cached Future): waits for it
+            except Exception:  # the live cell shows the error
+                return
+            if not me.should_exit:
+                set_views_ready((_key, _text))
+
+        mo.Thread(target=_wait_views, daemon=True).start()
+    return
+
+
+@app.cell
+def _(LV, T, get_views_ready, lang, live_head, live_layer, live_model, live_text, mo, set_live_pick):
+    get_views_ready()  # re-run when a sentence's result arrives
+    _key = live_model.value
+    _r = LV.cached("forward", _key, live_text.value) if live_text.value else None
+    live_pick = None
+    _out = None
+    if _r is not None:
+        _thumbs = LV.thumbnails(_r)
+        _L, _h = len(_thumbs), len(_thumbs[0])
+        live_pick = mo.ui.array(
+            [
+                mo.ui.button(
+                    value=None,
+                    on_click=lambda _v, li=li, hj=hj: set_live_pick((_key, li, hj)),
+                    label=f'<img src="{_thumbs[li][hj]}" alt="L{li} h{hj}" title="{T(lang, "layer {i}", i=li)}, h{hj}" '
+                    'width="20" height="20" '
+                    'style="image-rendering:pixelated;vertical-align:middle;width:20px;height:20px">',
+                )
+                for li in range(_L)
+                for hj in range(_h)
+            ]
+        )
+        _out = mo.Html(
+            LV.model_view(
+                _r,
+                [[f"{live_pick[li * _h + hj]}" for hj in range(_h)] for li in range(_L)],
+                live_layer.value,
+                live_head.value,
+                lang,
+            )
+        )
+    _out  # noqa: B018 (a marimo cell shows its last expression)
+    return (live_pick,)
+
+
+@app.cell
+def _(LV, T, lang, live_model, mo):
+    _h = LV.MODELS[live_model.value].heads
+    live_heads = mo.ui.multiselect(
+        options={f"h{j}": j for j in range(_h)},
+        value=[f"h{j}" for j in range(_h)],
+        label=T(lang, "heads in the head view"),
+    )
+    live_query = mo.ui.number(
+        start=-1, stop=LV.MAX_TOKENS - 1, step=1, value=-1, label=T(lang, "neuron view: query position (-1 = the last)")
+    )
+    live_key = mo.ui.number(start=0, stop=LV.MAX_TOKENS - 1, step=1, value=0, label=T(lang, "key position"))
+    live_temp = mo.ui.slider(0.1, 3.0, step=0.1, value=1.0, show_value=True, label=T(lang, "block view: temperature T"))
+    live_top = mo.ui.slider(1, 20, step=1, value=10, show_value=True, label=T(lang, "top tokens"))
+    mo.hstack([live_heads, live_query, live_key, live_temp, live_top], justify="start", gap=2, wrap=True)
+    return live_heads, live_key, live_query, live_temp, live_top
+
+
+@app.cell
+def _(
+    LV,
+    T,
+    get_views_ready,
+    lang,
+    live_head,
+    live_heads,
+    live_key,
+    live_layer,
+    live_model,
+    live_query,
+    live_temp,
+    live_text,
+    live_top,
+    mo,
+):
+    get_views_ready()  # re-run when a sentence's result arrives
+    _r = LV.cached("forward", live_model.value, live_text.value) if live_text.value else None
+    if _r is None:
+        _out = mo.md(T(lang, "*The model, head, neuron and block views appear when the sentence has run.*"))
+    else:
+        _out = mo.Html(
+            LV.views_html(
+                _r,
+                live_layer.value,
+                live_head.value,
+                lang,
+                heads=live_heads.value,
+                query=int(live_query.value if live_query.value is not None else -1),
+                key=int(live_key.value or 0),
+                temperature=float(live_temp.value),
+                top_k=int(live_top.value),
+            )
+        )
+    _out  # noqa: B018 (a marimo cell shows its last expression)
+    return
+
+
+@app.cell
 def _(T, lang, mo):
     live_intervene = mo.ui.run_button(label=T(lang, "run the intervention (delete each token)"))
     live_intervene  # noqa: B018 (a marimo cell shows its last expression)
@@ -468,11 +588,11 @@ def _(T, lang, mo):
 
 
 @app.cell
-def _(LV, T, lang, live_intervene, live_model, live_text, mo):
+def _(LV, T, lang, live_head, live_intervene, live_layer, live_model, live_text, mo):
     _key, _text = live_model.value, live_text.value
     _done = LV.cached("intervene", _key, _text) if _text else None
     if _done is not None:
-        mo.output.replace(mo.Html(LV.intervention_html(_done, lang)))
+        mo.output.replace(mo.Html(LV.intervention_html(_done, lang, live_layer.value, live_head.value)))
     elif live_intervene.value and _text:
 
         def _work_iv():
@@ -486,7 +606,7 @@ def _(LV, T, lang, live_intervene, live_model, live_text, mo):
                     mo.output.replace(mo.Html(error_html(str(err), "al-live-error")))
                 return
             if not me.should_exit:
-                mo.output.replace(mo.Html(LV.intervention_html(res, lang)))
+                mo.output.replace(mo.Html(LV.intervention_html(res, lang, live_layer.value, live_head.value)))
 
         mo.output.replace(mo.md(T(lang, "*Deleting each token and running the model again…*")))
         mo.Thread(target=_work_iv, daemon=True).start()

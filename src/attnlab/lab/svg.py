@@ -32,9 +32,11 @@ __all__ = [
     "growth_svg",
     "heatmap_svg",
     "ink_for",
+    "label_svg",
     "last_row_svg",
     "png_bytes",
     "text_width",
+    "tile_rgb",
 ]
 
 #: Dark red for NaN cells (white text on it is 8.6:1).
@@ -128,6 +130,12 @@ def _text(
         f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{fill}" data-bg="{bg}"'
         f"{extra}>{html.escape(s)}</text>"
     )
+
+
+def label_svg(x: float, y: float, s: str, **style: object) -> str:
+    """One ``<text>`` element as every picture of the lab draws it (escaped, ``data-bg`` for the contrast test);
+    ``style``: ``size``, ``anchor``, ``fill``, ``bg``, ``bold``, ``vertical``, ``testid``."""
+    return _text(x, y, s, **style)  # type: ignore[arg-type]  # the keywords of _text
 
 
 def _cell_size(n: int, budget: float = 420.0, largest: int = 46, smallest: int = 16) -> int:
@@ -347,6 +355,20 @@ def png_bytes(rgb: np.ndarray) -> bytes:
 _MASKED_RGB = np.array([189, 189, 189], dtype=np.float64)
 
 
+def tile_rgb(maps: np.ndarray, allowed: np.ndarray, *, size: int = 40) -> np.ndarray:
+    """Each map of ``maps [L, h, n_q, n_k]`` as a tiny picture ``[L, h, c·n_q, c·n_k, 3]`` (0-255 floats, blue
+    ramp, masked cells grey, NaN as 0), each cell ``c = max(1, size // n)`` pixels wide."""
+    m = np.nan_to_num(np.asarray(maps, dtype=np.float64), nan=0.0)
+    n_q, n_k = m.shape[-2:]
+    c = max(1, size // max(n_q, n_k))
+    ok = np.broadcast_to(np.asarray(allowed, dtype=bool), (n_q, n_k))
+    x = np.clip(m, 0.0, 1.0)[..., None]  # [L, h, n_q, n_k, 1]
+    dark = np.array([8, 48, 107], dtype=np.float64)
+    rgb = 255 + (dark - 255) * x  # [L, h, n_q, n_k, 3]
+    rgb = np.where(ok[None, None, :, :, None], rgb, _MASKED_RGB)
+    return np.repeat(np.repeat(rgb, c, axis=2), c, axis=3)  # [L, h, c n_q, c n_k, 3]
+
+
 def grid_svg(
     maps: np.ndarray,
     allowed: np.ndarray,
@@ -362,17 +384,9 @@ def grid_svg(
     the ``selected`` (layer, head) outlined in orange."""
     import base64
 
-    m = np.nan_to_num(np.asarray(maps, dtype=np.float64), nan=0.0)
-    L, h, n_q, n_k = m.shape
-    c = max(1, 40 // max(n_q, n_k))
-    size_q, size_k = n_q * c, n_k * c
+    tiles = tile_rgb(maps, allowed)  # [L, h, size_q, size_k, 3]
+    L, h, size_q, size_k = tiles.shape[:4]
     pad = 4
-    ok = np.broadcast_to(np.asarray(allowed, dtype=bool), (n_q, n_k))
-    x = np.clip(m, 0.0, 1.0)[..., None]  # [L, h, n_q, n_k, 1]
-    dark = np.array([8, 48, 107], dtype=np.float64)
-    rgb = 255 + (dark - 255) * x  # [L, h, n_q, n_k, 3]
-    rgb = np.where(ok[None, None, :, :, None], rgb, _MASKED_RGB)
-    tiles = np.repeat(np.repeat(rgb, c, axis=2), c, axis=3)  # [L, h, size_q, size_k, 3]
     img = np.full((L * (size_q + pad), h * (size_k + pad), 3), 255.0)
     for li in range(L):
         for hj in range(h):

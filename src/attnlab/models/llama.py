@@ -31,6 +31,7 @@ from ..validate import check_choice, check_int
 
 __all__ = [
     "Generation",
+    "LlamaCapture",
     "LlamaConfig",
     "LlamaLayer",
     "LlamaModel",
@@ -206,6 +207,33 @@ class LlamaModel:
 
 
 @dataclass(frozen=True)
+class LlamaCapture:
+    """What every layer computed, kept by :func:`llama_forward` with ``capture=True`` (for the lab's views).
+
+    Shapes (``L`` layers, ``n_k`` = cached + new tokens):
+        * ``embeddings [B, n, d_model]``: the token embeddings, the residual stream before layer 0;
+        * ``q``: per layer ``[B, h, n, head_dim]``, the queries **after RoPE** (what the scores are made of);
+        * ``k``: per layer ``[B, h_kv, n_k, head_dim]``, the keys after RoPE (query head ``j`` reads kv head
+          ``j // (h / h_kv)``: grouped-query attention);
+        * ``logits``: per layer ``[B, h, n, n_k]``, ``q·k / √head_dim`` as the softmax got it (``-inf`` where
+          masked);
+        * ``attn_out``, ``mlp_out``: per layer ``[B, n, d_model]``, what the attention (after ``W_O``) and the MLP
+          added to the residual stream;
+        * ``residual``: per layer ``[B, n, d_model]``, the residual stream after the layer;
+        * ``scale``: the scale the scores were multiplied by (``1 / √head_dim``).
+    """
+
+    embeddings: np.ndarray
+    q: tuple[np.ndarray, ...]
+    k: tuple[np.ndarray, ...]
+    logits: tuple[np.ndarray, ...]
+    attn_out: tuple[np.ndarray, ...]
+    mlp_out: tuple[np.ndarray, ...]
+    residual: tuple[np.ndarray, ...]
+    scale: float
+
+
+@dataclass(frozen=True)
 class LlamaOutput:
     """What :func:`llama_forward` returns.
 
@@ -214,13 +242,16 @@ class LlamaOutput:
         * ``attentions``: one ``[B, h, n, n_k]`` per layer (softmax weights, ``n_k`` = cached + new tokens), or
           ``None`` unless ``return_attention=True``;
         * ``hidden [B, n, d_model]``: the final hidden state after the last RMSNorm;
-        * ``positions [B, n]``: the positions the tokens were given (RoPE angles).
+        * ``positions [B, n]``: the positions the tokens were given (RoPE angles);
+        * ``trace``: a :class:`LlamaCapture` (every layer's q, k, scores and residual stream) with ``capture=True``,
+          else ``None``.
     """
 
     logits: np.ndarray
     attentions: tuple[np.ndarray, ...] | None
     hidden: np.ndarray
     positions: np.ndarray
+    trace: LlamaCapture | None = None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -312,14 +343,14 @@ def _attend(
     causal: bool | Align,
     attention: Attention,
     want_weights: bool,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """``q [B, h, n_q, d]``, ``k, v [B, h_kv, n_k, d]`` -> (heads ``[B, h, n_q, d]``, weights or None)."""
+) -> tuple[np.ndarray, Any]:
+    """``q [B, h, n_q, d]``, ``k, v [B, h_kv, n_k, d]`` -> (heads ``[B, h, n_q, d]``, the AttentionTrace or None)."""
     if attention == "tiled" and not want_weights:
         from ..kernels.tiled import flash_attention
 
         return flash_attention(q, k, v, causal=causal).output, None
     t = attention_trace(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal=causal)
-    return t.output, (t.weights if want_weights else None)
+    return t.output, (t if want_weights else None)
 
 
 def llama_forward(
@@ -334,6 +365,7 @@ def llama_forward(
     last_only: bool = False,
     positions: Any = None,
     blas_threads: int | None = None,
+    capture: bool = False,
 ) -> LlamaOutput:
     """Run the model on token ids: embeddings, ``num_layers`` decoder layers, final RMSNorm, LM head.
 
@@ -352,6 +384,9 @@ def llama_forward(
         blas_threads: limit the BLAS library to this many threads during the call (needs ``threadpoolctl``,
             extra ``fast``; default: leave BLAS as it is). One thread is often faster for decode-sized products,
             and much faster when other processes keep the cores busy.
+        capture: also keep a :class:`LlamaCapture` (every layer's q and k after RoPE, scores, attention and MLP
+            outputs, residual stream; dense attention, as with ``return_attention``) in ``LlamaOutput.trace``.
+            The same forward pass: nothing is computed twice, only kept.
 
     Returns:
         a :class:`LlamaOutput`.
@@ -372,9 +407,15 @@ def llama_forward(
                 return_attention=return_attention,
                 last_only=last_only,
                 positions=positions,
+                capture=capture,
             )
     check_choice("attention", attention, ("dense", "tiled"))
-    for name, flag in (("rope", rope), ("causal", causal), ("return_attention", return_attention)):
+    for name, flag in (
+        ("rope", rope),
+        ("causal", causal),
+        ("return_attention", return_attention),
+        ("capture", capture),
+    ):
         check_choice(name, flag, (True, False))
     check_choice("last_only", last_only, (True, False))
     c = model.config
@@ -415,6 +456,9 @@ def llama_forward(
 
     x = model.embed[ids]  # [B, n, d_model]
     maps: list[np.ndarray] = []
+    kept: dict[str, list[np.ndarray]] = {f: [] for f in ("q", "k", "logits", "attn_out", "mlp_out", "residual")}
+    want = return_attention or capture
+    scale = float("nan")  # the attention's scale, read from its trace
     for i, layer in enumerate(model.layers):
         a = layer.attn
         h_in = rms_norm(x, layer.attn_norm, c.rms_eps)
@@ -425,26 +469,37 @@ def llama_forward(
             q, k = apply_rope(q, tables), apply_rope(k, tables)
         if cache is not None:
             cache[i].append(k, v)
-            if return_attention or not causal or attention == "tiled":
-                kk, vv = cache[i].keys, cache[i].values  # [B, h_kv, past + n, d]
-                out, w = _attend(q, kk, vv, a.n_rep, causal=align, attention=attention, want_weights=return_attention)
+            if want or not causal or attention == "tiled":
+                k = cache[i].keys  # [B, h_kv, past + n, d]
+                out, tr = _attend(q, k, cache[i].values, a.n_rep, causal=align, attention=attention, want_weights=want)
             else:
                 from ..kernels.kv_cache import cached_attention
 
-                out, w = cached_attention(q, cache[i]), None
+                out, tr = cached_attention(q, cache[i]), None
         else:
-            out, w = _attend(q, k, v, a.n_rep, causal=align, attention=attention, want_weights=return_attention)
-        if w is not None:
-            maps.append(w)
-        x = x + merge_heads(out) @ a.w_o  # [B, n, d_model]
-        x = x + swiglu_mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)
+            out, tr = _attend(q, k, v, a.n_rep, causal=align, attention=attention, want_weights=want)
+        if tr is not None and return_attention:
+            maps.append(tr.weights)
+        attn_out = merge_heads(out) @ a.w_o  # [B, n, d_model]
+        x = x + attn_out
+        mlp_out = swiglu_mlp(rms_norm(x, layer.mlp_norm, c.rms_eps), layer)  # [B, n, d_model]
+        x = x + mlp_out
+        if capture:
+            for f, val in (("q", q), ("k", k), ("logits", tr.logits), ("attn_out", attn_out), ("mlp_out", mlp_out)):
+                kept[f].append(val)
+            kept["residual"].append(x)
+            scale = float(tr.scale)
     hidden = rms_norm(x[:, -1:] if last_only else x, model.final_norm, c.rms_eps)
     logits = hidden @ model.lm_head  # [B, n, vocab]
+    trace = None
+    if capture:
+        trace = LlamaCapture(embeddings=model.embed[ids], scale=scale, **{f: tuple(v) for f, v in kept.items()})
     return LlamaOutput(
         logits=logits,
         attentions=tuple(maps) if return_attention else None,
         hidden=hidden,
         positions=np.array(pos),
+        trace=trace,
     )
 
 
