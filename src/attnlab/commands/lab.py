@@ -12,7 +12,7 @@ import sys
 
 from ..argtypes import float_or_text, int_or_text
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "check_args", "run"]
 
 NAME = "lab"
 HELP = "open the interactive attention lab in your browser (local, offline)"
@@ -30,7 +30,22 @@ def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
     parser.add_argument("--open", action="store_true", help=h("open"))
     parser.add_argument("--edit", action="store_true", help=h("edit"))
     parser.add_argument("--timeout", type=float_or_text, default=60.0, metavar=number, help=h("timeout"))
+    parser.add_argument("--item", default=None, metavar="N", help=h("item"))
+    parser.add_argument("--class", dest="class_mode", action="store_true", help=h("class"))
     parser.add_argument("--exit-when-ready", action="store_true", help=argparse.SUPPRESS)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """``--item`` names an item (a number 1-43 or an example name) and ``--class`` comes with it; an
+    :class:`~attnlab.errors.OptionError` naming the flag otherwise. Sets ``args.item_key`` (the preset's key)."""
+    from ..errors import OptionError
+    from ..lab.classmode import item_key
+
+    args.item_key = item_key(args.item) if args.item is not None else ""
+    if args.class_mode and not args.item_key:
+        raise OptionError("--class: needs --item N (the item whose answer stays hidden until the reveal)")
+    if args.edit and args.item_key:
+        raise OptionError("--item: applies to the app (attnlab lab), not to --edit")
 
 
 def _fail(message: object, code: int) -> int:
@@ -61,14 +76,20 @@ def run(args: argparse.Namespace) -> int:
         try:
             lab.wait_ready(timeout)
             what = "editing" if args.edit else "serving"
-            sys.stdout.write(f"attnlab lab: {what} {lab.notebook.name} at {lab.url}  (Ctrl-C stops it)\n")
+            url = lab.url
+            key = getattr(args, "item_key", "")
+            if key:
+                from ..lab.classmode import class_query
+
+                url += class_query(key, hidden=args.class_mode)
+            sys.stdout.write(f"attnlab lab: {what} {lab.notebook.name} at {url}  (Ctrl-C stops it)\n")
             sys.stdout.flush()
             if args.exit_when_ready:
                 return 0
             if args.open:
                 import webbrowser
 
-                webbrowser.open(lab.url)
+                webbrowser.open(url)
             code = lab.process.wait()
             return _fail(f"marimo exited with code {code}:\n{lab.output()}", 1) if code else 0
         except (TimeoutError, RuntimeError) as err:

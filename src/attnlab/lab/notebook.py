@@ -42,12 +42,13 @@ def _(I, T, lang, mo):
 
 
 @app.cell
-def _(P, T, lang, mo):
+def _(CM, P, T, lang, mo):
     _opts = {T(lang, "(your own inputs: the articles' four positions)"): ""}
     _opts.update({p.label(lang): key for key, p in P.ITEM_PRESETS.items()})
+    _asked = CM.item_of_query(mo.query_params())  # ?item=item-03 (attnlab lab --item): open on that item
     preset_pick = mo.ui.dropdown(
         options=_opts,
-        value=next(iter(_opts)),
+        value=P.ITEM_PRESETS[_asked].label(lang) if _asked else next(iter(_opts)),
         label=T(lang, "Article item (preset)"),
         full_width=True,
     )
@@ -63,8 +64,16 @@ def _(L, P, preset_pick):
 
 
 @app.cell
-def _(P, item, lang, mo):
-    mo.Html(P.item_html(item, lang)) if item is not None else None
+def _(CM, P, class_hidden, class_on, class_pred, class_show, item, lang, mo):
+    if item is None:
+        _out = None
+    elif class_hidden:  # class mode: the answer (and the weights below) hidden until the reveal
+        _out = mo.vstack([mo.Html(CM.hidden_html(lang, bool(class_show.value))), class_pred, class_show])
+    elif class_on:
+        _out = mo.Html(CM.revealed_html(lang, class_pred.value, P.item_html(item, lang)))
+    else:
+        _out = mo.Html(P.item_html(item, lang))
+    _out  # noqa: B018 (a marimo cell shows its last expression)
     return
 
 
@@ -197,24 +206,22 @@ def _(
 
 
 @app.cell
-def _(L, T, lang, mo, result):
+def _(CM, L, T, class_hidden, lang, mo, result):
     # One cell for the numbers and the pictures, so both arrive with the same update.
-    mo.vstack(
-        [
-            mo.md("## " + T(lang, "Weights and output")),
-            mo.Html(L.result_html(result, lang)),
-            mo.Html(L.pictures_html(result, lang))
-            if result.ok
-            else mo.md(T(lang, "*(no picture until the inputs are fixed)*")),
-        ]
-    )
+    if class_hidden:  # class mode (attnlab.lab.classmode): shown after the item's reveal
+        _shown = [mo.Html(CM.hidden_weights_html(lang))]
+    elif result.ok:
+        _shown = [mo.Html(L.result_html(result, lang)), mo.Html(L.pictures_html(result, lang))]
+    else:
+        _shown = [mo.Html(L.result_html(result, lang)), mo.md(T(lang, "*(no picture until the inputs are fixed)*"))]
+    mo.vstack([mo.md("## " + T(lang, "Weights and output")), *_shown])
     return
 
 
 @app.cell
-def _(L, T, lang, mo, result):
+def _(L, T, class_hidden, lang, mo, result):
     # Built only when the accordion is opened, so moving a slider does not redraw every step table.
-    mo.accordion(
+    None if class_hidden else mo.accordion(
         {
             T(lang, "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)"): mo.lazy(
                 lambda: mo.Html(L.steps_html(result, lang))
@@ -609,6 +616,32 @@ def _(LV, T, lang, live_head, live_intervene, live_layer, live_model, live_text,
                 T(lang, "*Press the button to compare the weight each token receives with the effect of deleting it.*")
             )
         )
+    return
+
+
+# ---- class mode (attnlab lab --item N --class) and the live model's pre-load (attnlab.lab.classmode, bench_lab.py)
+@app.cell
+def _(T, lang, mo):
+    from attnlab.lab import classmode as CM
+
+    # ?item=...&class=1: the item's answer stays hidden until a prediction is written and revealed
+    class_on = CM.is_class(mo.query_params())
+    class_pred = mo.ui.text_area(placeholder="…", label=T(lang, "class.prediction"), rows=2, full_width=True)
+    class_show = mo.ui.switch(label=T(lang, "reveal"))
+    return CM, class_on, class_pred, class_show
+
+
+@app.cell
+def _(class_on, class_pred, class_show):
+    class_hidden = class_on and not (class_show.value and class_pred.value.strip())
+    return (class_hidden,)
+
+
+@app.cell
+def _(LV, live_model):
+    # start loading the live model as soon as the page opens (in the background, once per server): the first
+    # heatmap after "run" then waits only for what is left of the load
+    LV.loader(live_model.value).start()
     return
 
 
