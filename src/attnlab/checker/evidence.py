@@ -1,0 +1,295 @@
+"""Evidence for two diagnoses, fitted from the function's output rather than read from the size of its error.
+
+* :func:`fit_scale`: the scalar ``s`` for which ``softmax(s · q kᵀ, masked) @ v`` best matches the output (a
+  search over ``log s`` on a grid from 1e-3 to 1e3 times 1/√d_k, then a golden-section refinement around the best
+  point), the fit's residual, and the formula it matches, if one does (:data:`FORMULAS`): the output under that
+  formula's value must be within the tolerance and the fitted value within 5 % of it.
+* :func:`precision`: whether the error pattern is that of rounding to a lower dtype (float32, float16 or
+  bfloat16). The error ``out - golden`` must (1) have the size of that dtype's rounding (1/8 to 4 times the error
+  of a reference computed in it), (2) not be explained by a structured alternative (a scale, one key ignored or
+  one blocked key seen: each leaves at most a tenth of the error), and (3) match a rounding pattern: correlate at
+  least 0.5 with the error of one of the reference's rounding variants (computed in the dtype; inputs, scores,
+  weights or the output rounded to it), or the output lies on the dtype's grid where the golden does not. A
+  dropped key or a 0.2 % scale error fails (2) and (3).
+
+>>> import numpy as np
+>>> from attnlab.checker.runner import Case
+>>> rng = np.random.default_rng(0)
+>>> q, k, v = (rng.normal(size=(1, 2, 5, 8)) for _ in range(3))
+>>> from attnlab import attention_trace
+>>> out = attention_trace(q, k, v, scale=1 / 8).output  # scaled by 1/d_k
+>>> fit = fit_scale(Case(q, k, v), out)
+>>> round(fit.scale, 6), fit.formula
+(0.125, '1/d_k')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .adapters import round_to
+from .cases import PRECISION, softmax
+from .depends import allowed_of
+from .runner import Case
+from .tolerance import FLOORS, expand_kv, golden_output, naive_output
+
+__all__ = ["FORMULAS", "PrecisionFit", "ScaleFit", "fit_scale", "formulas", "precision"]
+
+#: The scale formulas a fitted scale is compared with, by name: ``f(d_k, d_v, h, scale) -> value`` (None: the
+#: formula does not apply, e.g. no scale argument given).
+FORMULAS: dict[str, Callable[[int, int, int, float | None], float | None]] = {
+    "1/sqrt(d_k)": lambda d_k, d_v, h, s: 1 / math.sqrt(d_k),
+    "1": lambda d_k, d_v, h, s: 1.0,
+    "1/d_k": lambda d_k, d_v, h, s: 1 / d_k,
+    "sqrt(d_k)": lambda d_k, d_v, h, s: math.sqrt(d_k),
+    "1/sqrt(d_model)": lambda d_k, d_v, h, s: 1 / math.sqrt(h * d_k),
+    "1/sqrt(d_v)": lambda d_k, d_v, h, s: 1 / math.sqrt(d_v),
+    "2/sqrt(d_k)": lambda d_k, d_v, h, s: 2 / math.sqrt(d_k),
+    "1/(2 sqrt(d_k))": lambda d_k, d_v, h, s: 1 / (2 * math.sqrt(d_k)),
+    "the scale argument": lambda d_k, d_v, h, s: s,
+    "1/(the scale argument)": lambda d_k, d_v, h, s: None if not s else 1 / s,
+}
+
+#: How far (relative) a fitted scale may be from a formula's value and still match it.
+FORMULA_TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class ScaleFit:
+    """The effective scale of an output: ``scale`` (fitted), ``residual`` (max |out - attention at that scale|
+    on the compared rows), ``fits`` (the residual is within the tolerance: a scalar explains the output),
+    ``formula`` (the name of the matching :data:`FORMULAS` entry, or ``""``), ``value`` (that formula's value),
+    ``expected`` (the scale the case asks for), ``identifiable`` (the output changes with the scale at all)."""
+
+    scale: float
+    residual: float
+    fits: bool
+    formula: str
+    value: float | None
+    expected: float
+    identifiable: bool
+
+    @property
+    def text(self) -> str:
+        """The fit in words, for a finding's evidence."""
+        if not self.identifiable:
+            return "the scale cannot be fitted from this case (its output does not depend on the scale)"
+        if not self.fits:
+            return f"no single scale explains the output (best fit s = {self.scale:.6g}, residual {self.residual:.2g})"
+        ratio = self.scale / self.expected
+        said = f"fitted scale s = {self.scale:.6g} ({ratio:.4g} × the expected {self.expected:.6g})"
+        if self.formula:
+            return said + f", which matches {self.formula} = {self.value:.6g}; residual {self.residual:.2g}"
+        return said + f", which matches no formula; residual {self.residual:.2g}"
+
+
+def formulas(d_k: int, d_v: int, h: int, scale: float | None) -> dict[str, float]:
+    """The values of :data:`FORMULAS` for a case (those that apply)."""
+    out = {}
+    for name, f in FORMULAS.items():
+        value = f(d_k, d_v, h, scale)
+        if value is not None and value > 0:
+            out[name] = float(value)
+    return out
+
+
+class _Model:
+    """``softmax(s · scores, masked) @ v`` for any ``s`` on one case, and its residual against an output."""
+
+    def __init__(self, case: Case, out: np.ndarray, gqa: str):
+        self.k = expand_kv(case.q, case.k, gqa)
+        self.v = expand_kv(case.q, case.v, gqa)
+        self.scores = case.q @ np.swapaxes(self.k, -1, -2)  # [..., n_q, n_k]
+        self.allowed = allowed_of(case)
+        self.rows = self.allowed.any(axis=-1)
+        self.sel = np.broadcast_to(self.rows[..., None], out.shape)
+        self.out = np.asarray(out, dtype=np.float64)
+
+    def attend(self, s: float) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return softmax(np.where(self.allowed, self.scores * s, -np.inf)) @ self.v
+
+    def residual(self, s: float) -> float:
+        with np.errstate(invalid="ignore"):
+            d = np.abs(self.attend(s) - self.out)[self.sel]
+        return float(np.max(d, initial=0.0)) if np.isfinite(d).all() else math.inf
+
+
+def fit_scale(case: Case, out: Any, *, gqa: str = "interleave", tol: float | None = None) -> ScaleFit:
+    """The scalar scale that best explains ``out`` ``[..., h, n_q, d_v]`` on ``case`` (see the module doc).
+
+    ``tol``: the largest acceptable entry error (default: the case dtype's floor times the output's magnitude,
+    × 4, as the perturbation probes use).
+    """
+    out = np.asarray(out, dtype=np.float64)
+    d_k, d_v = case.q.shape[-1], case.v.shape[-1]
+    h = case.q.shape[-3] if case.q.ndim >= 3 else 1
+    expected = case.scale if case.scale is not None else 1 / math.sqrt(d_k)
+    model = _Model(case, out, gqa)
+    if tol is None:
+        tol = FLOORS.get(case.dtype, 1e-5) * max(1.0, float(np.max(np.abs(out[np.isfinite(out)]), initial=0.0))) * 4
+    base = 1 / math.sqrt(d_k)
+    grid = base * np.exp(np.linspace(math.log(1e-3), math.log(1e3), 121))
+    res = np.array([model.residual(float(s)) for s in grid])
+    i = int(np.argmin(res))
+    lo, hi = math.log(grid[max(0, i - 1)]), math.log(grid[min(len(grid) - 1, i + 1)])
+    best, best_r = float(grid[i]), float(res[i])
+    phi = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - phi * (b - a), a + phi * (b - a)
+    rc, rd = model.residual(math.exp(c)), model.residual(math.exp(d))
+    for _ in range(60):
+        if rc <= rd:
+            b, d, rd = d, c, rc
+            c = b - phi * (b - a)
+            rc = model.residual(math.exp(c))
+        else:
+            a, c, rc = c, d, rd
+            d = a + phi * (b - a)
+            rd = model.residual(math.exp(d))
+    for s, r in ((math.exp(c), rc), (math.exp(d), rd)):
+        if r < best_r:
+            best, best_r = s, r
+    spread = float(np.nanmax(res[np.isfinite(res)]) - best_r) if np.isfinite(res).any() else 0.0
+    identifiable = spread > tol
+    fits = best_r <= tol
+    formula, value = "", None
+    if fits and identifiable:
+        ranked = sorted(formulas(d_k, d_v, h, case.scale).items(), key=lambda kv: abs(math.log(kv[1] / best)))
+        for name, val in ranked:
+            if abs(val / best - 1) <= FORMULA_TOLERANCE and model.residual(val) <= tol:
+                formula, value = name, val
+                break
+    return ScaleFit(best, best_r, fits, formula, value, expected, identifiable)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# precision
+
+
+@dataclass(frozen=True)
+class PrecisionFit:
+    """Whether an output's error is rounding to a lower dtype: ``dtype`` (the one it matches, or ``""``),
+    ``pattern`` (the rounding variant it correlates with, or ``"on the grid"``), ``correlation``, ``ratio``
+    (its error over the dtype's reference error), ``structured`` (the alternative that explains it, or ``""``)
+    and ``text``."""
+
+    dtype: str
+    pattern: str
+    correlation: float
+    ratio: float
+    structured: str
+    text: str
+
+
+def _variants(case: Case, low: str, gqa: str) -> dict[str, np.ndarray]:
+    """The reference computed with rounding to ``low`` at different points (every intermediate, the inputs, the
+    scores, the weights, the output)."""
+
+    def r(x: np.ndarray) -> np.ndarray:
+        return round_to(x, low).astype(np.float64)
+
+    allowed = allowed_of(case)
+    s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
+    k, v = expand_kv(case.q, case.k, gqa), expand_kv(case.q, case.v, gqa)
+
+    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, rs: Any, rw: Any) -> np.ndarray:
+        lg = rs(q @ np.swapaxes(k, -1, -2) * s0)
+        return rw(softmax(np.where(allowed, lg, -np.inf))) @ v
+
+    same = lambda x: x  # noqa: E731
+    golden = attend(case.q, k, v, same, same)
+    return {
+        f"computed in {low}": naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=gqa),
+        f"inputs rounded to {low}": attend(r(case.q), r(k), r(v), same, same),
+        f"scores rounded to {low}": attend(case.q, k, v, r, same),
+        f"weights rounded to {low}": attend(case.q, k, v, same, r),
+        f"output rounded to {low}": r(golden),
+    }
+
+
+def _corr(a: np.ndarray, b: np.ndarray) -> float:
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return 0.0 if na == 0 or nb == 0 else float(np.dot(a, b) / (na * nb))
+
+
+def _structured(case: Case, out: np.ndarray, err: float, gqa: str) -> str:
+    """A structured alternative that explains most (all but a tenth) of the error: a scale, one key ignored, one
+    blocked key seen; ``""`` when none does."""
+    model = _Model(case, out, gqa)
+    fit = fit_scale(case, out, gqa=gqa, tol=0.1 * err)
+    s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
+    if fit.residual <= 0.1 * err and abs(fit.scale / s0 - 1) > 1e-9:
+        return f"a scale of {fit.scale:.6g} ({fit.scale / s0:.5g} × the expected) explains it"
+    allowed = model.allowed
+    for j in range(min(case.k.shape[-2], 64)):
+        col = np.zeros(allowed.shape[-1], bool)
+        col[j] = True
+        for alt, what in ((allowed & ~col, f"key {j} ignored"), (allowed | col, f"key {j} seen although blocked")):
+            if np.array_equal(alt, allowed):
+                continue
+            ref = golden_output(case.q, case.k, case.v, alt, scale=case.scale, gqa=gqa)
+            with np.errstate(invalid="ignore"):
+                d = np.abs(ref - model.out)[model.sel]
+            if d.size and float(np.max(d)) <= 0.1 * err:
+                return f"{what} explains it"
+    return ""
+
+
+def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | None = None) -> PrecisionFit:
+    """Which lower dtype's rounding the error of ``out`` ``[..., h, n_q, d_v]`` matches, if any (see the module
+    doc). ``below``: only dtypes less precise than this one are tried (default: the case's dtype)."""
+    out = np.asarray(out, dtype=np.float64)
+    allowed = allowed_of(case)
+    rows = allowed.any(axis=-1)
+    sel = np.broadcast_to(rows[..., None], out.shape)
+    golden = golden_output(case.q, case.k, case.v, allowed, scale=case.scale, gqa=gqa)
+    with np.errstate(invalid="ignore"):
+        e = (out - golden)[sel]
+    top = below or case.dtype
+    if not e.size or not np.isfinite(e).all():
+        return PrecisionFit("", "", 0.0, 0.0, "", "the output is not finite: not a rounding error")
+    err = float(np.max(np.abs(e)))
+    if err == 0:
+        return PrecisionFit("", "", 0.0, 0.0, "", "the output equals the reference")
+    structured = _structured(case, out, err, gqa)
+    tried = []
+    for low in ("float32", "float16", "bfloat16"):
+        if PRECISION[low] >= PRECISION.get(top, 53):
+            continue
+        variants = _variants(case, low, gqa)
+        naive = variants[f"computed in {low}"]
+        size = float(np.max(np.abs(naive - golden)[sel]))
+        ratio = err / size if size > 0 else math.inf
+        tried.append(f"{low}: error {ratio:.2g} × its rounding error")
+        if not 1 / 8 <= ratio <= 4:
+            continue
+        best, best_c = "", 0.0
+        for name, alt in variants.items():
+            c = _corr(e, (alt - golden)[sel])
+            if c > best_c:
+                best, best_c = name, c
+        on_grid = bool(np.mean(round_to(out[sel], low) == out[sel]) >= 0.9) and not bool(
+            np.mean(round_to(golden[sel], low) == golden[sel]) >= 0.9
+        )
+        if structured:
+            tried[-1] += f", but {structured}"
+            continue
+        if best_c >= 0.5 or on_grid:
+            pattern = best if best_c >= 0.5 else "on the grid"
+            said = (
+                f"the error pattern matches rounding to {low} ({best}: correlation {best_c:.2f})"
+                if best_c >= 0.5
+                else f"the output lies on {low}'s grid (every value representable in {low})"
+            )
+            return PrecisionFit(low, pattern, best_c, ratio, "", said + f"; error {ratio:.2g} × {low}'s")
+        tried[-1] += f", pattern unlike its rounding (best correlation {best_c:.2f})"
+    text = "the error matches no lower dtype's rounding" + (f" ({'; '.join(tried)})" if tried else "")
+    if structured:
+        text += f"; {structured}"
+    return PrecisionFit("", "", 0.0, 0.0, structured, text)
