@@ -338,7 +338,7 @@ def test_fit_scale_finds_the_value_and_the_formula():
 def test_precision_names_the_dtype_only_when_the_pattern_fits():
     case = _case(12, b=1, h=2, n_q=16, n_k=64, mask=False, d=8)
     p = precision(case, weights_bf16(case.q, case.k, case.v))
-    assert p.dtype == "bfloat16" and p.correlation > 0.9, p.text
+    assert p.dtype == "bfloat16" and p.explained > 0.9, p.text
     for fn in (drops_last_key, slightly_scaled):
         p = precision(case, fn(case.q, case.k, case.v))
         assert p.dtype == "" and p.structured, (fn.__name__, p.text)

@@ -5,12 +5,13 @@
   point), the fit's residual, and the formula it matches, if one does (:data:`FORMULAS`): the output under that
   formula's value must be within the tolerance and the fitted value within 5 % of it.
 * :func:`precision`: whether the error pattern is that of rounding to a lower dtype (float32, float16 or
-  bfloat16). The error ``out - golden`` must (1) have the size of that dtype's rounding (1/8 to 4 times the error
-  of a reference computed in it), (2) not be explained by a structured alternative (a scale, one key ignored or
-  one blocked key seen: each leaves at most a tenth of the error), and (3) match a rounding pattern: correlate at
-  least 0.5 with the error of one of the reference's rounding variants (computed in the dtype; inputs, scores,
-  weights or the output rounded to it), or the output lies on the dtype's grid where the golden does not. A
-  dropped key or a 0.2 % scale error fails (2) and (3).
+  bfloat16). The error ``out - golden`` must (1) have the size of that dtype's rounding (1/16 to 4 times the
+  error of a reference computed in it), (2) not be explained by a structured alternative (a scale, one key ignored
+  or one blocked key seen: each leaves at most a tenth of the error), and (3) match a rounding pattern: a
+  least-squares combination of the errors of one rounding to the dtype at each point a computation may round
+  (q and k, v, q kᵀ and weights @ v, also summed term by term in it, the scaled scores, the weights, the output;
+  and everything computed in it) explains at least half of it, or the output lies on the dtype's grid where the
+  golden does not. A dropped key or a 0.2 % scale error fails (2) and (3).
 
 >>> import numpy as np
 >>> from attnlab.checker.runner import Case
@@ -175,21 +176,22 @@ def fit_scale(case: Case, out: Any, *, gqa: str = "interleave", tol: float | Non
 @dataclass(frozen=True)
 class PrecisionFit:
     """Whether an output's error is rounding to a lower dtype: ``dtype`` (the one it matches, or ``""``),
-    ``pattern`` (the rounding variant it correlates with, or ``"on the grid"``), ``correlation``, ``ratio``
+    ``pattern`` (the rounding point that contributes most, or ``"on the grid"``), ``explained`` (the share of the
+    error's squared norm that rounding patterns explain), ``ratio``
     (its error over the dtype's reference error), ``structured`` (the alternative that explains it, or ``""``)
     and ``text``."""
 
     dtype: str
     pattern: str
-    correlation: float
+    explained: float
     ratio: float
     structured: str
     text: str
 
 
 def _variants(case: Case, low: str, gqa: str) -> dict[str, np.ndarray]:
-    """The reference computed with rounding to ``low`` at different points (every intermediate, the inputs, the
-    scores, the weights, the output)."""
+    """The reference computed with one rounding to ``low`` at each point where a computation may round (q and k,
+    v, the product q kᵀ, the scaled scores, the weights, the output), and computed in ``low`` throughout."""
 
     def r(x: np.ndarray) -> np.ndarray:
         return round_to(x, low).astype(np.float64)
@@ -197,25 +199,53 @@ def _variants(case: Case, low: str, gqa: str) -> dict[str, np.ndarray]:
     allowed = allowed_of(case)
     s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
     k, v = expand_kv(case.q, case.k, gqa), expand_kv(case.q, case.v, gqa)
+    same = lambda x: x  # noqa: E731
 
-    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, rs: Any, rw: Any) -> np.ndarray:
-        lg = rs(q @ np.swapaxes(k, -1, -2) * s0)
+    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, rp: Any = same, rs: Any = same, rw: Any = same) -> Any:
+        lg = rs(rp(q @ np.swapaxes(k, -1, -2)) * s0)  # [..., n_q, n_k]
         return rw(softmax(np.where(allowed, lg, -np.inf))) @ v
 
-    same = lambda x: x  # noqa: E731
-    golden = attend(case.q, k, v, same, same)
+    def accumulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """``a @ b`` summed term by term with every product and partial sum rounded to ``low``."""
+        acc = np.zeros((*a.shape[:-1], b.shape[-1]))
+        for i in range(a.shape[-1]):
+            acc = r(acc + r(a[..., :, i : i + 1] * b[..., i : i + 1, :]))
+        return acc
+
+    w = softmax(np.where(allowed, case.q @ np.swapaxes(k, -1, -2) * s0, -np.inf))
     return {
+        f"q kᵀ accumulated in {low}": softmax(
+            np.where(allowed, accumulated(case.q, np.swapaxes(k, -1, -2)) * s0, -np.inf)
+        )
+        @ v,
+        f"weights @ v accumulated in {low}": accumulated(w, v),
         f"computed in {low}": naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=gqa),
-        f"inputs rounded to {low}": attend(r(case.q), r(k), r(v), same, same),
-        f"scores rounded to {low}": attend(case.q, k, v, r, same),
-        f"weights rounded to {low}": attend(case.q, k, v, same, r),
-        f"output rounded to {low}": r(golden),
+        f"q and k rounded to {low}": attend(r(case.q), r(k), v),
+        f"v rounded to {low}": attend(case.q, k, r(v)),
+        f"q kᵀ rounded to {low}": attend(case.q, k, v, rp=r),
+        f"scores rounded to {low}": attend(case.q, k, v, rs=r),
+        f"weights rounded to {low}": attend(case.q, k, v, rw=r),
+        f"output rounded to {low}": r(attend(case.q, k, v)),
     }
 
 
-def _corr(a: np.ndarray, b: np.ndarray) -> float:
-    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-    return 0.0 if na == 0 or nb == 0 else float(np.dot(a, b) / (na * nb))
+def _explained(e: np.ndarray, patterns: dict[str, np.ndarray]) -> tuple[float, str]:
+    """How much of the error ``e`` (its squared norm, 0..1) a least-squares combination of the rounding
+    ``patterns`` explains, and the pattern that contributes most. With fewer than 8 entries per pattern the fit
+    could explain anything: then only the single best pattern counts, and it must explain 90 %."""
+    names = [n for n, p in patterns.items() if np.any(p)]
+    if not names or not np.any(e):
+        return 0.0, ""
+    a = np.stack([patterns[n] for n in names], axis=1)
+    total = float(e @ e)
+    single = {n: float((e @ patterns[n]) ** 2 / (patterns[n] @ patterns[n])) / total for n in names}
+    best = max(single, key=lambda n: single[n])
+    if e.size < 8 * len(names):
+        return (single[best], best) if single[best] >= 0.9 else (0.0, best)
+    coef, *_ = np.linalg.lstsq(a, e, rcond=None)
+    rest = e - a @ coef
+    main = names[int(np.argmax(np.abs(coef) * np.linalg.norm(a, axis=0)))]
+    return max(0.0, 1.0 - float(rest @ rest) / total), main
 
 
 def _structured(case: Case, out: np.ndarray, err: float, gqa: str) -> str:
@@ -263,32 +293,27 @@ def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | Non
         if PRECISION[low] >= PRECISION.get(top, 53):
             continue
         variants = _variants(case, low, gqa)
-        naive = variants[f"computed in {low}"]
-        size = float(np.max(np.abs(naive - golden)[sel]))
+        size = float(np.max(np.abs(variants[f"computed in {low}"] - golden)[sel]))
         ratio = err / size if size > 0 else math.inf
         tried.append(f"{low}: error {ratio:.2g} × its rounding error")
-        if not 1 / 8 <= ratio <= 4:
+        if not 1 / 16 <= ratio <= 4:
             continue
-        best, best_c = "", 0.0
-        for name, alt in variants.items():
-            c = _corr(e, (alt - golden)[sel])
-            if c > best_c:
-                best, best_c = name, c
-        on_grid = bool(np.mean(round_to(out[sel], low) == out[sel]) >= 0.9) and not bool(
-            np.mean(round_to(golden[sel], low) == golden[sel]) >= 0.9
-        )
         if structured:
             tried[-1] += f", but {structured}"
             continue
-        if best_c >= 0.5 or on_grid:
-            pattern = best if best_c >= 0.5 else "on the grid"
+        share, main = _explained(e, {n: (alt - golden)[sel] for n, alt in variants.items()})
+        on_grid = bool(np.mean(round_to(out[sel], low) == out[sel]) >= 0.9) and not bool(
+            np.mean(round_to(golden[sel], low) == golden[sel]) >= 0.9
+        )
+        if share >= 0.5 or on_grid:
             said = (
-                f"the error pattern matches rounding to {low} ({best}: correlation {best_c:.2f})"
-                if best_c >= 0.5
+                f"the error pattern is rounding to {low} ({share:.0%} of it explained; mostly {main})"
+                if share >= 0.5
                 else f"the output lies on {low}'s grid (every value representable in {low})"
             )
-            return PrecisionFit(low, pattern, best_c, ratio, "", said + f"; error {ratio:.2g} × {low}'s")
-        tried[-1] += f", pattern unlike its rounding (best correlation {best_c:.2f})"
+            pattern = main if share >= 0.5 else "on the grid"
+            return PrecisionFit(low, pattern, share, ratio, "", said + f"; error {ratio:.2g} × {low}'s")
+        tried[-1] += f", pattern unlike its rounding ({share:.0%} explained)"
     text = "the error matches no lower dtype's rounding" + (f" ({'; '.join(tried)})" if tried else "")
     if structured:
         text += f"; {structured}"
