@@ -235,6 +235,26 @@ def _grown(case: Case) -> Case:
     return replace(case, q=q, k=k, v=v, mask=mask)
 
 
+def _square(case: Case) -> Case:
+    """``case`` made square without changing what its queries see: fewer keys than queries, the queries that see
+    least are removed; more keys, queries are added (copies of the first, before it for bottom-right alignment,
+    else of the last after it)."""
+    n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    front = case.causal == "bottom_right"
+    if n_q > n_k:
+        keep = slice(n_q - n_k, None) if front else slice(0, n_k)
+        mask = None if case.mask is None else case.mask[..., keep, :]
+        return replace(case, q=case.q[..., keep, :], mask=mask)
+    extra = n_k - n_q
+    row = slice(0, 1) if front else slice(n_q - 1, n_q)
+
+    def grow(x: np.ndarray) -> np.ndarray:
+        more = np.repeat(x[..., row, :], extra, axis=-2)
+        return np.concatenate([more, x] if front else [x, more], axis=-2)
+
+    return replace(case, q=grow(case.q), mask=None if case.mask is None else grow(case.mask))
+
+
 def depends(
     shrunk: Shrunk,
     fails: Callable[[Case], bool],
@@ -285,17 +305,13 @@ def depends(
     independent: list[str] = []
     n_q, n_k = case.q.shape[-2], case.k.shape[-2]
     if n_q != n_k:
-        square = replace(case, k=case.k[..., -n_q:, :], v=case.v[..., -n_q:, :]) if n_k > n_q else None
-        if square is not None and case.mask is not None:
-            square = replace(square, mask=case.mask[..., -n_q:])
-        if square is None:
-            square = replace(case, q=case.q[..., :n_k, :], mask=None if case.mask is None else case.mask[..., :n_k, :])
+        square = _square(case)
         if square.mask is None or valid(square.mask):
             r = call(square)
             if r is False:
-                needs.append(f"n_q != n_k ({n_q} queries, {n_k} keys)")
+                needs.append(f"n_q != n_k ({n_q} queries, {n_k} keys; made square, it passes)")
             elif r:
-                independent.append("n_q != n_k (a square case fails too)")
+                independent.append("n_q != n_k (made square, it fails too)")
     mask_words = _mask_words(case)
     if case.mask is not None and case.causal is None and (~case.mask).any():
         flipped = replace(case, k=case.k[..., ::-1, :], v=case.v[..., ::-1, :], mask=case.mask[..., ::-1])

@@ -8,10 +8,11 @@
   bfloat16). The error ``out - golden`` must (1) have the size of that dtype's rounding (1/16 to 4 times the
   error of a reference computed in it), (2) not be explained by a structured alternative (a scale, one key ignored
   or one blocked key seen: each leaves at most a tenth of the error), and (3) match a rounding pattern: a
-  least-squares combination of the errors of one rounding to the dtype at each point a computation may round
-  (q and k, v, q kᵀ and weights @ v, also summed term by term in it, the scaled scores, the weights, the output;
-  and everything computed in it) explains at least half of it, or the output lies on the dtype's grid where the
-  golden does not. A dropped key or a 0.2 % scale error fails (2) and (3).
+  least-squares combination of rounding patterns (each step of a computation in the dtype: inputs cast, q kᵀ
+  rounded once or summed term by term, scores, weights, weights @ v; one rounding in an otherwise float64
+  computation: v, the scores, the weights, the output; the whole computation in it) explains at least half of
+  it, adjusted for the number of patterns, or the output lies on the dtype's grid where the golden does not. A
+  dropped key or a 0.2 % scale error fails (2) and (3).
 
 >>> import numpy as np
 >>> from attnlab.checker.runner import Case
@@ -189,50 +190,65 @@ class PrecisionFit:
     text: str
 
 
-def _variants(case: Case, low: str, gqa: str) -> dict[str, np.ndarray]:
-    """The reference computed with one rounding to ``low`` at each point where a computation may round (q and k,
-    v, the product q kᵀ, the scaled scores, the weights, the output), and computed in ``low`` throughout."""
+def _patterns(case: Case, low: str, gqa: str, golden: np.ndarray) -> dict[str, np.ndarray]:
+    """The error patterns ``[..., h, n_q, d_v]`` of rounding to ``low``: along a computation in ``low`` (inputs
+    cast, then q kᵀ rounded once or summed term by term, the scaled scores, the weights, weights @ v), each step's
+    increment over the step before; a single rounding in an otherwise float64 computation (v, the scores, the
+    weights, the output); and the whole computation in ``low``."""
 
     def r(x: np.ndarray) -> np.ndarray:
         return round_to(x, low).astype(np.float64)
 
-    allowed = allowed_of(case)
-    s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
-    k, v = expand_kv(case.q, case.k, gqa), expand_kv(case.q, case.v, gqa)
-    same = lambda x: x  # noqa: E731
-
-    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, rp: Any = same, rs: Any = same, rw: Any = same) -> Any:
-        lg = rs(rp(q @ np.swapaxes(k, -1, -2)) * s0)  # [..., n_q, n_k]
-        return rw(softmax(np.where(allowed, lg, -np.inf))) @ v
-
     def accumulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """``a @ b`` summed term by term with every product and partial sum rounded to ``low``."""
+        """``a @ b`` summed term by term, every product and partial sum rounded to ``low``."""
         acc = np.zeros((*a.shape[:-1], b.shape[-1]))
         for i in range(a.shape[-1]):
             acc = r(acc + r(a[..., :, i : i + 1] * b[..., i : i + 1, :]))
         return acc
 
-    w = softmax(np.where(allowed, case.q @ np.swapaxes(k, -1, -2) * s0, -np.inf))
-    return {
-        f"q kᵀ accumulated in {low}": softmax(
-            np.where(allowed, accumulated(case.q, np.swapaxes(k, -1, -2)) * s0, -np.inf)
-        )
-        @ v,
-        f"weights @ v accumulated in {low}": accumulated(w, v),
-        f"computed in {low}": naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=gqa),
-        f"q and k rounded to {low}": attend(r(case.q), r(k), v),
-        f"v rounded to {low}": attend(case.q, k, r(v)),
-        f"q kᵀ rounded to {low}": attend(case.q, k, v, rp=r),
-        f"scores rounded to {low}": attend(case.q, k, v, rs=r),
-        f"weights rounded to {low}": attend(case.q, k, v, rw=r),
-        f"output rounded to {low}": r(attend(case.q, k, v)),
+    allowed = allowed_of(case)
+    s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
+    k, v = expand_kv(case.q, case.k, gqa), expand_kv(case.q, case.v, gqa)
+    q, kt = case.q, np.swapaxes(k, -1, -2)
+
+    def weights(scores: np.ndarray) -> np.ndarray:
+        return softmax(np.where(allowed, scores, -np.inf))  # [..., n_q, n_k]
+
+    rq, rkt = r(q), r(kt)
+    chain = {
+        "q and k cast": weights(rq @ rkt * s0) @ v,
+        "q kᵀ rounded": weights(r(rq @ rkt) * s0) @ v,
+        "q kᵀ summed": weights(accumulated(rq, rkt) * s0) @ v,
     }
+    chain["scores rounded"] = weights(r(r(rq @ rkt) * s0)) @ v
+    w_low = r(weights(r(r(rq @ rkt) * s0)))
+    chain["weights rounded"] = w_low @ v
+    chain["weights @ v rounded"] = r(w_low @ r(v))
+    steps = {
+        f"{low}: q and k cast": chain["q and k cast"] - golden,
+        f"{low}: q kᵀ rounded": chain["q kᵀ rounded"] - chain["q and k cast"],
+        f"{low}: q kᵀ summed in {low}": chain["q kᵀ summed"] - chain["q and k cast"],
+        f"{low}: scores rounded": chain["scores rounded"] - chain["q kᵀ rounded"],
+        f"{low}: weights rounded": chain["weights rounded"] - chain["scores rounded"],
+        f"{low}: weights @ v rounded": chain["weights @ v rounded"] - chain["weights rounded"],
+    }
+    w = weights(q @ kt * s0)
+    single = {
+        f"only v rounded to {low}": w @ r(v) - golden,
+        f"only the scores rounded to {low}": weights(r(q @ kt * s0)) @ v - golden,
+        f"only the weights rounded to {low}": r(w) @ v - golden,
+        f"only the output rounded to {low}": r(golden) - golden,
+        f"computed in {low}": naive_output(q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=gqa) - golden,
+    }
+    return {**steps, **single}
 
 
 def _explained(e: np.ndarray, patterns: dict[str, np.ndarray]) -> tuple[float, str]:
     """How much of the error ``e`` (its squared norm, 0..1) a least-squares combination of the rounding
-    ``patterns`` explains, and the pattern that contributes most. With fewer than 8 entries per pattern the fit
-    could explain anything: then only the single best pattern counts, and it must explain 90 %."""
+    ``patterns`` explains, adjusted for the number of patterns (a fit with ``p`` free coefficients on ``n`` entries
+    explains about ``p/n`` of noise: the adjusted share is ``1 - (1 - R²)(n - 1)/(n - p - 1)``), and the pattern that
+    contributes most. With fewer than ``p + 5`` entries only the single best pattern counts, and it must explain
+    90 %."""
     names = [n for n, p in patterns.items() if np.any(p)]
     if not names or not np.any(e):
         return 0.0, ""
@@ -240,12 +256,14 @@ def _explained(e: np.ndarray, patterns: dict[str, np.ndarray]) -> tuple[float, s
     total = float(e @ e)
     single = {n: float((e @ patterns[n]) ** 2 / (patterns[n] @ patterns[n])) / total for n in names}
     best = max(single, key=lambda n: single[n])
-    if e.size < 8 * len(names):
+    n, p = e.size, len(names)
+    if n < p + 5:
         return (single[best], best) if single[best] >= 0.9 else (0.0, best)
     coef, *_ = np.linalg.lstsq(a, e, rcond=None)
     rest = e - a @ coef
     main = names[int(np.argmax(np.abs(coef) * np.linalg.norm(a, axis=0)))]
-    return max(0.0, 1.0 - float(rest @ rest) / total), main
+    r2 = 1.0 - float(rest @ rest) / total
+    return max(0.0, 1.0 - (1.0 - r2) * (n - 1) / (n - p - 1)), main
 
 
 def _structured(case: Case, out: np.ndarray, err: float, gqa: str) -> str:
@@ -292,8 +310,8 @@ def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | Non
     for low in ("float32", "float16", "bfloat16"):
         if PRECISION[low] >= PRECISION.get(top, 53):
             continue
-        variants = _variants(case, low, gqa)
-        size = float(np.max(np.abs(variants[f"computed in {low}"] - golden)[sel]))
+        patterns = _patterns(case, low, gqa, golden)
+        size = float(np.max(np.abs(patterns[f"computed in {low}"])[sel]))
         ratio = err / size if size > 0 else math.inf
         tried.append(f"{low}: error {ratio:.2g} × its rounding error")
         if not 1 / 16 <= ratio <= 4:
@@ -301,7 +319,7 @@ def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | Non
         if structured:
             tried[-1] += f", but {structured}"
             continue
-        share, main = _explained(e, {n: (alt - golden)[sel] for n, alt in variants.items()})
+        share, main = _explained(e, {n: p[sel] for n, p in patterns.items()})
         on_grid = bool(np.mean(round_to(out[sel], low) == out[sel]) >= 0.9) and not bool(
             np.mean(round_to(golden[sel], low) == golden[sel]) >= 0.9
         )

@@ -49,9 +49,12 @@ from .. import masks as _masks
 from ..invariants import check_arrays
 from .adapters import CAPABILITIES, round_to
 from .cases import COMBOS, DTYPE_NAMES, GRID, LENGTH_FORMS, PRECISION, Geom, drawn, indent, random_mask, softmax
+from .evidence import fit_scale, precision
 from .fixes import FIXES, LEAKS, NOT_DIAGNOSES, PERTURBATION, SPECIFIC
 from .hypotheses import Context, outputs
+from .minimal import Caller, Minimal, minimal_case
 from .report import CORE_PROBES, PROBES, Finding, ProbeResult, Report, Unsupported
+from .reproduction import CallWords
 from .runner import CallError, Case, Outcome, Runner
 from .tolerance import FLOORS, Comparison, bound, compare, expand_kv, golden_output, naive_output
 
@@ -171,6 +174,10 @@ class Battery:
         self.compute = getattr(spec, "compute_dtype", "auto")
         self.lower_seen: str | None = None
         self.float32_oracle = False
+        self.last: tuple[Case, Outcome] | None = None  # the last call made (every_call)
+        self.examined: tuple[str | None, Case, Outcome] | None = None  # the call being compared, in its case key
+        self.failing: dict[str, tuple[Case, Outcome]] = {}  # each code's first failing case and call
+        self.minimal: dict[str, Minimal] = {}  # each reported finding's smallest case (after the probes)
         r = backend.resolved
         self.causal_mode: str | None
         if self.spec.causal_only:
@@ -187,6 +194,9 @@ class Battery:
         """Record that ``code`` was seen in ``case`` (default: the case being worked on)."""
         f = Finding(code, message, evidence, self.fixes[code], self.current)
         self.obs.append(_Obs(f, case or self.case_key or self.current))
+        seen = self.examined[1:] if self.examined is not None and self.examined[0] == self.case_key else self.last
+        if seen is not None:
+            self.failing.setdefault(code, seen)
         self.findings.setdefault(code, f)
         if code not in self.probe_codes:
             self.probe_codes.append(code)
@@ -434,32 +444,45 @@ class Battery:
         return c
 
     def lower_precision(self, case: Case, out: np.ndarray, rows: np.ndarray, evidence: str) -> bool:
-        """A ``precision`` bug: the output is right only to a lower precision's tolerance rule (computed in it, or
-        an intermediate such as the weights rounded to it), with an error of that precision's size."""
+        """A ``precision`` bug: the error pattern is rounding to a lower dtype
+        (:func:`~attnlab.checker.evidence.precision`: its size, no structured explanation, a rounding pattern) and
+        the output is right to that dtype's tolerance rule (computed in it, or an intermediate rounded to it)."""
         golden, _, _ = self.expected(case)
         work = self.work_dtype(case.dtype)
+        fit = precision(case, out, gqa=self.gqa_map, below=work)
+        if not fit.dtype:
+            return False
+        low = fit.dtype
         allowed = self.allowed(case)
-        for low in ("float32", "float16", "bfloat16"):
-            if PRECISION[low] >= PRECISION[work]:
-                continue
-            naive = naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=self.gqa_map)
-            c = compare(out, golden, bound(low, golden, naive), rows)
-            noise = compare(naive, golden, math.inf, rows).max_error
-            if not c.ok or c.max_error < 0.05 * noise:
-                continue
-            held = (
-                f"; compute_dtype='{self.compute}' holds {case.dtype} inputs to {work}'s rule"
-                if self.compute != "auto"
-                else ""
-            )
-            self.bug(
-                "precision",
-                f"your function computes {case.dtype} inputs in {low} (or rounds an intermediate, such as the "
-                f"weights before @ V, to {low}){held}",
-                evidence + f"; within {low}'s tolerance rule ({c.bound:.2g}): the error of a computation in {low}",
-            )
-            return True
-        return False
+        naive = naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=self.gqa_map)
+        c = compare(out, golden, bound(low, golden, naive), rows)
+        if not c.ok:
+            return False
+        held = (
+            f"; compute_dtype='{self.compute}' holds {case.dtype} inputs to {work}'s rule"
+            if self.compute != "auto"
+            else ""
+        )
+        self.bug(
+            "precision",
+            f"your function computes {case.dtype} inputs in {low} (or rounds an intermediate, such as the "
+            f"weights before @ V, to {low}){held}",
+            evidence + f"; within {low}'s tolerance rule ({c.bound:.2g}); {fit.text}",
+        )
+        return True
+
+    def fitted_scale(self, case: Case, out: np.ndarray, cmp: Comparison, evidence: str) -> bool:
+        """A ``scale-wrong`` bug named by the fitted scale (:func:`~attnlab.checker.evidence.fit_scale`): one
+        scalar, other than the expected one, explains the output within the tolerance."""
+        fit = fit_scale(case, out, gqa=self.gqa_map, tol=cmp.bound)
+        if not (fit.fits and fit.identifiable) or abs(fit.scale / fit.expected - 1) <= 1e-6:
+            return False
+        want = "1/sqrt(d_k)" if case.scale is None else f"the scale argument ({case.scale:g})"
+        said = f"{fit.formula} = {fit.value:.6g}" if fit.formula else f"{fit.scale:.6g}, which matches no formula"
+        self.bug(
+            "scale-wrong", f"your function scales the scores by {said}, instead of {want}", evidence + f"; {fit.text}"
+        )
+        return True
 
     def _inverted_text(self) -> str:
         return {
@@ -498,7 +521,7 @@ class Battery:
             for align in self.own_alignments(case):
                 if self.name_by_hypotheses(case, align, out, held, rows, evidence, rule, as_flag=as_flag):
                     return
-        if self.lower_precision(case, out, rows, evidence):
+        if self.lower_precision(case, out, rows, evidence) or self.fitted_scale(case, out, cmp, evidence):
             return
         self.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
         if not as_flag:
@@ -555,6 +578,9 @@ class Battery:
                 for i, part in enumerate(code.split("+")):
                     self.bug(part, _single(i, message), matched + f" ({message})")
                 return True
+            if code in ("scale-missing", "scale-wrong"):
+                fit = fit_scale(seen, out, gqa=self.gqa_map, tol=cmp.bound)
+                matched += f"; {fit.text}"
             self.bug(code, message, matched)
             return True
         return False
@@ -694,6 +720,7 @@ class Battery:
         case = out.case
         if not out.ok:
             return False
+        self.examined = (self.case_key, case, out)
         golden, tol, rows = self.expected(case)
         cmp = compare(out.out, golden, tol, rows)
         if cmp.ok:
@@ -1505,8 +1532,44 @@ class Battery:
                 )
             )
         self.case_key = None
+        self.shrink_findings()
         self._printed()
         self._completeness()
+
+    def caller(self) -> Caller:
+        """How :mod:`attnlab.checker.minimal` calls the function: through the runner, no finding recorded."""
+
+        def call(case: Case) -> Outcome:
+            passed, flag = self.as_passed(case, "bottom_right")
+            out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
+            out.case = case
+            return out
+
+        backend = self.backend
+        target = getattr(backend, "target", None) or getattr(getattr(backend, "adapter", None), "original", None)
+        return Caller(
+            call,
+            self.expected,
+            lambda c: self.as_passed(c, "bottom_right"),
+            CallWords.of(backend.resolved, self.spec, target),
+            self.gqa_map,
+            self.mask_form,
+            getattr(self.spec, "masked_rows", "any"),
+        )
+
+    def shrink_findings(self) -> None:
+        """Shrink the first failing case of every reported finding (:func:`~attnlab.checker.minimal.minimal_case`,
+        bounded per finding); the forward battery only, and only while calls can still be made."""
+        if self.probe_names != PROBES or self.runner.stopped is not None:
+            return
+        bugs, _ = self.findings_list()
+        caller = None
+        for f in bugs:
+            if f.code not in self.failing or self.runner.stopped is not None:
+                continue
+            caller = caller or self.caller()
+            case, first = self.failing[f.code]
+            self.minimal[f.code] = minimal_case(f.code, case, first, caller, title=f"{f.code}: {f.message}")
 
     def _stop_reason(self) -> str:
         if self.runner.stopped is not None:
@@ -1606,6 +1669,7 @@ class Battery:
         framework, isolation and import time), begun at ``started`` (``time.perf_counter()``); ``fields`` are the
         report's fields that depend on the battery (``signature``, ``spec``, ``command`` ...)."""
         findings, explained = self.findings_list()
+        findings = tuple(replace(f, minimal=self.minimal.get(f.code)) for f in findings)
         return Report(
             target=target,
             framework=backend.framework,

@@ -20,6 +20,7 @@ AssertionError: max |out - expected| = 0.5 > 1e-09 at [0, 0, 0, 0]; out[0, 0, 0,
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from .. import masks as _masks
 from .interfaces import CONVENTIONS
 from .runner import Case
 
-__all__ = ["CallWords", "reproduction", "target_code"]
+__all__ = ["KINDS", "CallWords", "reproduction", "target_code"]
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def _mask_argument(w: CallWords, dtype: str) -> list[str]:
     return lines
 
 
-def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool) -> list[str]:
+def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool, kind: str) -> list[str]:
     lay = "np.swapaxes(x, -2, -3)" if w.layout == "bnhd" else "x"
     lines = ["def call(q, k, v):", '    """fn called as the checker called it; its output in [..., h, n_q, d_v]."""']
     lines.append(f"    L = lambda x: {lay}  # noqa: E731 (layout {w.layout})")
@@ -240,20 +241,34 @@ def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool) -> l
             f"             max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()){''.join(', ' + a for a in kwargs)})",
         ]
     else:
-        args = ["T(L(q))", "T(L(k))", "T(L(v))"]
+        args = ["*args"]
         if has_mask and w.mask_arg:
             lines += _mask_argument(w, case.dtype)
             if w.mask_positional:
                 args.append("m")
             else:
                 kwargs.insert(0, f"{w.mask_arg}=m")
+        lines.append("    args = [T(L(x)) for x in (q, k, v)]")
+        if kind == "mutates":
+            lines.append("    kept = [H(a).copy() for a in args]")
         lines.append(f"    out = fn({', '.join(args + kwargs)})")
+        if kind == "mutates":
+            lines.append(
+                '    call.mutated = [n for n, a, b in zip("qkv", args, kept) if not np.array_equal(H(a), b, True)]'
+            )
     if w.returns != "output":
         lines += [
             "    if isinstance(out, (tuple, list)):  # (out, weights) or (out, lse)",
             "        out = out[0]",
             '    out = getattr(out, "output", out)  # a result object',
         ]
+    if kind == "dtype":
+        lines.append('    call.dtype = str(out.dtype).replace("torch.", "")')
+    if kind == "output-type":
+        own = {"torch": "torch.Tensor", "jax": "jax.Array"}.get(w.framework, "np.ndarray")
+        if w.framework == "jax":
+            lines.append("    import jax")
+        lines.append(f"    call.own = isinstance(out, {own})  # an array of the function's own library")
     if w.mask_form == "varlen":
         lines += [
             "    out, full, start = H(out), np.zeros((*q.shape[:-1], v.shape[-1])), 0",
@@ -267,6 +282,64 @@ def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool) -> l
     return lines
 
 
+def _compare(case: Case, tol: float) -> list[str]:
+    return [
+        "sel = np.broadcast_to(rows[..., None], out.shape)",
+        "err = np.where(sel, np.abs(out - expected), 0.0)",
+        "err = np.where(sel & ~np.isfinite(out), np.inf, err)",
+        f"TOL = {tol!r}  # the checker's tolerance for this case",
+        "worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))",
+        "assert err.max() <= TOL, (",
+        '    f"max |out - expected| = {err.max():.3g} > {TOL:.3g} at {list(worst)}; "',
+        '    f"out{list(worst)} = {out[worst]:.6g} (expected {expected[worst]:.6g})"',
+        ")",
+    ]
+
+
+def _masked_rows(policy: str) -> Callable[[Case, float], list[str]]:
+    def lines(case: Case, tol: float) -> list[str]:
+        head = [
+            "empty = np.broadcast_to(~rows[..., None], out.shape)  # the rows with no key to attend",
+            'assert empty.any(), "no fully masked row"',
+        ]
+        if policy == "nan":
+            return [*head, 'assert np.isfinite(out[empty]).all(), f"fully masked rows hold {out[empty]}"']
+        want = "0.0" if policy == "zeros" else "np.broadcast_to(expected_uniform, out.shape)[empty]"
+        pre = [] if policy == "zeros" else ["expected_uniform = np.mean(kv_v, axis=-2, keepdims=True)"]
+        return [
+            *head,
+            *pre,
+            f"assert np.all(np.abs(out[empty] - {want}) <= {tol!r}), (",
+            f'    f"fully masked rows hold {{out[empty]}}; the declared policy is {policy}"',
+            ")",
+        ]
+
+    return lines
+
+
+#: How each kind of failure ends its script: the assert that fails as the check did.
+_ENDINGS: dict[str, Callable[[Case, float], list[str]]] = {
+    "output": _compare,
+    "dtype": lambda case, tol: [
+        f'assert call.dtype == "{case.dtype}", f"output dtype {{call.dtype}} for {case.dtype} inputs"'
+    ],
+    "output-type": lambda case, tol: ['assert call.own, "the output is not an array of the function\'s own library"'],
+    "mutates": lambda case, tol: ['assert not call.mutated, f"fn wrote into its inputs {call.mutated}"'],
+    "nondeterministic": lambda case, tol: [
+        "again = call(q, k, v)",
+        "assert np.array_equal(out, again, equal_nan=True), (",
+        '    f"two identical calls differ by {np.nanmax(np.abs(out - again)):.3g}"',
+        ")",
+    ],
+    "masked-rows-nan": _masked_rows("nan"),
+    "masked-rows-zeros": _masked_rows("zeros"),
+    "masked-rows-uniform": _masked_rows("uniform"),
+}
+
+#: The kinds of failure a reproduction can show (the ``kind`` argument of :func:`reproduction`).
+KINDS = tuple(_ENDINGS)
+
+
 def reproduction(
     case: Case,
     words: CallWords,
@@ -276,6 +349,7 @@ def reproduction(
     flag: bool | str = False,
     earlier_call: bool = False,
     title: str = "",
+    kind: str = "output",
 ) -> str:
     """The reproduction script of ``case`` (see the module doc).
 
@@ -288,7 +362,13 @@ def reproduction(
         flag: the value given to the causal argument (False: none).
         earlier_call: make one call with other values of the same shapes first (the failure needs it).
         title: the first comment line (what was found).
+        kind: what the script asserts (:data:`KINDS`): ``output`` (equal to the reference within ``tol``; a raise
+            fails too), ``dtype`` (the output dtype is the input's), ``output-type`` (an array of the function's
+            library), ``mutates`` (no input written), ``nondeterministic`` (two identical calls agree),
+            ``masked-rows-nan`` / ``-zeros`` / ``-uniform`` (fully masked rows: finite, zeros, V's average).
     """
+    if kind not in _ENDINGS:
+        raise ValueError(f"kind: expected one of {', '.join(_ENDINGS)}, got {kind!r}")
     passed = passed or case
     shape_note = f"q {list(case.q.shape)}, k {list(case.k.shape)}, v {list(case.v.shape)}, {case.dtype}"
     lines = [f"# {title or 'A failing case found by attnlab check'}", f"# {shape_note}", "import numpy as np", ""]
@@ -336,6 +416,8 @@ def reproduction(
         )
         lines.append(f"kv_heads = lambda x: {rep.format(g=g)}  # noqa: E731 (GQA: K/V heads to q's, {words.gqa_map})")
         kv = "kv_heads(k), kv_heads(v)"
+    if kind == "masked-rows-uniform":
+        lines.append(f"kv_v = {kv.split(', ')[1]}  # V for every query head")
     scale = "" if case.scale is None else f", scale={case.scale!r}"
     lines.append(
         f'expected = attnlab.scaled_dot_product_attention(q, {kv}, allowed, causal={causal}{scale}, masked_rows="zero")'
@@ -351,7 +433,7 @@ def reproduction(
     else:
         lines.append("rows = np.ones(expected.shape[:-1], bool)")
     lines.append("")
-    lines += _call_lines(words, passed, flag, passed.mask is not None)
+    lines += _call_lines(words, passed, flag, passed.mask is not None, kind)
     lines.append("")
     if earlier_call:
         lines += [
@@ -364,14 +446,6 @@ def reproduction(
         "except Exception as err:  # a crash is a failure too",
         '    raise AssertionError(f"fn raised {type(err).__name__}: {err}") from err',
         'assert out.shape == expected.shape, f"output shape {out.shape}, expected {expected.shape}"',
-        "sel = np.broadcast_to(rows[..., None], out.shape)",
-        "err = np.where(sel, np.abs(out - expected), 0.0)",
-        "err = np.where(sel & ~np.isfinite(out), np.inf, err)",
-        f"TOL = {tol!r}  # the checker's tolerance for this case",
-        "worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))",
-        "assert err.max() <= TOL, (",
-        '    f"max |out - expected| = {err.max():.3g} > {TOL:.3g} at {list(worst)}; "',
-        '    f"out{list(worst)} = {out[worst]:.6g} (expected {expected[worst]:.6g})"',
-        ")",
     ]
+    lines += _ENDINGS[kind](case, tol)
     return "\n".join(lines) + "\n"
