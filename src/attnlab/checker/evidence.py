@@ -1,7 +1,7 @@
 """Evidence for two diagnoses, fitted from the function's output rather than read from the size of its error.
 
 * :func:`fit_scale`: the scalar ``s`` for which ``softmax(s · q kᵀ, masked) @ v`` best matches the output (a
-  search over ``log s`` on a grid from 1e-3 to 1e3 times 1/√d_k, then a golden-section refinement around the best
+  search over ``log s`` on 41 points from 1e-3 to 1e3 times 1/√d_k, then a golden-section refinement around the best
   point), the fit's residual, and the formula it matches, if one does (:data:`FORMULAS`): the output under that
   formula's value must be within the tolerance and the fitted value within 5 % of it.
 * :func:`precision`: whether the error pattern is that of rounding to a lower dtype (float32, float16 or
@@ -11,7 +11,7 @@
   least-squares combination of rounding patterns (each step of a computation in the dtype: inputs cast, q kᵀ
   rounded once or summed term by term, scores, weights, weights @ v; one rounding in an otherwise float64
   computation: v, the scores, the weights, the output; the whole computation in it) explains at least half of
-  it, adjusted for the number of patterns, or the output lies on the dtype's grid where the golden does not. A
+  it, adjusted for the number of patterns chosen, or the output lies on the dtype's grid where the golden does not. A
   dropped key or a 0.2 % scale error fails (2) and (3).
 
 >>> import numpy as np
@@ -136,7 +136,7 @@ def fit_scale(case: Case, out: Any, *, gqa: str = "interleave", tol: float | Non
     if tol is None:
         tol = FLOORS.get(case.dtype, 1e-5) * max(1.0, float(np.max(np.abs(out[np.isfinite(out)]), initial=0.0))) * 4
     base = 1 / math.sqrt(d_k)
-    grid = base * np.exp(np.linspace(math.log(1e-3), math.log(1e3), 121))
+    grid = base * np.exp(np.linspace(math.log(1e-3), math.log(1e3), 41))
     res = np.array([model.residual(float(s)) for s in grid])
     i = int(np.argmin(res))
     lo, hi = math.log(grid[max(0, i - 1)]), math.log(grid[min(len(grid) - 1, i + 1)])
@@ -245,25 +245,34 @@ def _patterns(case: Case, low: str, gqa: str, golden: np.ndarray) -> dict[str, n
 
 def _explained(e: np.ndarray, patterns: dict[str, np.ndarray]) -> tuple[float, str]:
     """How much of the error ``e`` (its squared norm, 0..1) a least-squares combination of the rounding
-    ``patterns`` explains, adjusted for the number of patterns (a fit with ``p`` free coefficients on ``n`` entries
-    explains about ``p/n`` of noise: the adjusted share is ``1 - (1 - R²)(n - 1)/(n - p - 1)``), and the pattern that
-    contributes most. With fewer than ``p + 5`` entries only the single best pattern counts, and it must explain
-    90 %."""
+    ``patterns`` explains, and the pattern that contributes most. Patterns are chosen one at a time (the one that
+    explains most next), at most one per three entries, and the share is adjusted for how many were chosen (``k``
+    free coefficients on ``n`` entries explain about ``k/n`` of noise: ``1 - (1 - R²)(n - 1)/(n - k - 1)``)."""
     names = [n for n, p in patterns.items() if np.any(p)]
     if not names or not np.any(e):
         return 0.0, ""
-    a = np.stack([patterns[n] for n in names], axis=1)
-    total = float(e @ e)
-    single = {n: float((e @ patterns[n]) ** 2 / (patterns[n] @ patterns[n])) / total for n in names}
-    best = max(single, key=lambda n: single[n])
-    n, p = e.size, len(names)
-    if n < p + 5:
-        return (single[best], best) if single[best] >= 0.9 else (0.0, best)
-    coef, *_ = np.linalg.lstsq(a, e, rcond=None)
-    rest = e - a @ coef
-    main = names[int(np.argmax(np.abs(coef) * np.linalg.norm(a, axis=0)))]
-    r2 = 1.0 - float(rest @ rest) / total
-    return max(0.0, 1.0 - (1.0 - r2) * (n - 1) / (n - p - 1)), main
+    n, total = e.size, float(e @ e)
+    chosen: list[str] = []
+    best_adj, main = 0.0, ""
+    for _ in range(min(len(names), max(1, (n - 2) // 3))):
+        step: tuple[float, str] | None = None
+        for name in names:
+            if name in chosen:
+                continue
+            a = np.stack([patterns[c] for c in (*chosen, name)], axis=1)
+            coef, *_ = np.linalg.lstsq(a, e, rcond=None)
+            rest = e - a @ coef
+            r2 = 1.0 - float(rest @ rest) / total
+            if step is None or r2 > step[0]:
+                step = (r2, name)
+        assert step is not None  # a name is left: the loop runs at most len(names) times
+        k = len(chosen) + 1
+        adj = 1.0 - (1.0 - step[0]) * (n - 1) / max(1, n - k - 1)
+        if adj <= best_adj + 1e-3:
+            break
+        chosen.append(step[1])
+        best_adj, main = adj, main or step[1]
+    return max(0.0, best_adj), main
 
 
 def _structured(case: Case, out: np.ndarray, err: float, gqa: str) -> str:
@@ -275,14 +284,15 @@ def _structured(case: Case, out: np.ndarray, err: float, gqa: str) -> str:
     if fit.residual <= 0.1 * err and abs(fit.scale / s0 - 1) > 1e-9:
         return f"a scale of {fit.scale:.6g} ({fit.scale / s0:.5g} × the expected) explains it"
     allowed = model.allowed
-    for j in range(min(case.k.shape[-2], 64)):
-        col = np.zeros(allowed.shape[-1], bool)
+    n_k = allowed.shape[-1]
+    for j in sorted({*range(min(n_k, 4)), *range(max(0, n_k - 4), n_k)}):  # the first and the last keys
+        col = np.zeros(n_k, bool)
         col[j] = True
         for alt, what in ((allowed & ~col, f"key {j} ignored"), (allowed | col, f"key {j} seen although blocked")):
             if np.array_equal(alt, allowed):
                 continue
-            ref = golden_output(case.q, case.k, case.v, alt, scale=case.scale, gqa=gqa)
-            with np.errstate(invalid="ignore"):
+            with np.errstate(over="ignore", invalid="ignore"):
+                ref = softmax(np.where(alt, model.scores * s0, -np.inf)) @ model.v
                 d = np.abs(ref - model.out)[model.sel]
             if d.size and float(np.max(d)) <= 0.1 * err:
                 return f"{what} explains it"
@@ -291,7 +301,8 @@ def _structured(case: Case, out: np.ndarray, err: float, gqa: str) -> str:
 
 def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | None = None) -> PrecisionFit:
     """Which lower dtype's rounding the error of ``out`` ``[..., h, n_q, d_v]`` matches, if any (see the module
-    doc). ``below``: only dtypes less precise than this one are tried (default: the case's dtype)."""
+    doc; of several, the one whose patterns explain most of it). ``below``: only dtypes less precise than this one
+    are tried (default: the case's dtype)."""
     out = np.asarray(out, dtype=np.float64)
     allowed = allowed_of(case)
     rows = allowed.any(axis=-1)
@@ -305,20 +316,23 @@ def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | Non
     err = float(np.max(np.abs(e)))
     if err == 0:
         return PrecisionFit("", "", 0.0, 0.0, "", "the output equals the reference")
-    structured = _structured(case, out, err, gqa)
-    tried = []
+    structured: str | None = None  # computed when a dtype's error has the right size
+    tried: list[str] = []
+    fits: list[PrecisionFit] = []
     for low in ("float32", "float16", "bfloat16"):
         if PRECISION[low] >= PRECISION.get(top, 53):
             continue
-        patterns = _patterns(case, low, gqa, golden)
-        size = float(np.max(np.abs(patterns[f"computed in {low}"])[sel]))
+        naive = naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=gqa)
+        size = float(np.max(np.abs(naive - golden)[sel]))
         ratio = err / size if size > 0 else math.inf
         tried.append(f"{low}: error {ratio:.2g} × its rounding error")
         if not 1 / 16 <= ratio <= 4:
             continue
+        structured = _structured(case, out, err, gqa) if structured is None else structured
         if structured:
             tried[-1] += f", but {structured}"
             continue
+        patterns = _patterns(case, low, gqa, golden)
         share, main = _explained(e, {n: p[sel] for n, p in patterns.items()})
         on_grid = bool(np.mean(round_to(out[sel], low) == out[sel]) >= 0.9) and not bool(
             np.mean(round_to(golden[sel], low) == golden[sel]) >= 0.9
@@ -330,9 +344,12 @@ def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | Non
                 else f"the output lies on {low}'s grid (every value representable in {low})"
             )
             pattern = main if share >= 0.5 else "on the grid"
-            return PrecisionFit(low, pattern, share, ratio, "", said + f"; error {ratio:.2g} × {low}'s")
+            fits.append(PrecisionFit(low, pattern, share, ratio, "", said + f"; error {ratio:.2g} × {low}'s"))
+            continue
         tried[-1] += f", pattern unlike its rounding ({share:.0%} explained)"
+    if fits:  # the dtype whose patterns explain most of the error (on the grid counts as all of it)
+        return max(fits, key=lambda f: (1.0 if f.pattern == "on the grid" else f.explained, -abs(math.log(f.ratio))))
     text = "the error matches no lower dtype's rounding" + (f" ({'; '.join(tried)})" if tried else "")
     if structured:
         text += f"; {structured}"
-    return PrecisionFit("", "", 0.0, 0.0, structured, text)
+    return PrecisionFit("", "", 0.0, 0.0, structured or "", text)
