@@ -153,8 +153,10 @@ def _mask_words(case: Case) -> tuple[str, ...]:
             sides.append("end")
         if n_k > 2 and cols[1:-1].any():
             sides.append("middle")
-        words.append("blocked keys at the " + " and ".join(sides) + " of the keys")
-        if blocked[..., 0].any():
+        words.append(
+            "blocked keys at the " + " and ".join(sides) + " of the keys" if n_k > 1 else "the only key blocked"
+        )
+        if blocked[..., 0].any() and n_k > 1:
             words.append("the first key blocked")
     return tuple(words)
 

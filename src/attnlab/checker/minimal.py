@@ -17,7 +17,7 @@ call (a perturbation experiment that needs two calls to compare) is shown as see
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,13 +27,14 @@ from .depends import Depends, allowed_of, depends, wrong_entries
 from .reproduction import CallWords, reproduction
 from .runner import Case
 from .shrink import Shrunk, form_valid, shrink
+from .tolerance import bound, expand_kv, golden_output, naive_output
 
-__all__ = ["FINDING_CALLS", "FINDING_SECONDS", "Caller", "Minimal", "minimal_case", "predicate"]
+__all__ = ["FINDING_CALLS", "FINDING_SECONDS", "Caller", "Minimal", "minimal_case", "predicate", "unshrunk"]
 
 #: The most predicate calls the shrinking of one finding makes.
-FINDING_CALLS = 150
+FINDING_CALLS = 300
 #: The most seconds the shrinking of one finding takes.
-FINDING_SECONDS = 5.0
+FINDING_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Caller:
     gqa: str = "interleave"
     form: str = "full"
     masked_rows: str = "any"
+    work: Callable[[str], str] = str  #: the dtype whose tolerance rule applies to a case of a dtype
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,10 @@ class Minimal:
     block per distinct batch element and head, ``""`` without a mask); ``first_wrong`` (the first wrong entries
     against the reference); ``depends`` (one paragraph); ``reproduction`` (a script); ``calls`` (spent on it);
     ``bounded`` (a bound stopped the shrinking); ``shrunk`` (False: shown as seen, ``reason`` says why); ``case``
-    (the canonical case itself, not in JSON); ``kind`` (what the reproduction asserts).
+    (the canonical case itself, not in JSON); ``kind`` (what the reproduction asserts). How the case was called,
+    for :meth:`script` (not in JSON): ``words``, ``work`` (the dtype whose tolerance rule applies), ``gqa``,
+    ``in_mask`` (the causal part went inside the mask), ``flag`` (the causal argument), ``earlier`` (the script
+    makes an earlier call first), ``title``.
     """
 
     shapes: str
@@ -80,6 +85,34 @@ class Minimal:
     reason: str = ""
     kind: str = "output"
     case: Case | None = field(default=None, repr=False, compare=False)
+    words: CallWords = field(default_factory=CallWords, repr=False, compare=False)
+    work: str = "float64"
+    gqa: str = "interleave"
+    in_mask: bool = False
+    flag: bool | str = False
+    earlier: bool = False
+    title: str = ""
+
+    def script(self, case: Case) -> str:
+        """The reproduction of ``case`` called as this finding's case was (the same words, causal argument, kind
+        and tolerance rule): for the minimal case itself, and for cases one step smaller (which must pass).
+
+        Shapes: ``q [..., h, n_q, d_k]``, ``k``/``v [..., h_kv, n_k, *]``, ``mask [..., h, n_q, n_k]`` or None.
+        """
+        allowed = allowed_of(case)
+        passed = replace(case, mask=allowed, causal=None, flag=False) if self.in_mask else case
+        golden = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=case.causal, gqa=self.gqa)
+        naive = naive_output(case.q, case.k, case.v, allowed, dtype=self.work, scale=case.scale, gqa=self.gqa)
+        return reproduction(
+            case,
+            self.words,
+            tol=bound(self.work, golden, naive),
+            passed=passed,
+            flag=self.flag,
+            earlier_call=self.earlier,
+            title=self.title,
+            kind=self.kind,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready data (a finding's ``minimal`` entry)."""
@@ -196,9 +229,24 @@ def predicate(code: str, first: Any, caller: Caller) -> tuple[Callable[[Case], b
 
 
 def _v_heads(c: Case, gqa: str) -> np.ndarray:
-    from .tolerance import expand_kv
-
     return expand_kv(c.q, c.v, gqa)
+
+
+def unshrunk(case: Case, reason: str) -> Minimal:
+    """The case a finding was seen in, shown as seen (not shrunk, for ``reason``)."""
+    return Minimal(
+        case.shapes(),
+        (case.causal or "").replace("_", "-"),
+        _drawn(case),
+        (),
+        "",
+        "",
+        0,
+        False,
+        False,
+        reason,
+        case=case,
+    )
 
 
 def minimal_case(
@@ -215,7 +263,7 @@ def minimal_case(
     doc); ``title``: the reproduction's first line."""
     fails, kind = predicate(code, first, caller)
     if fails is None:
-        return Minimal(case.shapes(), case.causal or "", _drawn(case), (), "", "", 0, False, False, kind, case=case)
+        return unshrunk(case, kind)
     valid = form_valid(caller.form)
     shrunk: Shrunk = shrink(
         case,
@@ -236,21 +284,25 @@ def minimal_case(
         dep = depends(shrunk, fails, out=got, gqa=caller.gqa, tol=tol, valid=valid)
     first_wrong = () if got is None else tuple(w.text for w in wrong_entries(got, golden, rows, tol))
     passed, flag = caller.passed(small)
-    earlier = dep is not None and any("an earlier call" in n for n in dep.needs)
-    script = reproduction(
-        small, caller.words, tol=tol, passed=passed, flag=flag, earlier_call=earlier, title=title, kind=kind
-    )
-    return Minimal(
+    made = Minimal(
         small.shapes(),
         (small.causal or "").replace("_", "-"),
         _drawn(small),
         first_wrong,
         "" if dep is None else dep.text,
-        script,
+        "",
         shrunk.calls + (0 if dep is None else dep.calls) + 1,
         shrunk.bounded,
         shrunk.failed,
         reason,
         kind,
         case=small,
+        words=caller.words,
+        work=caller.work(small.dtype),
+        gqa=caller.gqa,
+        in_mask=small.causal is not None and passed.causal is None,
+        flag=flag,
+        earlier=dep is not None and any("an earlier call" in n for n in dep.needs),
+        title=title,
     )
+    return replace(made, reproduction=made.script(small))

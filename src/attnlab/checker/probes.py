@@ -52,7 +52,7 @@ from .cases import COMBOS, DTYPE_NAMES, GRID, LENGTH_FORMS, PRECISION, Geom, dra
 from .evidence import fit_scale, precision
 from .fixes import FIXES, LEAKS, NOT_DIAGNOSES, PERTURBATION, SPECIFIC
 from .hypotheses import Context, outputs
-from .minimal import Caller, Minimal, minimal_case
+from .minimal import Caller, Minimal, minimal_case, unshrunk
 from .report import CORE_PROBES, PROBES, Finding, ProbeResult, Report, Unsupported
 from .reproduction import CallWords
 from .runner import CallError, Case, Outcome, Runner
@@ -316,6 +316,7 @@ class Battery:
     def every_call(self, case: Case, out: Outcome) -> None:
         """What every call must satisfy, whatever the battery: no timeout, no dead worker, no write into its
         inputs, a readable result of the right kind. Raises :class:`ProbeAbort` when nothing more can be called."""
+        self.last = (case, out)
         if out.skipped:
             raise ProbeAbort
         if out.timed_out:
@@ -396,6 +397,7 @@ class Battery:
                 if re.search(r"converted to type .*without overflow", e.message):
                     message += " (a fill value this dtype cannot hold, such as -1e9 in float16: use finfo(dtype).min)"
         first = (e.text.splitlines() or [e.type_name])[0][:300]
+        self.examined = (self.case_key, out.case, out)  # the failing case is this call's
         self.bug("crash", message, f"case {out.case.label}: {out.call}: {first}")
 
     def refusal(self, cap: str, e: CallError | None) -> bool:
@@ -1555,20 +1557,24 @@ class Battery:
             self.gqa_map,
             self.mask_form,
             getattr(self.spec, "masked_rows", "any"),
+            self.work_dtype,
         )
 
     def shrink_findings(self) -> None:
         """Shrink the first failing case of every reported finding (:func:`~attnlab.checker.minimal.minimal_case`,
         bounded per finding); the forward battery only, and only while calls can still be made."""
-        if self.probe_names != PROBES or self.runner.stopped is not None:
+        if self.probe_names != PROBES:
             return
         bugs, _ = self.findings_list()
         caller = None
         for f in bugs:
-            if f.code not in self.failing or self.runner.stopped is not None:
+            if f.code not in self.failing:
+                continue
+            case, first = self.failing[f.code]
+            if self.runner.stopped is not None and f.code != "timeout":
+                self.minimal[f.code] = unshrunk(case, f"no call is made after this: {self.runner.stopped}")
                 continue
             caller = caller or self.caller()
-            case, first = self.failing[f.code]
             self.minimal[f.code] = minimal_case(f.code, case, first, caller, title=f"{f.code}: {f.message}")
 
     def _stop_reason(self) -> str:

@@ -38,7 +38,7 @@ otherwise it counts as "passes".
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -51,6 +51,8 @@ __all__ = ["MAX_CALLS", "SECONDS", "Shrunk", "form_valid", "shrink"]
 MAX_CALLS = 300
 #: The most wall-clock seconds one :func:`shrink` spends (checked between calls).
 SECONDS = 20.0
+#: The most rounds of every step (each round that keeps a step starts another one).
+_ROUNDS = 30
 
 
 @dataclass(frozen=True)
@@ -180,9 +182,9 @@ def shrink(
         return Shrunk(case, case, 1, False, time.perf_counter() - t0, crash=False, failed=False)
     current, bounded = case, False
     try:
-        changed = True
-        while changed:
-            changed = False
+        changed, rounds = True, 0
+        while changed and rounds < _ROUNDS:
+            changed, rounds = False, rounds + 1
             for step in (_batch, _heads, _causal, _queries, _keys, _mask, _dims, _values):
                 new = step(current, search, gqa, not keep_mask_entries)
                 if new is not current:
@@ -224,13 +226,23 @@ def _without(n: int, drop: Iterable[int]) -> np.ndarray:
     return np.array([i for i in range(n) if i not in d], dtype=np.intp)
 
 
-def _blocks(n: int) -> Iterator[tuple[int, ...]]:
-    """Blocks of indices of ``0..n-1`` to try removing: halves, quarters, ... then single indices (last first)."""
-    size = n // 2
-    while size >= 1:
-        for start in range(n - size, -1, -size) if size == 1 else range(0, n, size):
-            yield tuple(range(start, min(start + size, n)))
-        size //= 2
+def _greedy(items: list[int], attempt: Callable[[list[int]], bool], *, keep_one: bool) -> list[int]:
+    """Remove blocks of ``items`` while ``attempt(remaining)`` still fails: halves, then quarters, ... then single
+    items, each size swept once (a removal that fails keeps its place, so the sweep goes on from there); returns
+    the items left. ``keep_one``: never try to remove the last item."""
+    size = max(1, len(items) // 2)
+    while items:
+        i = 0
+        while i < len(items):
+            rest = items[:i] + items[i + size :]
+            if (rest or not keep_one) and attempt(rest):
+                items = rest
+            else:
+                i += size
+        if size == 1:
+            return items
+        size = max(1, size // 2)
+    return items
 
 
 def _shrink_axis(
@@ -243,19 +255,15 @@ def _shrink_axis(
     for i in range(n):
         if search.attempt(cut(case, np.array([i])), f"{name}: only {name} {i} kept"):
             return cut(case, np.array([i]))
-    changed = True
-    while changed and size(case) > 1:
-        changed = False
-        for block in _blocks(size(case)):
-            if len(block) >= size(case):
-                continue
-            keep = _without(size(case), block)
-            what = f"{name} {block[0]} removed" if len(block) == 1 else f"{name}s {block[0]}..{block[-1]} removed"
-            new = cut(case, keep)
-            if search.attempt(new, what):
-                case, changed = new, True
-                break
-    return case
+    base = case
+
+    def attempt(rest: list[int]) -> bool:
+        gone = sorted(set(range(n)) - set(rest))
+        what = f"{name} {gone[0]} removed" if len(gone) == 1 else f"{name}s {', '.join(map(str, gone))} removed"
+        return search.attempt(cut(base, np.array(rest, dtype=np.intp)), what)
+
+    kept = _greedy(list(range(n)), attempt, keep_one=True)
+    return case if len(kept) == n else cut(base, np.array(kept, dtype=np.intp))
 
 
 def _batch(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
@@ -339,29 +347,28 @@ def _mask(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
             continue  # already the same for every one
         for i in range(m.shape[axis]):
             shared = np.broadcast_to(np.take(m, [i], axis), m.shape).copy()
+            if (~shared).sum() > (~m).sum():
+                continue  # never more blocked entries: each kept step makes the mask simpler, so the search ends
             if search.attempt(replace(case, mask=shared), f"mask of {name} {i} shared by every {name}"):
                 m = shared
                 case = replace(case, mask=m)
                 break
     if not entries:
         return case
-    changed = True
-    while changed:
-        changed = False
-        blocked = np.flatnonzero(~case.mask)  # type: ignore[operator]  # the mask is not None here
-        if not blocked.size:
-            break
-        for block in _blocks(blocked.size):
-            new = case.mask.copy()  # type: ignore[union-attr]
-            new.flat[blocked[list(block)]] = True
-            pos = np.unravel_index(int(blocked[block[0]]), new.shape)
-            what = f"blocked entr{'y' if len(block) == 1 else 'ies'} at {tuple(int(p) for p in pos)} set to True"
-            if len(block) > 1:
-                what += f" (and {len(block) - 1} more)"
-            if search.attempt(replace(case, mask=new), what):
-                case, changed = replace(case, mask=new), True
-                break
-    return case
+    base = case.mask.copy()  # type: ignore[union-attr]  # the mask is not None here
+    blocked = [int(i) for i in np.flatnonzero(~base)]
+
+    def with_true(rest: list[int]) -> Case:
+        new = np.ones_like(base)
+        new.flat[rest] = False  # the entries still blocked
+        return replace(case, mask=new)
+
+    def attempt(rest: list[int]) -> bool:
+        n = len(blocked) - len(rest)
+        return search.attempt(with_true(rest), f"{n} blocked mask entr{'y' if n == 1 else 'ies'} set to True")
+
+    still = _greedy(blocked, attempt, keep_one=False)
+    return case if len(still) == len(blocked) else with_true(still)
 
 
 def _dims(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
@@ -378,16 +385,25 @@ def _values(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
         if not np.array_equal(rounded, x) and search.attempt(replace(case, **{name: rounded}), f"{name} rounded"):
             case = replace(case, **{name: rounded})
     for name in ("v", "k", "q"):
-        changed = True
-        while changed:
-            changed = False
-            x = getattr(case, name)
-            nonzero = np.flatnonzero(x)
-            for block in _blocks(nonzero.size) if nonzero.size > 1 else iter([(0,)] if nonzero.size else []):
-                new = x.copy()
-                new.flat[nonzero[list(block)]] = 0.0
-                what = f"{name}: {len(block)} entr{'y' if len(block) == 1 else 'ies'} set to 0"
-                if search.attempt(replace(case, **{name: new}), what):
-                    case, changed = replace(case, **{name: new}), True
-                    break
+        case = _zero_out(case, name, search)
     return case
+
+
+def _zero_out(case: Case, name: str, search: _Search) -> Case:
+    """``case`` with as many entries of its array ``name`` set to 0 as keep it failing."""
+    base = getattr(case, name)
+    nonzero = [int(i) for i in np.flatnonzero(base)]
+
+    def zeroed(rest: list[int]) -> np.ndarray:
+        new = np.zeros_like(base)
+        new.flat[rest] = base.flat[rest]
+        return new
+
+    def attempt(rest: list[int]) -> bool:
+        n = len(nonzero) - len(rest)
+        return search.attempt(
+            replace(case, **{name: zeroed(rest)}), f"{name}: {n} entr{'y' if n == 1 else 'ies'} set to 0"
+        )
+
+    left = _greedy(nonzero, attempt, keep_one=False)
+    return case if len(left) == len(nonzero) else replace(case, **{name: zeroed(left)})
