@@ -212,8 +212,8 @@ def assert_attention_grads_correct(fn_or_bwd: Callable[..., Any] | str, **option
     as the forward of ``bwd``). Returns the :class:`~attnlab.checker.Report` when clean.
     """
     __tracebackhide__ = True
-    from .checker import check
-    from .checker.gradient_oracle import check_backward, detect_kind
+    from .checker import check, check_backward
+    from .checker.gradient_oracle import detect_kind
 
     try:
         if "backward" in options:

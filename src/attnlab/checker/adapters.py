@@ -46,6 +46,7 @@ __all__ = [
     "TorchFramework",
     "UsageError",
     "bfloat16_round",
+    "compiles",
     "detect_framework",
     "framework_strategy",
     "round_to",
@@ -156,6 +157,7 @@ class Resolved:
     mode: str = ""
     spec: Any = None
     device: str = ""  #: where the inputs are created (``"cpu"``, ``"cuda:0"``); ``""`` for NumPy
+    compiles: bool = False  #: its first call of each shape compiles (JAX, ``torch.compile``, flex attention)
 
     def describe(self) -> str:
         parts = [a for a in (self.mask_arg, self.causal_arg, self.scale_arg, self.gqa_arg) if a]
@@ -499,6 +501,15 @@ def _refuse_in_module_mode(spec: Spec, kind: str) -> None:
             )
 
 
+def compiles(fn: Any, framework: str) -> bool:
+    """Whether the first call of each shape of ``fn`` compiles: a JAX function (``jax.jit``, and every jax.numpy
+    op on first use), a ``torch.compile`` d function or module, or flex attention (compiled per block mask)."""
+    if framework == "jax":
+        return True
+    names = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}.{type(fn).__name__}".lower()
+    return hasattr(fn, "_torchdynamo_orig_callable") or "optimizedmodule" in names or "flex" in names
+
+
 class Adapter:
     """Translate canonical float64 cases into the calls ``fn`` expects, and its results back: a
     :class:`Framework` strategy for the arrays and an :class:`~attnlab.checker.interfaces.Interface` for the mask."""
@@ -554,7 +565,12 @@ class Adapter:
         if mode is not None:
             r = replace(r, detected=_detect(fn).reason)
         self.resolved = replace(
-            r, kind=prepared.kind, mode="" if mode is None else mode.family, spec=spec, device=self.fw.device
+            r,
+            kind=prepared.kind,
+            mode="" if mode is None else mode.family,
+            spec=spec,
+            device=self.fw.device,
+            compiles=compiles(self.fn, r.framework),
         )
         self.framework = self.resolved.framework
         self.interface = interface(spec.mask_form)
@@ -599,6 +615,12 @@ class Adapter:
         if isinstance(x, np.ndarray):
             return True
         return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (str, bytes))
+
+    def build_request(self, req: Any) -> tuple[tuple, dict]:
+        """The positional and keyword arguments of the call for a :class:`~attnlab.checker.runner.CallRequest`."""
+        return self.build_call(
+            req.q, req.k, req.v, dtype=req.dtype, mask=req.mask, causal=req.causal, scale=req.scale, gqa=req.gqa
+        )
 
     def build_call(
         self,

@@ -122,6 +122,56 @@ def _softmax(s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.divide(e, den, out=np.zeros_like(e), where=den > 0), m, den
 
 
+def _dropout(keep: Any, keep_f: Any, dropout_p: float, full: tuple[int, ...], work: Any, how: str) -> tuple[Any, Any]:
+    """The dropout factors the backward applies to P for dV and to dP: the forward's ``keep_f`` (``how="same"``),
+    none, unscaled, scaled twice, transposed, or only on one side (``"dv"``, ``"dp"``)."""
+    if keep is None or how == "same":
+        return keep_f, keep_f
+    kb = np.broadcast_to(np.asarray(keep, bool), full).astype(work)
+    alt = {
+        "off": None,
+        "noscale": kb,
+        "twice": kb / work((1.0 - dropout_p) ** 2),
+        "transposed": np.swapaxes(kb, -1, -2) / work(1.0 - dropout_p) if full[-2] == full[-1] else keep_f,
+    }
+    if how in alt:
+        return alt[how], alt[how]
+    return (keep_f, None) if how == "dv" else (None, keep_f) if how == "dp" else (keep_f, keep_f)
+
+
+def _delta(how: str, dp: Any, p_ds: Any, ok: Any, do: Any, out: Any) -> Any:
+    """delta per query row: rowsum(dO ∘ O) (right), or from the backward's own P and dP (``"self"``, as a backward
+    that recomputes O does), rowsum(dP), rowsum(dP) over the allowed keys, rowsum(P) or rowsum(dO)."""
+    if how == "self":
+        return np.sum(dp * p_ds, axis=-1, keepdims=True)
+    if how == "dp":
+        return np.sum(dp, axis=-1, keepdims=True)
+    if how == "dp-allowed":
+        return np.sum(np.where(ok, dp, 0.0), axis=-1, keepdims=True)
+    if how == "p":
+        return np.sum(p_ds, axis=-1, keepdims=True)
+    if how == "do":
+        return np.sum(do, axis=-1, keepdims=True)
+    return np.sum(do * out, axis=-1, keepdims=True)
+
+
+def _input_grads(
+    ds_q: Any, ds_k: Any, dv_x: Any, q: Any, kx: Any, sc: Any, var: Variant, h_kv: int, mapping: str, r: Any
+) -> tuple[Any, Any, Any]:
+    """dQ = dS K and dK = dSᵀ Q (each scaled, transposed as ``var`` says), and dK, dV summed over GQA groups."""
+    dq = r(ds_q @ kx) if "dq" not in var.transposed else r(np.swapaxes(ds_q, -1, -2) @ kx)
+    dk_x = r(np.swapaxes(ds_k, -1, -2) @ q) if "dk" not in var.transposed else r(ds_k @ q)
+    sg = q.dtype.type(1.0 / math.sqrt(q.shape[-1])) if var.default_scale else sc
+    dq = r(dq * sg**var.scale_dq)
+    dk_x = r(dk_x * sg**var.scale_dk)
+    how, mp = var.gqa, mapping
+    if how == "tile":
+        how, mp = "sum", ("tile" if mapping == "interleave" else "interleave")
+    dk = reduce_kv(dk_x, h_kv, mp, how)
+    dv = reduce_kv(dv_x, h_kv, mp, how)
+    return dq, dk, dv
+
+
 def attention_grads(
     q: np.ndarray,
     k: np.ndarray,
@@ -154,7 +204,6 @@ def attention_grads(
         return x if dtype == "float64" else round_to(np.asarray(x, dtype=work), dtype).astype(work)
 
     q, k, v, do = (np.asarray(x, dtype=work) for x in (q, k, v, d_out))
-    h_kv = k.shape[-3]
     kx, vx = expand_kv(q, k, mapping), expand_kv(q, v, mapping)
     sc = work(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
     n_q, n_k = q.shape[-2], k.shape[-2]
@@ -179,21 +228,7 @@ def attention_grads(
         fwd_drop = keep_f
         p_fwd, _, _ = _softmax(np.where(ok, s, -np.inf))
         out = r((p_fwd if fwd_drop is None else r(p_fwd * fwd_drop)) @ vx)
-        kv_drop = dp_drop = keep_f
-        if keep is not None and var.dropout != "same":
-            kb = np.broadcast_to(np.asarray(keep, bool), full).astype(work)
-            alt = {
-                "off": None,
-                "noscale": kb,
-                "twice": kb / work((1.0 - dropout_p) ** 2),
-                "transposed": np.swapaxes(kb, -1, -2) / work(1.0 - dropout_p) if n_q == n_k else keep_f,
-            }
-            if var.dropout in alt:
-                kv_drop = dp_drop = alt[var.dropout]
-            elif var.dropout == "dv":
-                dp_drop = None
-            elif var.dropout == "dp":
-                kv_drop = None
+        kv_drop, dp_drop = _dropout(keep, keep_f, dropout_p, full, work, var.dropout)
         pd = p if kv_drop is None else r(p * kv_drop)
         dv_x = r(pd @ do) if "dv" in var.transposed else r(np.swapaxes(pd, -1, -2) @ do)
         dp = r(do @ np.swapaxes(vx, -1, -2))
@@ -201,19 +236,7 @@ def attention_grads(
             dp = np.swapaxes(dp, -1, -2)
         if dp_drop is not None:
             dp = r(dp * dp_drop)
-        if var.delta == "self":  # from the backward's own P and dP (as a backward that recomputes O does)
-            delta = np.sum(dp * p_ds, axis=-1, keepdims=True)
-        elif var.delta == "dp":
-            delta = np.sum(dp, axis=-1, keepdims=True)
-        elif var.delta == "dp-allowed":  # rowsum(dP) over the keys the row may see
-            delta = np.sum(np.where(ok, dp, 0.0), axis=-1, keepdims=True)
-        elif var.delta == "p":
-            delta = np.sum(p_ds, axis=-1, keepdims=True)
-        elif var.delta == "do":
-            delta = np.sum(do, axis=-1, keepdims=True)
-        else:
-            delta = np.sum(do * out, axis=-1, keepdims=True)
-        delta = r(delta)
+        delta = r(_delta(var.delta, dp, p_ds, ok, do, out))
         ds = r(p_ds * (dp - delta)) if var.jacobian else r(p_ds * dp)
         ds = np.where(np.isfinite(ds), ds, np.nan)
     ds_q, ds_k = ds, ds
@@ -224,16 +247,7 @@ def attention_grads(
             ds_k = ds
         if tensor in ("kv", "v"):
             dv_x = r(np.swapaxes(_rows_of_block(pd, var.accumulate), -1, -2) @ do)
-    dq = r(ds_q @ kx) if "dq" not in var.transposed else r(np.swapaxes(ds_q, -1, -2) @ kx)
-    dk_x = r(np.swapaxes(ds_k, -1, -2) @ q) if "dk" not in var.transposed else r(ds_k @ q)
-    sg = work(1.0 / math.sqrt(q.shape[-1])) if var.default_scale else sc
-    dq = r(dq * sg**var.scale_dq)
-    dk_x = r(dk_x * sg**var.scale_dk)
-    how, mp = var.gqa, mapping
-    if how == "tile":
-        how, mp = "sum", ("tile" if mapping == "interleave" else "interleave")
-    dk = reduce_kv(dk_x, h_kv, mp, how)
-    dv = reduce_kv(dv_x, h_kv, mp, how)
+    dq, dk, dv = _input_grads(ds_q, ds_k, dv_x, q, kx, sc, var, k.shape[-3], mapping, r)
     dbias = None
     if bias is not None:
         dbias = _sum_to(ds, np.shape(bias))
@@ -331,36 +345,26 @@ def hypotheses(
     apply, since a plain backward that recomputes its own lse can make them too); ``explicit_scale``: a ``scale``
     argument is passed.
     """
-    out: list[tuple[str, str, Variant]] = [
-        (
-            "grad-jacobian",
-            "the softmax-Jacobian term is missing: dS = P ∘ dP, without - delta",
-            Variant(jacobian=False),
-        ),
-        (
-            "grad-delta",
-            "delta is computed from the wrong quantity: rowsum(dP) instead of rowsum(dO ∘ O)",
-            Variant(delta="dp"),
-        ),
-        (
-            "grad-delta",
-            "delta is computed from the wrong quantity: rowsum(P) (= 1) instead of rowsum(dO ∘ O)",
-            Variant(delta="p"),
-        ),
-        (
-            "grad-delta",
-            "delta is computed from the wrong quantity: rowsum(dO) instead of rowsum(dO ∘ O)",
-            Variant(delta="do"),
-        ),
+    out = _scores_and_causal(n_q, n_k, masked=masked, causal=causal, explicit_scale=explicit_scale)
+    out += _masks_and_heads(h=h, h_kv=h_kv, masked=masked)
+    out += _lse_blocks_and_dropout(n_q, n_k, masked=masked, dropout=dropout)
+    del flash  # the lse mistakes are tried for every kind of backward (see above)
+    # a backward that recomputes its own forward takes delta from its own (wrong) P: both versions of each
+    own = [(c, t, replace(v, delta="self")) for c, t, v in out if c in _SELF_DELTA and v.delta == "dodo"]
+    return out + own
+
+
+def _scores_and_causal(
+    n_q: int, n_k: int, *, masked: bool, causal: str | None, explicit_scale: bool
+) -> list[tuple[str, str, Variant]]:
+    """The hypotheses on the Jacobian, delta, the scale, transposed factors and the causal mask."""
+    out = [
+        ("grad-jacobian", "the softmax-Jacobian term is missing: dS = P ∘ dP, without - delta", Variant(jacobian=False))
     ]
-    if masked:
-        out.append(
-            (
-                "grad-delta",
-                "delta is computed from the wrong quantity: rowsum(dP) over the allowed keys instead of rowsum(dO ∘ O)",
-                Variant(delta="dp-allowed"),
-            )
-        )
+    wrong = [("dp", "rowsum(dP)"), ("p", "rowsum(P) (= 1)"), ("do", "rowsum(dO)")]
+    for d, what in wrong + ([("dp-allowed", "rowsum(dP) over the allowed keys")] if masked else []):
+        text = f"delta is computed from the wrong quantity: {what} instead of rowsum(dO ∘ O)"
+        out.append(("grad-delta", text, Variant(delta=d)))
     for sq, sk, text in (
         (0, 0, "the 1/sqrt(d_k) scale is missing from dQ and dK"),
         (0, 1, "the 1/sqrt(d_k) scale is missing from dQ"),
@@ -411,6 +415,12 @@ def hypotheses(
                         Variant(p_causal=pc, p_norm=norm),
                     )
                 )
+    return out
+
+
+def _masks_and_heads(*, h: int, h_kv: int, masked: bool) -> list[tuple[str, str, Variant]]:
+    """The hypotheses on a P recomputed without the mask, and on GQA's group sums."""
+    out: list[tuple[str, str, Variant]] = []
     if masked:
         out += [
             (
@@ -451,6 +461,12 @@ def hypotheses(
                 Variant(gqa="tile"),
             ),
         ]
+    return out
+
+
+def _lse_blocks_and_dropout(n_q: int, n_k: int, *, masked: bool, dropout: bool) -> list[tuple[str, str, Variant]]:
+    """The hypotheses on a wrong lse, block accumulators that overwrite, and the dropout mask."""
+    out: list[tuple[str, str, Variant]] = []
     lse_variants = [
         ("nomax", "the lse has no max: log(sum exp(s - m)) without + m"),
         ("log2", "the lse is in log2 units where nats are expected"),
@@ -498,10 +514,7 @@ def hypotheses(
             out.append(
                 ("grad-dropout", f"the backward's dropout differs from the forward's: {text}", Variant(dropout=name))
             )
-    del flash  # the lse mistakes are tried for every kind of backward (see above)
-    # a backward that recomputes its own forward takes delta from its own (wrong) P: both versions of each
-    own = [(c, t, replace(v, delta="self")) for c, t, v in out if c in _SELF_DELTA and v.delta == "dodo"]
-    return out + own
+    return out
 
 
 def fitted_lse(golden_dq: np.ndarray, dq: np.ndarray, rows: np.ndarray) -> list[tuple[str, str, Variant]]:

@@ -1,6 +1,7 @@
 """Running the user's function in its own worker process, so nothing it does can break the report.
 
-:class:`WorkerBackend` starts one long-lived worker per check (``python -c`` running
+:class:`WorkerBackend` starts one long-lived worker per check (the gradient session reuses the output session's,
+:meth:`WorkerBackend.reconfigure`) (``python -c`` running
 :mod:`attnlab.checker.worker`), in its own session and process group, with its stdin on ``/dev/null`` and its
 stdout and stderr on pipes the parent drains (the first and last :data:`~attnlab.checker.runner.CAPTURE_KEEP`
 bytes of each are kept as evidence; the rest is counted). The worker imports the target under
@@ -78,7 +79,7 @@ class WorkerBackend:
     def __init__(
         self,
         target: str,
-        spec: Spec | Any,  # a Spec, or the gradient battery's GradTarget (attnlab.checker.backward)
+        spec: Spec | Any,  # a Spec, or the gradient session's GradTarget (attnlab.checker.gradient_oracle)
         *,
         import_timeout: float = 60.0,
         max_restarts: int = 5,
@@ -140,8 +141,26 @@ class WorkerBackend:
         for fd in self._pipes:
             os.set_blocking(fd, False)
             self._sel.register(fd, selectors.EVENT_READ, "pipe")
+        self._ready({"target": self.target, "spec": self.spec, "sys_path": self.sys_path})
+
+    def reconfigure(self, target: str, spec: Any) -> bool:
+        """Serve ``target`` under ``spec`` (a :class:`Spec` or a gradient session's ``GradTarget``) from this
+        worker, with what it has already imported: one worker for a whole check (the output session, then the
+        gradient session). The output captured so far is left behind. False when the worker is gone (start a new
+        one); raises :class:`UsageError` as the constructor does."""
+        if self.conn is None:
+            return False
+        self.target, self.spec = target, spec
+        self.streams = {"stdout": Captured("stdout"), "stderr": Captured("stderr")}
+        self.deaths = self.restarts = 0
+        self._ready(("adapter", {"target": target, "spec": spec}))
+        return True
+
+    def _ready(self, message: Any) -> None:
+        """Send the worker what to serve and wait (``import_timeout``) until it is ready, or say why not."""
+        assert self.conn is not None
         t0 = time.perf_counter()
-        self.conn.send({"target": self.target, "spec": self.spec, "sys_path": self.sys_path})
+        self.conn.send(message)
         kind, msg = self._receive(self.import_timeout)
         self.import_seconds = time.perf_counter() - t0
         if kind == "message" and msg[0] == "ready":

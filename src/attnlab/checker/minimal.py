@@ -29,7 +29,17 @@ from .runner import Case
 from .shrink import Shrunk, form_valid, shrink
 from .tolerance import bound, expand_kv, golden_output, naive_output
 
-__all__ = ["FINDING_CALLS", "FINDING_SECONDS", "Caller", "Minimal", "minimal_case", "predicate", "unshrunk"]
+__all__ = [
+    "FINDING_CALLS",
+    "FINDING_SECONDS",
+    "Caller",
+    "Minimal",
+    "caller_of",
+    "minimal_case",
+    "predicate",
+    "shrink_findings",
+    "unshrunk",
+]
 
 #: The most predicate calls the shrinking of one finding makes.
 FINDING_CALLS = 300
@@ -306,3 +316,46 @@ def minimal_case(
         title=title,
     )
     return replace(made, reproduction=made.script(small))
+
+
+def caller_of(session: Any) -> Caller:
+    """How :func:`minimal_case` calls the function of a :class:`~attnlab.checker.session.Session`: through its
+    runner, as the session passes a case, with no finding recorded."""
+
+    def call(case: Case) -> Any:
+        passed, flag = session.as_passed(case)
+        out = session.runner.call(passed, causal_flag=flag, gqa=case.gqa)
+        out.case = case
+        return out
+
+    backend = session.backend
+    target = getattr(backend, "target", None) or getattr(getattr(backend, "adapter", None), "original", None)
+    return Caller(
+        call,
+        session.expected,
+        session.as_passed,
+        CallWords.of(backend.resolved, session.spec, target),
+        session.gqa_map,
+        session.mask_form,
+        getattr(session.spec, "masked_rows", "any"),
+        session.work_dtype,
+    )
+
+
+def shrink_findings(session: Any) -> None:
+    """Shrink the first failing case of every finding a :class:`~attnlab.checker.session.Session` reports (its
+    ``failing`` calls) into its ``minimal`` entries: output sessions only; once the runner has stopped (a timeout,
+    the worker gone), each is shown as seen."""
+    if session.strategy.name != "outputs":
+        return
+    bugs, _ = session.findings_list()
+    caller = None
+    for f in bugs:
+        first = session.failing.get(f.code)
+        if first is None:
+            continue
+        if session.runner.stopped is not None and f.code != "timeout":
+            session.minimal[f.code] = unshrunk(first.case, f"no call is made after this: {session.runner.stopped}")
+            continue
+        caller = caller or caller_of(session)
+        session.minimal[f.code] = minimal_case(f.code, first.case, first, caller, title=f"{f.code}: {f.message}")

@@ -276,8 +276,7 @@ def check_encoder(
     m = _Model(encode_fn, name)
     ids = rng.integers(0, vocab_size, (batch, seq_len), dtype=np.int64)
     length = seq_len // 2
-    mask = np.ones((batch, seq_len), dtype=np.int64)
-    mask[1:, length:] = 0
+    mask = (np.arange(seq_len) < np.where(np.arange(batch) == 0, seq_len, length)[:, None]).astype(np.int64)
     ids[1:, length:] = 0  # the usual pad id
     base = m(ids, mask)
     if base is None:

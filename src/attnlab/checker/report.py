@@ -17,7 +17,18 @@ from typing import Any
 from ..errors import missing_extra
 from ..schemas import name as schema_name
 
-__all__ = ["CODES", "CORE_PROBES", "PROBES", "ExitStatus", "Finding", "ProbeResult", "Report", "Unsupported"]
+__all__ = [
+    "CODES",
+    "CORE_GRAD_PROBES",
+    "CORE_PROBES",
+    "GRAD_PROBES",
+    "PROBES",
+    "ExitStatus",
+    "Finding",
+    "ProbeResult",
+    "Report",
+    "Unsupported",
+]
 
 
 class ExitStatus(IntEnum):
@@ -61,8 +72,8 @@ _EXIT_MEANINGS = {
 }
 
 
-#: The forward battery's probes, in the order they run (``probes=`` selects a subset; each is one ``@probe``
-#: method of :class:`attnlab.checker.probes.Battery`, which refuses a name not listed here).
+#: The output probes, in the order they run (``probes=`` selects a subset; each is one function registered with
+#: :func:`attnlab.checker.registry.probe` in :mod:`attnlab.checker.probes`).
 PROBES = (
     "reference",
     "invariants",
@@ -77,6 +88,10 @@ PROBES = (
 
 #: The probes that must run (for what the function supports) before a report may say OK.
 CORE_PROBES = ("reference", "causal", "padding", "masked-rows")
+#: Every gradient probe (``probes=`` of :func:`~attnlab.checker.check_backward` selects some), in order.
+GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows", "grad-batch", "grad-dropout")
+#: The gradient probes that must run (for what the function supports) before a report may say OK.
+CORE_GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows")
 
 #: Every finding code, with its meaning in a few words (docs/checker.md explains each one).
 CODES: dict[str, str] = {

@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,7 +126,9 @@ class CallError:
 
 @dataclass(frozen=True)
 class CallRequest:
-    """What the checker asks for: canonical arrays and flags (see :meth:`Adapter.build_call`)."""
+    """What the checker asks for: canonical arrays and flags (see :meth:`Adapter.build_request`); a gradient
+    request also carries the upstream gradient ``d_out``, a dropout keep mask with ``dropout_p``, a ``bias``, and
+    (a flash backward without a forward) the golden ``out`` and ``lse`` in the declared units."""
 
     q: np.ndarray
     k: np.ndarray
@@ -135,6 +138,24 @@ class CallRequest:
     causal: bool | str
     scale: float | None
     gqa: bool
+    d_out: np.ndarray | None = None
+    keep: np.ndarray | None = None
+    dropout_p: float = 0.0
+    bias: np.ndarray | None = None
+    out: np.ndarray | None = None
+    lse: np.ndarray | None = None
+
+    def shape_key(self) -> tuple[Any, ...]:
+        """What a compiled function specialises on: every array's shape, the dtype and the flags (a new key is a
+        first call of that shape, which may compile)."""
+        arrays = (self.q, self.k, self.v, self.mask, self.d_out, self.keep, self.bias, self.out, self.lse)
+        return (
+            self.dtype,
+            self.causal,
+            self.scale is None,
+            self.gqa,
+            *(None if a is None else a.shape for a in arrays),
+        )
 
 
 @dataclass
@@ -160,6 +181,7 @@ class Outcome:
     mutated: tuple[str, ...] = ()
     seconds: float = 0.0
     call: str = ""
+    first: bool = False  #: the first call of its shape (it had the compile allowance too)
 
     @property
     def error_text(self) -> str:
@@ -187,15 +209,7 @@ class Outcome:
 def execute_call(adapter: Adapter, req: CallRequest) -> CallResult:
     """Build the call, call the function in this thread, translate its return value and look for input writes."""
     try:
-        build = getattr(adapter, "build_request", None)
-        if (
-            build is not None
-        ):  # the gradient battery's adapter (attnlab.checker.gradient_oracle) reads the whole request
-            args, kwargs = build(req)
-        else:
-            args, kwargs = adapter.build_call(
-                req.q, req.k, req.v, dtype=req.dtype, mask=req.mask, causal=req.causal, scale=req.scale, gqa=req.gqa
-            )
+        args, kwargs = adapter.build_request(req)
         before = adapter.snapshot(args, kwargs)
     except Exception as err:  # the library refused our inputs (e.g. a dtype it lacks)
         return CallResult(error=CallError.from_exception(err, library=True))
@@ -327,6 +341,7 @@ class InProcessBackend:
 
     isolated = False
     description = "in-process"
+    import_failure = None  #: nothing is imported: the function is already here
 
     def __init__(self, adapter: Adapter):
         self.adapter = adapter
@@ -367,17 +382,30 @@ class InProcessBackend:
 class Runner:
     """Run the function on cases through ``backend`` with a per-call timeout; remember every outcome.
 
-    After a timeout, or once the worker process has ended more often than it may be restarted, ``stopped`` says
-    why and every further call is skipped.
+    ``request(case, causal_flag, gqa)`` builds what is sent (the session strategy's). The first call of each
+    shape (:meth:`CallRequest.shape_key`) may take ``compile_timeout`` seconds more than ``timeout``: compilation
+    (``jax.jit``, ``torch.compile``, ``flex_attention``) happens there, so a correct compiled function is never a
+    timeout. After a timeout, or once the worker process has ended more often than it may be restarted,
+    ``stopped`` says why and every further call is skipped.
     """
 
-    def __init__(self, backend: Any, *, timeout: float = 10.0):
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        timeout: float = 10.0,
+        request: Callable[[Case, bool | str, bool], CallRequest] | None = None,
+        compile_timeout: float = 0.0,
+    ):
         self.backend = backend
         self.timeout = float(timeout)
+        self.compile_timeout = float(compile_timeout)
+        self.request = request or _plain_request
         self.hung: Outcome | None = None
         self.stopped: str | None = None
         self.calls = 0
         self.outcomes: list[Outcome] = []
+        self.seen: set[tuple[Any, ...]] = set()
 
     def describe(self, case: Case, causal_flag: bool | str, gqa: bool) -> str:
         """The call as the function saw it: ``fn(q [2, 2, 5, 8] float32, ..., attn_mask=bool [2, 2, 5, 5])``."""
@@ -410,10 +438,6 @@ class Runner:
             parts.append(f"{r.gqa_arg}=True")
         return f"fn({', '.join(parts)})"
 
-    def request(self, case: Case, causal_flag: bool | str, gqa: bool) -> CallRequest:
-        """The request sent for ``case`` (the gradient battery's runner adds d_out, dropout and bias)."""
-        return CallRequest(case.q, case.k, case.v, case.dtype, case.mask, causal_flag, case.scale, gqa)
-
     def call(self, case: Case, *, causal_flag: bool | str = False, gqa: bool = False) -> Outcome:
         """Call the function on ``case``. ``causal_flag`` (True or an alignment) goes to its causal argument."""
         described = self.describe(case, causal_flag, gqa)
@@ -421,7 +445,10 @@ class Runner:
             return Outcome(case, skipped=True, call=described)
         req = self.request(case, causal_flag, gqa)
         self.calls += 1
-        res = self.backend.call(req, self.timeout)
+        key = req.shape_key()
+        first = key not in self.seen
+        self.seen.add(key)
+        res = self.backend.call(req, self.timeout + (self.compile_timeout if first else 0.0))
         out = Outcome(
             case,
             returned=res.returned,
@@ -430,6 +457,7 @@ class Runner:
             mutated=res.mutated,
             seconds=res.seconds,
             call=described,
+            first=first,
         )
         if out.timed_out:
             self.hung = out
@@ -440,6 +468,10 @@ class Runner:
             )
         self.outcomes.append(out)
         return out
+
+
+def _plain_request(case: Case, causal_flag: bool | str, gqa: bool) -> CallRequest:
+    return CallRequest(case.q, case.k, case.v, case.dtype, case.mask, causal_flag, case.scale, gqa)
 
 
 def loaded_frameworks() -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from .report import PROBES
 
 __all__ = [
     "CAPABILITIES",
+    "COMPILE_TIMEOUT",
     "DTYPES",
     "MASKED_ROWS",
     "MASK_FORMS",
@@ -41,6 +42,7 @@ __all__ = [
     "Option",
     "Spec",
     "UsageError",
+    "listed",
     "option",
     "options",
 ]
@@ -73,6 +75,8 @@ MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen"
 MASKED_ROWS = ("any", "raise", "zeros", "uniform", "nan")
 #: ``timeout`` and ``import_timeout`` at most, in seconds (a day).
 MAX_TIMEOUT = 86400.0
+#: The default allowance of a compiling function's first call of each shape, in seconds (``compile_timeout``).
+COMPILE_TIMEOUT = 120.0
 
 #: Capabilities a probe may need; each can be declared unsupported (``unsupported=`` / ``--unsupported``).
 CAPABILITIES = (
@@ -151,9 +155,14 @@ def _text(name: str, value: Any) -> str | None:
     raise OptionError(f"{name}: expected a string or None, got {value!r}")
 
 
+def listed(value: Any) -> Any:
+    """The items of a list option: ``value`` itself, or the items of one comma-separated string
+    (``"float64,float32"``), as the command line and the docs write them."""
+    return [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
+
+
 def _names(name: str, value: Any, choices: tuple) -> tuple:
-    if isinstance(value, str):
-        value = [x.strip() for x in value.split(",") if x.strip()]
+    value = listed(value)
     try:
         items = tuple(value)
     except TypeError:
@@ -216,7 +225,7 @@ def _backward(name: str, value: Any) -> Any:
 def _probes(name: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
-    items = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else list(value)
+    items = list(listed(value))
     for p in items:
         if p not in PROBES:
             raise OptionError(f"{name}: unknown probe {p!r}; expected some of {', '.join(PROBES)}")
@@ -373,6 +382,16 @@ class Spec:
     )
     import_timeout: float = option(
         60.0, "seconds the worker may take to import a target string's module.", "seconds", group="run"
+    )
+    compile_timeout: float | None = option(
+        None,
+        "seconds the first call of each shape may take on top of ``timeout`` (compilation: ``jax.jit``, "
+        "``torch.compile``, ``flex_attention``), so that a correct compiled function is never a timeout. Default: "
+        f"{COMPILE_TIMEOUT:g} for a function that compiles (JAX, a ``torch.compile`` d function, flex attention), "
+        "0 for the others.",
+        "seconds",
+        validate=lambda name, value: None if value is None else _seconds(name, value),
+        group="run",
     )
     isolate: bool | None = option(
         None,

@@ -64,8 +64,9 @@ def _current_folder_on_path() -> str | None:
     return cwd
 
 
-def load_target(target: str) -> Any:
-    """The callable named by ``target``.
+def load_target(target: str, modules: dict[str, Any] | None = None) -> Any:
+    """The callable named by ``target``; ``modules`` (a worker's) keeps each file's module once imported, so that
+    another target in the same file (a backward next to its forward) does not run the file again.
 
     Raises:
         TargetError: the target is malformed, the file or module does not exist (an ``ImportError`` while
@@ -75,7 +76,9 @@ def load_target(target: str) -> Any:
             through: that is the user's code failing, which the checker reports as a ``crash``.
     """
     where, attr, is_file = parse_target(target)
-    if is_file:
+    if modules is not None and where in modules:
+        module = modules[where]
+    elif is_file:
         path = Path(where)
         mod_name = f"_attnlab_check_{path.stem}_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(mod_name, path)
@@ -104,6 +107,8 @@ def load_target(target: str) -> Any:
                 f"target {target!r}: cannot import module {where}: {type(err).__name__}: {err} (looked in the "
                 f"current folder {os.getcwd()} and on sys.path)"
             ) from err
+    if modules is not None:
+        modules[where] = module
     fn = _resolve_attr(module, attr, where)
     if not callable(fn):
         raise TargetError(f"target {target!r}: {attr} is a {type(fn).__name__}, not a function")

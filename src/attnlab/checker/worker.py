@@ -7,9 +7,12 @@ asks Linux to kill it when the parent dies (``PR_SET_PDEATHSIG``), then talks to
 with :mod:`multiprocessing.connection` messages:
 
 * parent -> worker: ``{"target", "spec", "sys_path"}``, then one :class:`~attnlab.checker.runner.CallRequest` per
-  call, then ``None`` (or nothing: the parent kills the worker's process group when the battery is done);
+  call, then ``None`` (or nothing: the parent kills the worker's process group when the check is done); between
+  calls, ``("adapter", {"target", "spec"})`` makes the worker serve another target or strategy (the gradient
+  session after the output session) with what it has imported (torch or JAX imported once per check);
 * worker -> parent: ``("ready", info)``, ``("usage", message)`` (a bad target or option) or
-  ``("import-error", CallError)``; then one :class:`~attnlab.checker.runner.CallResult` per call.
+  ``("import-error", CallError)`` (after the first message and after each ``"adapter"``); then one
+  :class:`~attnlab.checker.runner.CallResult` per call.
 
 Nothing here is imported by ``attnlab`` itself; it runs only in the worker.
 """
@@ -27,6 +30,8 @@ __all__ = ["BOOT", "forked", "main", "serve"]
 BOOT = "import sys; sys.path.insert(0, sys.argv[3]); from attnlab.checker.worker import main; main()"
 
 _PR_SET_PDEATHSIG = 1
+#: The modules this worker imported, by file or module name (each user file runs once per worker).
+_MODULES: dict[str, Any] = {}
 
 
 def _die_with_parent(parent: int) -> None:
@@ -93,26 +98,46 @@ def serve(fd: int) -> None:
         sys.path[:] = list(init["sys_path"])
     sys.argv = [init["target"]]
 
+    adapter = _adapter(conn, init)
+    while adapter is not None:
+        try:
+            req = conn.recv()
+        except (EOFError, OSError):
+            return
+        if req is None:
+            return
+        if isinstance(req, tuple) and req[0] == "adapter":  # serve another target or strategy
+            adapter = _adapter(conn, req[1]) or adapter
+            continue
+        conn.send(_call(adapter, req))
+
+
+def _adapter(conn: Any, init: dict[str, Any]) -> Any:
+    """Import ``init["target"]`` and build the adapter for ``init["spec"]``; tell the parent how it went (None when
+    it did not: the parent was told why)."""
     from .adapters import Adapter, UsageError
-    from .runner import CallError, execute_call, loaded_frameworks
+    from .runner import CallError, loaded_frameworks
     from .target import TargetError, load_target
 
+    def load(target: str) -> Any:
+        return load_target(target, _MODULES)
+
     try:
-        fn = load_target(init["target"])
+        fn = load(init["target"])
     except TargetError as err:
         conn.send(("usage", str(err)))
-        return
+        return None
     except BaseException as err:  # the user's module failed at import, SystemExit and KeyboardInterrupt included
         import traceback
 
         conn.send(("import-error", CallError.from_exception(err, tb=traceback.format_exc(limit=-5))))
-        return
+        return None
     try:
-        make = getattr(init["spec"], "make_adapter", None)  # the gradient battery's (attnlab.checker.gradient_oracle)
-        adapter = make(fn) if make is not None else Adapter(fn, init["spec"])
+        make = getattr(init["spec"], "make_adapter", None)  # the gradient session's (gradient_oracle.GradTarget)
+        adapter = make(fn, load) if make is not None else Adapter(fn, init["spec"])
     except UsageError as err:
         conn.send(("usage", str(err)))
-        return
+        return None
     info = {
         "framework": adapter.framework,
         "resolved": adapter.resolved,
@@ -120,20 +145,20 @@ def serve(fd: int) -> None:
         "loaded": loaded_frameworks(),
     }
     conn.send(("ready", info))
-    while True:
+    return adapter
+
+
+def _call(adapter: Any, req: Any) -> Any:
+    """One call, the user's prints flushed to the parent's pipes after it."""
+    from .runner import execute_call
+
+    result = execute_call(adapter, req)
+    for stream in (sys.stdout, sys.stderr):
         try:
-            req = conn.recv()
-        except (EOFError, OSError):
-            return
-        if req is None:
-            return
-        result = execute_call(adapter, req)
-        for stream in (sys.stdout, sys.stderr):  # the user's prints reach the parent's pipes now
-            try:
-                stream.flush()
-            except Exception:  # closed by the user
-                pass
-        conn.send(result)
+            stream.flush()
+        except Exception:  # closed by the user
+            pass
+    return result
 
 
 if __name__ == "__main__":  # pragma: no cover - started through BOOT
