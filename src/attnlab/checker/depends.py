@@ -285,63 +285,84 @@ def depends(
     rows = allowed.any(axis=-1)
     expected = _reference(case, allowed, gqa)
     tol = _tolerance(case, expected) if tol is None else tol
-    batch: tuple[int, ...] = ()
-    heads: tuple[int, ...] = ()
-    wrong_rows: tuple[int, ...] = ()
-    keys: tuple[str, ...] = ()
-    first: tuple[WrongEntry, ...] = ()
-    if out is not None and np.shape(out) == expected.shape:
-        out = np.asarray(out, dtype=np.float64)
-        sel = np.broadcast_to(rows[..., None], out.shape)
-        with np.errstate(invalid="ignore"):
-            bad = sel & ~(np.abs(out - expected) <= tol)
-        first = wrong_entries(out, expected, rows, tol)
-        if bad.any():
-            if out.ndim == 4:
-                batch = _indices(bad, 0)
-            if out.ndim >= 3:
-                heads = _indices(bad, out.ndim - 3)
-            wrong_rows = _indices(bad, out.ndim - 2)
-            keys = _key_story(case, out, tol, gqa)
+    where = _where(case, out, expected, rows, tol, gqa)
     needs = _trace_needs(shrunk)
     independent: list[str] = []
+    for variant, need, fine in _experiments(case):
+        if variant.mask is not None and not valid(variant.mask):
+            continue
+        r = call(variant)
+        if r is False and need:
+            needs.append(need)
+        elif r and fine:
+            independent.append(fine)
+    needs += _call_order(case, call, valid)
+    text = _paragraph(case, shrunk, where, needs, independent, _mask_words(case))
+    return Depends(*where[:4], tuple(needs), tuple(independent), where[4], call.made, text)
+
+
+_Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[str, ...], tuple[WrongEntry, ...]]
+
+
+def _where(case: Case, out: Any, expected: np.ndarray, rows: np.ndarray, tol: float, gqa: str) -> _Where:
+    """The batch elements, heads and query rows where ``out`` is wrong, the key story, the first wrong entries."""
+    if out is None or np.shape(out) != expected.shape:
+        return (), (), (), (), ()
+    out = np.asarray(out, dtype=np.float64)
+    sel = np.broadcast_to(rows[..., None], out.shape)
+    with np.errstate(invalid="ignore"):
+        bad = sel & ~(np.abs(out - expected) <= tol)
+    first = wrong_entries(out, expected, rows, tol)
+    if not bad.any():
+        return (), (), (), (), first
+    batch = _indices(bad, 0) if out.ndim == 4 else ()
+    heads = _indices(bad, out.ndim - 3) if out.ndim >= 3 else ()
+    return batch, heads, _indices(bad, out.ndim - 2), _key_story(case, out, tol, gqa), first
+
+
+def _experiments(case: Case) -> list[tuple[Case, str, str]]:
+    """The variants of ``case`` to call, each with what a pass says it needs and what a failure says it does not
+    depend on: made square, keys reversed (the padding side), the first key unblocked, another dtype, q and k × 10."""
     n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    out = []
     if n_q != n_k:
-        square = _square(case)
-        if square.mask is None or valid(square.mask):
-            r = call(square)
-            if r is False:
-                needs.append(f"n_q != n_k ({n_q} queries, {n_k} keys; made square, it passes)")
-            elif r:
-                independent.append("n_q != n_k (made square, it fails too)")
-    mask_words = _mask_words(case)
-    if case.mask is not None and case.causal is None and (~case.mask).any():
-        flipped = replace(case, k=case.k[..., ::-1, :], v=case.v[..., ::-1, :], mask=case.mask[..., ::-1])
-        if valid(flipped.mask):  # type: ignore[arg-type]  # the mask is not None here
-            r = call(flipped)
-            if r is False:
-                needs.append("the side of the blocked keys (the same case with the keys reversed passes)")
-            elif r:
-                independent.append("the side of the blocked keys (reversed, it fails too)")
-        if (~case.mask[..., 0]).any():
-            m = case.mask.copy()
-            m[..., 0] = True
-            if valid(m):
-                r = call(replace(case, mask=m))
-                if r is False:
-                    needs.append("the first key blocked")
+        out.append(
+            (
+                _square(case),
+                f"n_q != n_k ({n_q} queries, {n_k} keys; made square, it passes)",
+                "n_q != n_k (made square, it fails too)",
+            )
+        )
+    m = case.mask
+    if m is not None and case.causal is None and (~m).any():
+        flipped = replace(case, k=case.k[..., ::-1, :], v=case.v[..., ::-1, :], mask=m[..., ::-1])
+        out.append(
+            (
+                flipped,
+                "the side of the blocked keys (the same case with the keys reversed passes)",
+                "the side of the blocked keys (reversed, it fails too)",
+            )
+        )
+    if m is not None and (~m[..., 0]).any() and n_k > 1:
+        first_open = m.copy()
+        first_open[..., 0] = True
+        out.append((replace(case, mask=first_open), "the first key blocked", ""))
     other = _other_dtype(case)
-    r = call(other)
-    if r is False:
-        needs.append(f"dtype {case.dtype} (it passes in {other.dtype})")
-    elif r:
-        independent.append(f"the dtype (fails in {other.dtype} too)")
-    big = replace(case, q=case.q * 10, k=case.k * 10)
-    r = call(big)
-    if r is False:
-        needs.append("scores of this magnitude (q and k × 10 pass)")
-    elif r:
-        independent.append("the magnitude of the scores (q and k × 10 fail too)")
+    out.append((other, f"dtype {case.dtype} (it passes in {other.dtype})", f"the dtype (fails in {other.dtype} too)"))
+    out.append(
+        (
+            replace(case, q=case.q * 10, k=case.k * 10),
+            "scores of this magnitude (q and k × 10 pass)",
+            "the magnitude of the scores (q and k × 10 fail too)",
+        )
+    )
+    return out
+
+
+def _call_order(case: Case, call: _Calls, valid: Callable[[np.ndarray], bool]) -> list[str]:
+    """What the calls before it change: a new shape that passes on its first call and fails on the next (state
+    carried between calls), and the case itself called again."""
+    needs = []
     grown = _grown(case)
     if grown.mask is None or valid(grown.mask):
         rng = np.random.default_rng(0)  # other values of the same shapes (integers: exact in every dtype)
@@ -357,11 +378,9 @@ def depends(
                 "an earlier call of the same shape (a new shape passes on its first call and fails on the next: "
                 "state carried between calls, such as a cache keyed by shape)"
             )
-    again = call(case)
-    if again is False:
+    if call(case) is False:
         needs.append("the calls before it (the same case passes when called again: state or nondeterminism)")
-    text = _paragraph(case, shrunk, batch, heads, wrong_rows, keys, needs, independent, mask_words, first)
-    return Depends(batch, heads, wrong_rows, keys, tuple(needs), tuple(independent), first, call.made, text)
+    return needs
 
 
 def _span(idx: tuple[int, ...], n: int, what: str) -> str:
@@ -371,17 +390,9 @@ def _span(idx: tuple[int, ...], n: int, what: str) -> str:
 
 
 def _paragraph(
-    case: Case,
-    shrunk: Shrunk,
-    batch: tuple[int, ...],
-    heads: tuple[int, ...],
-    rows: tuple[int, ...],
-    keys: tuple[str, ...],
-    needs: list[str],
-    independent: list[str],
-    mask_words: tuple[str, ...],
-    first: tuple[WrongEntry, ...],
+    case: Case, shrunk: Shrunk, where: _Where, needs: list[str], independent: list[str], mask_words: tuple[str, ...]
 ) -> str:
+    batch, heads, rows, keys, _ = where
     parts = [
         f"Smallest failing case: {case.shapes()}" + (f", causal {case.causal.replace('_', '-')}" if case.causal else "")
     ]
@@ -389,13 +400,13 @@ def _paragraph(
         parts[-1] += ", with a mask" + (f" ({'; '.join(mask_words)})" if mask_words else "")
     parts[-1] += f" ({shrunk.calls} calls to shrink it" + (", stopped by the bound)" if shrunk.bounded else ")")
     if rows:
-        where = []
+        at = []
         if case.q.ndim == 4:
-            where.append(_span(batch, case.q.shape[0], "batch element"))
+            at.append(_span(batch, case.q.shape[0], "batch element"))
         if case.q.ndim >= 3:
-            where.append(_span(heads, case.q.shape[-3], "head"))
-        where.append(_span(rows, case.q.shape[-2], "query row"))
-        parts.append("wrong in " + ", ".join(where))
+            at.append(_span(heads, case.q.shape[-3], "head"))
+        at.append(_span(rows, case.q.shape[-2], "query row"))
+        parts.append("wrong in " + ", ".join(at))
     if keys:
         parts.append("; ".join(keys))
     if needs:

@@ -372,20 +372,41 @@ def reproduction(
     passed = passed or case
     shape_note = f"q {list(case.q.shape)}, k {list(case.k.shape)}, v {list(case.v.shape)}, {case.dtype}"
     lines = [f"# {title or 'A failing case found by attnlab check'}", f"# {shape_note}", "import numpy as np", ""]
-    lines += ["import attnlab", ""]
-    lines += [words.target, ""]
-    lines += [*_framework_lines(words, case.dtype), ""]
+    lines += ["import attnlab", "", words.target, "", *_framework_lines(words, case.dtype), ""]
+    lines += _input_lines(case, passed)
+    lines += _expected_lines(case, words, kind)
+    lines += _call_lines(words, passed, flag, passed.mask is not None, kind)
+    lines.append("")
+    if earlier_call:
+        lines += [
+            "rng = np.random.default_rng(0)  # an earlier call, other values of the same shapes (the failure needs it)",
+            "call(*(x + rng.integers(-2, 3, x.shape) for x in (q, k, v)))",
+        ]
+    lines += [
+        "try:",
+        "    out = call(q, k, v)",
+        "except Exception as err:  # a crash is a failure too",
+        '    raise AssertionError(f"fn raised {type(err).__name__}: {err}") from err',
+        'assert out.shape == expected.shape, f"output shape {out.shape}, expected {expected.shape}"',
+    ]
+    lines += _ENDINGS[kind](case, tol)
+    return "\n".join(lines) + "\n"
+
+
+def _input_lines(case: Case, passed: Case) -> list[str]:
+    """q, k, v, the mask (``allowed``) and the causal rule, drawn, and the mask the function is given (``passed``)."""
     exact = "" if case.dtype == "float64" else f" (values exact in {case.dtype})"
-    lines.append(f"q = {_literal(case.q)}  # [..., h, n_q, d_k]{exact}")
-    lines.append(f"k = {_literal(case.k)}  # [..., h_kv, n_k, d_k]")
-    lines.append(f"v = {_literal(case.v)}  # [..., h_kv, n_k, d_v]")
+    lines = [
+        f"q = {_literal(case.q)}  # [..., h, n_q, d_k]{exact}",
+        f"k = {_literal(case.k)}  # [..., h_kv, n_k, d_k]",
+        f"v = {_literal(case.v)}  # [..., h_kv, n_k, d_v]",
+    ]
     full = (*case.q.shape[:-2], case.q.shape[-2], case.k.shape[-2])
     n_q, n_k = case.q.shape[-2], case.k.shape[-2]
     if case.mask is not None:
         lines += _mask_literal("allowed", np.broadcast_to(case.mask, full))
     else:
         lines.append("allowed = None  # no mask")
-    causal = f'"{case.causal}"' if case.causal else "False"
     if case.causal:
         lines.append(
             f"# causal, {case.causal.replace('_', '-')}: query i sees keys j <= i"
@@ -407,8 +428,13 @@ def reproduction(
             )
         else:
             lines += _mask_literal("passed", np.broadcast_to(passed.mask, full))
-    lines.append("")
-    kv = "k, v"
+    return [*lines, ""]
+
+
+def _expected_lines(case: Case, words: CallWords, kind: str) -> list[str]:
+    """The expected output from attnlab and the query rows that are compared."""
+    n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    lines, kv = [], "k, v"
     if case.gqa:
         g = case.q.shape[-3] // case.k.shape[-3]
         rep = (
@@ -418,6 +444,7 @@ def reproduction(
         kv = "kv_heads(k), kv_heads(v)"
     if kind == "masked-rows-uniform":
         lines.append(f"kv_v = {kv.split(', ')[1]}  # V for every query head")
+    causal = f'"{case.causal}"' if case.causal else "False"
     scale = "" if case.scale is None else f", scale={case.scale!r}"
     lines.append(
         f'expected = attnlab.scaled_dot_product_attention(q, {kv}, allowed, causal={causal}{scale}, masked_rows="zero")'
@@ -432,20 +459,4 @@ def reproduction(
         lines.append("rows = allowed.any(axis=-1)  # query rows with a key to attend (fully masked rows: any policy)")
     else:
         lines.append("rows = np.ones(expected.shape[:-1], bool)")
-    lines.append("")
-    lines += _call_lines(words, passed, flag, passed.mask is not None, kind)
-    lines.append("")
-    if earlier_call:
-        lines += [
-            "rng = np.random.default_rng(0)  # an earlier call, other values of the same shapes (the failure needs it)",
-            "call(*(x + rng.integers(-2, 3, x.shape) for x in (q, k, v)))",
-        ]
-    lines += [
-        "try:",
-        "    out = call(q, k, v)",
-        "except Exception as err:  # a crash is a failure too",
-        '    raise AssertionError(f"fn raised {type(err).__name__}: {err}") from err',
-        'assert out.shape == expected.shape, f"output shape {out.shape}, expected {expected.shape}"',
-    ]
-    lines += _ENDINGS[kind](case, tol)
-    return "\n".join(lines) + "\n"
+    return [*lines, ""]
