@@ -8,8 +8,9 @@ calls more) and writes the reproduction (:func:`~attnlab.checker.reproduction.re
 
 The predicate of each code: ``crash``, the call raises the same exception type (or returns the same kind of
 unusable value); ``dtype``, ``output-type``, ``mutates-input``, the property itself; ``nondeterministic``, two
-identical calls differ; ``masked-row-nan`` / ``masked-row-policy``, a fully masked row is non-finite / breaks the
-declared policy; every other code, the output differs from the float64 reference beyond the tolerance rule.
+of three repeated calls differ from the first; ``masked-row-nan`` / ``masked-row-policy``, a fully masked row is
+non-finite / breaks the declared policy; every other code, the output differs from the float64 reference beyond
+the tolerance rule.
 ``timeout`` is not shrunk (each call may take the whole time limit). A finding whose case does not fail on one
 call (a perturbation experiment that needs two calls to compare) is shown as seen, not shrunk, and says so.
 """
@@ -197,11 +198,18 @@ def predicate(code: str, first: Any, caller: Caller) -> tuple[Callable[[Case], b
         return (lambda c: bool(call(c).mutated)), "mutates"
     if code == "nondeterministic":
 
-        def differs(c: Case) -> bool:
-            a, b = call(c), call(c)
-            if not (a.ok and b.ok):
+        def differs(c: Case) -> bool:  # two of three repeated calls differ from the first: not by chance
+            a = call(c)
+            if not a.ok:
                 return False
-            return a.out.shape != b.out.shape or not np.array_equal(a.out, b.out, equal_nan=True)
+            again = [call(c) for _ in range(3)]
+            return (
+                sum(
+                    b.ok and (b.out.shape != a.out.shape or not np.array_equal(a.out, b.out, equal_nan=True))
+                    for b in again
+                )
+                >= 2
+            )
 
         return differs, "nondeterministic"
     if code in ("masked-row-nan", "masked-row-policy"):
@@ -351,11 +359,26 @@ def shrink_findings(session: Any) -> None:
     bugs, _ = session.findings_list()
     caller = None
     for f in bugs:
-        first = session.failing.get(f.code)
-        if first is None:
+        seen = session.failing.get(f.code)
+        if not seen:
             continue
         if session.runner.stopped is not None and f.code != "timeout":
-            session.minimal[f.code] = unshrunk(first.case, f"no call is made after this: {session.runner.stopped}")
+            session.minimal[f.code] = unshrunk(seen[0].case, f"no call is made after this: {session.runner.stopped}")
             continue
         caller = caller or caller_of(session)
+        first = _failing(f.code, seen, caller)
         session.minimal[f.code] = minimal_case(f.code, first.case, first, caller, title=f"{f.code}: {f.message}")
+
+
+def _failing(code: str, seen: list[Any], caller: Caller) -> Any:
+    """Of the calls a finding was recorded after (the compared one first, then the latest), the first whose case
+    still fails on one call (a perturbation probe records its finding after its last call, not the one that
+    showed it); the first one when none does."""
+    for out in seen:
+        fails, _ = predicate(code, out, caller)
+        try:
+            if fails is None or fails(out.case):
+                return out
+        except Exception:  # the function crashed on it: not this finding's failure
+            continue
+    return seen[0]

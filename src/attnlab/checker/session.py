@@ -93,8 +93,8 @@ class Session:
         self.compute = getattr(spec, "compute_dtype", "auto")
         self.lower_seen: str | None = None
         self.last: Outcome | None = None
-        self.examined: tuple[str | None, Outcome] | None = None  # the outcome being compared, in its case key
-        self.failing: dict[str, Outcome] = {}  # each code's first failing call (its case is the failing case)
+        self.examined: tuple[str | None, Outcome] | None = None  # the outcome compared since the last call
+        self.failing: dict[str, list[Outcome]] = {}  # the calls each code's first finding may be about
         self.minimal: dict[str, Minimal] = {}  # each reported finding's smallest case (shrink_findings)
         r = backend.resolved
         self.causal_mode: str | None = (
@@ -116,9 +116,9 @@ class Session:
         f = Finding(code, message, evidence, self.strategy.fixes[code], self.current)
         self.obs.append(Observation(f, case or self.case_key or self.current))
         self.findings.setdefault(code, f)
-        seen = self.examined[1] if self.examined is not None and self.examined[0] == self.case_key else self.last
-        if seen is not None:
-            self.failing.setdefault(code, seen)
+        if code not in self.failing:  # the calls it may be about: the one compared, then the latest ones
+            seen = [self.examined[1]] if self.examined is not None and self.examined[0] == self.case_key else []
+            self.failing[code] = seen + [o for o in self.runner.outcomes[-4:][::-1] if all(o is not x for x in seen)]
         if code not in self.probe_codes:
             self.probe_codes.append(code)
 
@@ -259,7 +259,7 @@ class Session:
         passed, flag = self.as_passed(case)
         out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
         out.case = case
-        self.last = out
+        self.last, self.examined = out, None  # a finding after this call is about it, until one is compared
         self.every_call(case, out)
         self.strategy.after_call(case, out)
         return out
