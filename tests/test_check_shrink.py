@@ -346,3 +346,24 @@ def test_precision_names_the_dtype_only_when_the_pattern_fits():
         p = precision(case, fn(case.q, case.k, case.v))
         assert p.dtype == "" and "bfloat16: error" in p.text and why in p.text, (fn.__name__, p.text)
         assert 1 / 16 <= float(p.text.split("bfloat16: error ")[1].split(" ")[0]) <= 4, p.text  # the right size
+
+
+def test_a_check_report_shows_the_smallest_case_in_text_and_json():
+    import json
+
+    import jsonschema
+
+    from attnlab.checker import check
+    from attnlab.schemas import schema
+
+    report = check(drops_last_key, probes=("reference",))
+    f = report.findings[0]
+    m = f.minimal
+    assert m is not None and m.shrunk and m.case.k.shape[-2] <= 2, report.to_text()
+    text = report.to_text()
+    assert "smallest case: q (1, 1, 1, " in text and "  reproduction:" in text and "  depends: " in text
+    doc = json.loads(report.to_json())
+    jsonschema.validate(doc, schema(doc["schema"]))
+    assert doc["findings"][0]["minimal"]["reproduction"] == m.reproduction
+    with pytest.raises(AssertionError, match=r"max \|out - expected\|"):
+        exec(compile(m.reproduction, "<report reproduction>", "exec"), {})
