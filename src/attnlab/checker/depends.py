@@ -108,7 +108,7 @@ def _indices(bad: np.ndarray, axis: int) -> tuple[int, ...]:
 def _key_story(case: Case, out: np.ndarray, tol: float, gqa: str) -> tuple[str, ...]:
     """Which key explains ``out``: ignored, seen although blocked, or the causal diagonal moved by one."""
     allowed = allowed_of(case)
-    rows = allowed.any(axis=-1)
+    rows = np.asarray(allowed.any(axis=-1))
     n_q, n_k = case.q.shape[-2], case.k.shape[-2]
     found: list[str] = []
 
@@ -125,10 +125,10 @@ def _key_story(case: Case, out: np.ndarray, tol: float, gqa: str) -> tuple[str, 
             found.append(f"the output is the reference with key {j} seen although it is blocked")
     if case.causal is not None:
         shift = n_k - n_q if case.causal == "bottom_right" else 0
-        i, j = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+        qi, kj = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
         user = allowed_of(replace(case, causal=None))
         for d, what in ((1, "one key of its future"), (-1, "one key fewer (its own position)")):
-            if matches(user & (j <= i + shift + d)):
+            if matches(user & (kj <= qi + shift + d)):
                 found.append(f"the output is the reference where each query sees {what} (the causal rule off by one)")
         other = "top_left" if case.causal == "bottom_right" else "bottom_right"
         if n_q != n_k and matches(allowed_of(replace(case, causal=other))):
@@ -145,7 +145,7 @@ def _mask_words(case: Case) -> tuple[str, ...]:
     blocked = ~m
     if blocked.any():
         n_k = m.shape[-1]
-        cols = blocked.any(axis=tuple(range(m.ndim - 1)))
+        cols = np.asarray(blocked.any(axis=tuple(range(m.ndim - 1))))
         sides = []
         if cols[0]:
             sides.append("start")
@@ -282,7 +282,7 @@ def depends(
     valid = valid or (lambda m: True)
     call = _Calls(fails, max_calls)
     allowed = allowed_of(case)
-    rows = allowed.any(axis=-1)
+    rows = np.asarray(allowed.any(axis=-1))
     expected = _reference(case, allowed, gqa)
     tol = _tolerance(case, expected) if tol is None else tol
     where = _where(case, out, expected, rows, tol, gqa)

@@ -108,7 +108,7 @@ class _Model:
         self.v = expand_kv(case.q, case.v, gqa)
         self.scores = case.q @ np.swapaxes(self.k, -1, -2)  # [..., n_q, n_k]
         self.allowed = allowed_of(case)
-        self.rows = self.allowed.any(axis=-1)
+        self.rows = np.asarray(self.allowed.any(axis=-1))
         self.sel = np.broadcast_to(self.rows[..., None], out.shape)
         self.out = np.asarray(out, dtype=np.float64)
 
@@ -305,7 +305,7 @@ def precision(case: Case, out: Any, *, gqa: str = "interleave", below: str | Non
     are tried (default: the case's dtype)."""
     out = np.asarray(out, dtype=np.float64)
     allowed = allowed_of(case)
-    rows = allowed.any(axis=-1)
+    rows = np.asarray(allowed.any(axis=-1))
     sel = np.broadcast_to(rows[..., None], out.shape)
     golden = golden_output(case.q, case.k, case.v, allowed, scale=case.scale, gqa=gqa)
     with np.errstate(invalid="ignore"):

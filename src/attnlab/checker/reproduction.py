@@ -111,7 +111,7 @@ def _literal(x: np.ndarray) -> str:
         return f"np.array({body}, dtype=bool)"
     x = x + 0.0  # -0.0 written as 0.0
     finite = np.isfinite(x).all()
-    fmt = None if finite else {"float_kind": lambda f: repr(float(f)) if np.isfinite(f) else f"float('{f}')"}
+    fmt: Any = None if finite else {"float_kind": lambda f: repr(float(f)) if np.isfinite(f) else f"float('{f}')"}
     body = np.array2string(
         x, separator=", ", threshold=sys.maxsize, max_line_width=116, floatmode="unique", formatter=fmt
     )

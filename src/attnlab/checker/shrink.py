@@ -40,6 +40,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -210,7 +211,7 @@ def shrink(
 # building smaller cases
 
 
-def _take(case: Case, **arrays: np.ndarray | None) -> Case:
+def _take(case: Case, **arrays: Any) -> Case:
     return replace(case, **arrays)
 
 
@@ -382,8 +383,8 @@ def _values(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
     for name in ("v", "k", "q"):
         x = getattr(case, name)
         rounded = np.round(x)
-        if not np.array_equal(rounded, x) and search.attempt(replace(case, **{name: rounded}), f"{name} rounded"):
-            case = replace(case, **{name: rounded})
+        if not np.array_equal(rounded, x) and search.attempt(_take(case, **{name: rounded}), f"{name} rounded"):
+            case = _take(case, **{name: rounded})
     for name in ("v", "k", "q"):
         case = _zero_out(case, name, search)
     return case
@@ -402,8 +403,8 @@ def _zero_out(case: Case, name: str, search: _Search) -> Case:
     def attempt(rest: list[int]) -> bool:
         n = len(nonzero) - len(rest)
         return search.attempt(
-            replace(case, **{name: zeroed(rest)}), f"{name}: {n} entr{'y' if n == 1 else 'ies'} set to 0"
+            _take(case, **{name: zeroed(rest)}), f"{name}: {n} entr{'y' if n == 1 else 'ies'} set to 0"
         )
 
     left = _greedy(nonzero, attempt, keep_one=False)
-    return case if len(left) == len(nonzero) else replace(case, **{name: zeroed(left)})
+    return case if len(left) == len(nonzero) else _take(case, **{name: zeroed(left)})
