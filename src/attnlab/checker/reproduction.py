@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -236,7 +236,7 @@ def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool, kind
             "    lk = passed[:, 0].any(axis=-2).sum(axis=-1)",
             "    def pack(x, n):  # [B, h, n, d] -> [sum(n), h, d]",
             "        return np.concatenate([np.swapaxes(x[b, :, : n[b]], 0, 1) for b in range(len(n))])",
-            "    cu = lambda n: E(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))  # noqa: E731",
+            "    cu = lambda n: E(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))  # noqa: E731 (cu_seqlens)",
             "    out = fn(T(pack(q, lq)), T(pack(k, lk)), T(pack(v, lk)), cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk),",
             f"             max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()){''.join(', ' + a for a in kwargs)})",
         ]
@@ -413,7 +413,7 @@ def _input_lines(case: Case, passed: Case) -> list[str]:
             f"# causal, {case.causal.replace('_', '-')}: query i sees keys j <= i"
             + (f" + {n_k - n_q}" if case.causal == "bottom_right" and n_k != n_q else "")
         )
-        drawing = _masks.to_string(_masks.causal(n_q, n_k, align=case.causal))  # type: ignore[arg-type]
+        drawing = _masks.to_string(_masks.causal(n_q, n_k, align=cast(_masks.Align, case.causal)))
         lines.append(_indented(drawing, "#   "))
     if passed.mask is not None:
         if passed.mask is case.mask:
@@ -421,7 +421,7 @@ def _input_lines(case: Case, passed: Case) -> list[str]:
         elif case.causal and np.array_equal(
             np.broadcast_to(passed.mask, full),
             np.broadcast_to(case.mask if case.mask is not None else True, full)
-            & _masks.causal(n_q, n_k, align=case.causal),  # type: ignore[arg-type]
+            & _masks.causal(n_q, n_k, align=cast(_masks.Align, case.causal)),
         ):
             base = "allowed & " if case.mask is not None else f"np.ones({full}, bool) & "
             lines.append(
