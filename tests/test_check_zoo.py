@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import textwrap
+
 import numpy as np
 import pytest
-from zoo import all_entries
+from zoo import all_entries, one_step_smaller
 
 from attnlab import attention_trace
 from attnlab.checker import CODES, check
@@ -14,9 +17,20 @@ BROKEN = [e for e in ENTRIES if e.expected]
 CORRECT = [e for e in ENTRIES if not e.expected]
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def _params(entries):
+    """Each entry in an xdist group of its own: its report is made once per worker and read by every test."""
+    return [pytest.param(e, id=e.name, marks=pytest.mark.xdist_group(f"zoo-{e.name}")) for e in entries]
+
+
+@functools.cache
+def _report(name):
+    entry = next(e for e in ENTRIES if e.name == name)
+    return check(entry.fn, **entry.options)
+
+
+@pytest.mark.parametrize("entry", _params(ENTRIES))
 def test_zoo_entry_is_diagnosed_by_its_code(entry):
-    report = check(entry.fn, **entry.options)
+    report = _report(entry.name)
     codes = set(report.codes)
     assert set(entry.expected) <= codes, report.to_text()
     assert codes <= set(entry.expected) | set(entry.also), report.to_text()
@@ -72,3 +86,46 @@ def test_reduced_battery_still_names_the_bug():
 
     assert check(scale_missing, probes=("reference",)).codes == ("scale-missing",)
     assert check(mask_inverted, probes=("reference",)).codes == ("mask-inverted",)
+
+
+def _fails(text):
+    """The AssertionError message of a reproduction script run on its own (in a fresh namespace), or None."""
+    try:
+        exec(compile(text, "<reproduction>", "exec"), {})
+    except AssertionError as err:
+        return str(err) or "AssertionError"
+    return None
+
+
+def _same_way(message, first):
+    """Whether a failure message is the same kind of failure as ``first`` (the same exception raised, or a wrong
+    output, or the same property)."""
+    if message is None:
+        return False
+    if first.startswith("fn raised"):
+        return message.split(":")[0] == first.split(":")[0]
+    if first.startswith(("max |out - expected|", "output shape")):
+        return message.startswith(("max |out - expected|", "output shape"))
+    return message.split(" ")[:2] == first.split(" ")[:2]
+
+
+@pytest.mark.parametrize("entry", _params(BROKEN))
+def test_broken_entry_is_shrunk_to_a_minimal_case_with_a_reproduction(entry):
+    """Acceptance (issue 20 §3): every finding of a broken entry carries its smallest failing case; its printed
+    reproduction, run on its own, fails; removing any batch element, head, query or key makes it pass."""
+    report = _report(entry.name)
+    for f in report.findings:
+        m = f.minimal
+        if f.code == "timeout":  # a hanging call is not shrunk (each call may take the whole time limit)
+            assert m is not None and not m.shrunk and "time limit" in m.reason
+            continue
+        assert m is not None and m.shrunk and not m.bounded, (f.code, report.to_text())
+        assert textwrap.indent(m.reproduction, "    ").rstrip() in report.to_text()
+        assert m.as_dict()["reproduction"] == m.reproduction
+        first = _fails(m.reproduction) or _fails(m.reproduction) or _fails(m.reproduction)  # noise: up to 3 tries
+        assert first is not None, (f.code, m.reproduction)
+        if f.code == "nondeterministic":  # a smaller case may agree twice by chance: minimality is not testable
+            continue
+        for smaller in one_step_smaller(m.case, m.gqa):
+            message = _fails(m.script(smaller))
+            assert not _same_way(message, first), (f.code, smaller.shapes(), first, message)

@@ -17,7 +17,8 @@ import numpy as np
 
 from .. import masks as _masks
 from .adapters import round_to
-from .cases import PRECISION, drawn, indent
+from .cases import drawn, indent
+from .evidence import fit_scale, precision
 from .hypotheses import Context, outputs
 from .runner import Case, Outcome
 from .tolerance import FLOORS, Comparison, bound, compare, naive_output
@@ -32,6 +33,7 @@ __all__ = [
     "diagnose",
     "experiments",
     "explains",
+    "fitted_scale",
     "lower_precision",
     "moved",
     "ones_tolerance",
@@ -47,6 +49,7 @@ def compare_case(s: Session, out: Outcome) -> bool:
     case = out.case
     if not out.ok:
         return False
+    s.examined = (s.case_key, out)
     golden, tol, rows = s.expected(case)
     cmp = compare(out.out, golden, tol, rows)
     if cmp.ok:
@@ -159,7 +162,7 @@ def diagnose(
         for align in own_alignments(s, case):
             if name_by_hypotheses(s, case, align, out, held, rows, evidence, rule, as_flag=as_flag):
                 return
-    if lower_precision(s, case, out, rows, evidence):
+    if lower_precision(s, case, out, rows, evidence) or fitted_scale(s, case, out, cmp, evidence):
         return
     s.bug("reference-mismatch", "your function's output differs from the float64 reference", evidence)
     if not as_flag:
@@ -218,36 +221,47 @@ def name_by_hypotheses(
             for i, part in enumerate(code.split("+")):
                 s.bug(part, single(i, message), matched + f" ({message})")
             return True
+        if code in ("scale-missing", "scale-wrong"):
+            matched += f"; {fit_scale(seen, out, gqa=s.gqa_map, tol=cmp.bound).text}"
         s.bug(code, message, matched)
         return True
     return False
 
 
 def lower_precision(s: Session, case: Case, out: np.ndarray, rows: np.ndarray, evidence: str) -> bool:
-    """A ``precision`` bug: the output is right only to a lower precision's tolerance rule (computed in it, or
-    an intermediate such as the weights rounded to it), with an error of that precision's size."""
+    """A ``precision`` bug: the error pattern is rounding to a lower dtype (:func:`attnlab.checker.evidence.precision`:
+    its size, no structured explanation, a rounding pattern) and the output is right to that dtype's tolerance rule
+    (computed in it, or an intermediate such as the weights rounded to it)."""
     golden, _, _ = s.expected(case)
     work = s.work_dtype(case.dtype)
-    allowed = s.allowed(case)
-    for low in ("float32", "float16", "bfloat16"):
-        if PRECISION[low] >= PRECISION[work]:
-            continue
-        naive = naive_output(case.q, case.k, case.v, allowed, dtype=low, scale=case.scale, gqa=s.gqa_map)
-        c = compare(out, golden, bound(low, golden, naive), rows)
-        noise = compare(naive, golden, math.inf, rows).max_error
-        if not c.ok or c.max_error < 0.05 * noise:
-            continue
-        held = (
-            f"; compute_dtype='{s.compute}' holds {case.dtype} inputs to {work}'s rule" if s.compute != "auto" else ""
-        )
-        s.bug(
-            "precision",
-            f"your function computes {case.dtype} inputs in {low} (or rounds an intermediate, such as the "
-            f"weights before @ V, to {low}){held}",
-            evidence + f"; within {low}'s tolerance rule ({c.bound:.2g}): the error of a computation in {low}",
-        )
-        return True
-    return False
+    fit = precision(case, out, gqa=s.gqa_map, below=work)
+    if not fit.dtype:
+        return False
+    low = fit.dtype
+    naive = naive_output(case.q, case.k, case.v, s.allowed(case), dtype=low, scale=case.scale, gqa=s.gqa_map)
+    c = compare(out, golden, bound(low, golden, naive), rows)
+    if not c.ok:
+        return False
+    held = f"; compute_dtype='{s.compute}' holds {case.dtype} inputs to {work}'s rule" if s.compute != "auto" else ""
+    s.bug(
+        "precision",
+        f"your function computes {case.dtype} inputs in {low} (or rounds an intermediate, such as the "
+        f"weights before @ V, to {low}){held}",
+        evidence + f"; within {low}'s tolerance rule ({c.bound:.2g}); {fit.text}",
+    )
+    return True
+
+
+def fitted_scale(s: Session, case: Case, out: np.ndarray, cmp: Comparison, evidence: str) -> bool:
+    """A ``scale-wrong`` bug named by the fitted scale (:func:`attnlab.checker.evidence.fit_scale`): one scalar,
+    other than the expected one, explains the output within the tolerance."""
+    fit = fit_scale(case, out, gqa=s.gqa_map, tol=cmp.bound)
+    if not (fit.fits and fit.identifiable) or abs(fit.scale / fit.expected - 1) <= 1e-6:
+        return False
+    want = "1/sqrt(d_k)" if case.scale is None else f"the scale argument ({case.scale:g})"
+    said = f"{fit.formula} = {fit.value:.6g}" if fit.formula else f"{fit.scale:.6g}, which matches no formula"
+    s.bug("scale-wrong", f"your function scales the scores by {said}, instead of {want}", evidence + f"; {fit.text}")
+    return True
 
 
 def inverted_text(s: Session) -> str:

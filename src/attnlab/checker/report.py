@@ -139,10 +139,11 @@ class Finding:
     probe: str
     severity: str = "bug"
     explained_by: str = ""
+    minimal: Any = None  #: the smallest failing case (:class:`attnlab.checker.minimal.Minimal`), or None
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> dict[str, Any]:
         """This finding as JSON-ready data (the report's ``findings`` entries)."""
-        d = {
+        d: dict[str, Any] = {
             "code": self.code,
             "severity": self.severity,
             "message": self.message,
@@ -152,6 +153,8 @@ class Finding:
         }
         if self.explained_by:
             d["explained_by"] = self.explained_by
+        if self.minimal is not None:
+            d["minimal"] = self.minimal.as_dict()
         return d
 
 
@@ -323,6 +326,8 @@ class Report:
                 ("", f"  evidence: {f.evidence}"),
                 ("green", f"  fix: {f.fix}"),
             ]
+            if f.minimal is not None:
+                out += [("", line) for line in f.minimal.lines()]
         for f in self.notes:
             out += [("yellow", f"NOTE {f.code}: {f.message}"), ("", f"  evidence: {f.evidence}")]
             if f.fix:

@@ -23,6 +23,7 @@ import numpy as np
 from .. import masks as _masks
 from .adapters import CAPABILITIES, round_to
 from .cases import DTYPE_NAMES, Geom, random_mask
+from .minimal import Minimal, shrink_findings
 from .preflight import preflight, raised
 from .registry import ProbeAbort, ProbeSkip
 from .report import Finding, ProbeResult, Report, Unsupported
@@ -92,6 +93,9 @@ class Session:
         self.compute = getattr(spec, "compute_dtype", "auto")
         self.lower_seen: str | None = None
         self.last: Outcome | None = None
+        self.examined: tuple[str | None, Outcome] | None = None  # the outcome compared since the last call
+        self.failing: dict[str, list[Outcome]] = {}  # the calls each code's first finding may be about
+        self.minimal: dict[str, Minimal] = {}  # each reported finding's smallest case (shrink_findings)
         r = backend.resolved
         self.causal_mode: str | None = (
             "only"
@@ -112,6 +116,9 @@ class Session:
         f = Finding(code, message, evidence, self.strategy.fixes[code], self.current)
         self.obs.append(Observation(f, case or self.case_key or self.current))
         self.findings.setdefault(code, f)
+        if code not in self.failing:  # the calls it may be about: the one compared, then the latest ones
+            seen = [self.examined[1]] if self.examined is not None and self.examined[0] == self.case_key else []
+            self.failing[code] = seen + [o for o in self.runner.outcomes[-4:][::-1] if all(o is not x for x in seen)]
         if code not in self.probe_codes:
             self.probe_codes.append(code)
 
@@ -133,6 +140,7 @@ class Session:
                 if re.search(r"converted to type .*without overflow", e.message):
                     message += " (a fill value this dtype cannot hold, such as -1e9 in float16: use finfo(dtype).min)"
         first = (e.text.splitlines() or [e.type_name])[0][:300]
+        self.examined = (self.case_key, out)  # the failing case is this call's
         self.bug("crash", message, f"case {out.case.label}: {out.call}: {first}")
 
     # ------------------------------------------------------------------------------------------------ cases
@@ -248,16 +256,22 @@ class Session:
     def call(self, case: Case) -> Outcome:
         """Call the function on ``case`` (as the strategy prepares it) and check what every call must satisfy."""
         case = self.strategy.prepare(case)
+        passed, flag = self.as_passed(case)
+        out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
+        out.case = case
+        self.last, self.examined = out, None  # a finding after this call is about it, until one is compared
+        self.every_call(case, out)
+        self.strategy.after_call(case, out)
+        return out
+
+    def as_passed(self, case: Case) -> tuple[Case, bool | str]:
+        """``case`` as the function is given it (the causal part in the mask when it goes there), and the value of
+        its causal argument (False: none)."""
         passed = replace(case, mask=self.allowed(case), causal=None, flag=False) if self.causal_in_mask(case) else case
         flag: bool | str = passed.causal is not None or case.flag
         if flag and self.spec.causal_value == "align":
             flag = passed.causal or self.strategy.default_align
-        out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
-        out.case = case
-        self.last = out
-        self.every_call(case, out)
-        self.strategy.after_call(case, out)
-        return out
+        return passed, flag
 
     def every_call(self, case: Case, out: Outcome) -> None:
         """What every call must satisfy, whatever is compared: no timeout, no dead worker, no write into its
@@ -348,6 +362,7 @@ class Session:
                 continue
             aborted = self.run_probe(name)
         self.case_key = None
+        shrink_findings(self)
         self.printed()
         self.incomplete.extend(self.strategy.completeness())
 
@@ -410,6 +425,7 @@ class Session:
         framework, isolation and import time), begun at ``started`` (``time.perf_counter()``); ``fields`` are the
         report's fields that depend on the run (``signature``, ``spec``, ``command`` ...)."""
         findings, explained = self.findings_list()
+        findings = tuple(replace(f, minimal=self.minimal.get(f.code)) for f in findings)
         return Report(
             target=target,
             framework=backend.framework,

@@ -1,0 +1,463 @@
+"""A copy-paste Python reproduction of one (minimal) failing case.
+
+:func:`reproduction` writes a script that needs only NumPy, attnlab and the function's own library: the inputs as
+literals (``np.array([...])``, the mask drawn with :func:`attnlab.masks.to_string` in comments), the call made as
+the checker made it (the same argument names, mask form and convention, layout, dtype and flags:
+:class:`CallWords`), the expected output from :func:`attnlab.scaled_dot_product_attention`, and the comparison,
+ending in an ``assert`` that fails as the check did. A crash becomes an ``AssertionError`` that names the
+exception. Where the failure needs an earlier call (state carried between calls), the script makes one first.
+
+>>> import numpy as np
+>>> from attnlab.checker.runner import Case
+>>> case = Case(np.ones((1, 1, 1, 2)), np.eye(2)[None, None], np.eye(2)[None, None])
+>>> text = reproduction(case, CallWords(target="fn = lambda q, k, v: q"), tol=1e-9)
+>>> exec(text, {})
+Traceback (most recent call last):
+    ...
+AssertionError: max |out - expected| = 0.5 > 1e-09 at [0, 0, 0, 0]; out[0, 0, 0, 0] = 1 (expected 0.5)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from .. import masks as _masks
+from .interfaces import CONVENTIONS
+from .runner import Case
+
+__all__ = ["KINDS", "CallWords", "reproduction", "target_code"]
+
+
+@dataclass(frozen=True)
+class CallWords:
+    """How the checker called the function, in the adapter's words.
+
+    ``target``: Python code that binds ``fn`` (:func:`target_code`); ``framework`` (``numpy``, ``torch``,
+    ``jax``) and ``device``; ``layout`` (``bhnd`` or ``bnhd``); the mask argument's name (``mask_positional``: it
+    is the fourth positional argument), ``convention`` (``allow``, ``block``, ``keep``, ``additive``) and
+    ``mask_form`` (``full``, ``batch``, ``key_padding``, ``valid_lens``, ``kv_cache``, ``varlen``); the causal,
+    scale and GQA arguments' names; the GQA head mapping; ``returns`` (``output`` when the function returns the
+    output alone)."""
+
+    target: str = "fn = ...  # the function checked"
+    framework: str = "numpy"
+    device: str = ""
+    layout: str = "bhnd"
+    mask_arg: str | None = "mask"
+    mask_positional: bool = False
+    convention: str = "allow"
+    mask_form: str = "full"
+    causal_arg: str | None = None
+    scale_arg: str | None = None
+    gqa_arg: str | None = None
+    gqa_map: str = "interleave"
+    returns: str = "auto"
+
+    @classmethod
+    def of(cls, resolved: Any, spec: Any, target: Any) -> CallWords:
+        """The words of an :class:`~attnlab.checker.adapters.Adapter`'s ``resolved`` names and ``spec``, for the
+        function named by ``target`` (a callable or a ``file.py:NAME`` string)."""
+        return cls(
+            target=target_code(target),
+            framework=resolved.framework,
+            device=resolved.device if resolved.device not in ("", "cpu") else "",
+            layout=spec.layout if spec.layout in ("bhnd", "bnhd") else "bhnd",
+            mask_arg=resolved.mask_arg,
+            mask_positional=resolved.mask_positional,
+            convention=spec.mask_convention,
+            mask_form=spec.mask_form,
+            causal_arg=resolved.causal_arg,
+            scale_arg=resolved.scale_arg,
+            gqa_arg=resolved.gqa_arg,
+            gqa_map=getattr(spec, "gqa_mapping", "interleave"),
+            returns=spec.returns,
+        )
+
+
+def target_code(target: Any) -> str:
+    """Python code that binds ``fn`` to the checked function: ``file.py:NAME`` through :func:`runpy.run_path`,
+    ``package.module:NAME`` and an importable callable through an import; anything else (a lambda, a function
+    defined in ``__main__`` or inside another) as a line to fill in."""
+    if isinstance(target, str) and ":" in target:
+        where, _, attr = target.rpartition(":")
+        head, _, rest = attr.partition(".")
+        tail = "".join(f".{p}" for p in rest.split(".") if p)
+        if where.endswith(".py") or "/" in where or "\\" in where:
+            return f"import runpy\n\nfn = runpy.run_path({where!r})[{head!r}]{tail}"
+        return f"from {where} import {head}\n\nfn = {head}{tail}"
+    module = getattr(target, "__module__", None)
+    qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if module and qual and module != "__main__" and "<" not in qual:
+        head, _, rest = qual.partition(".")
+        tail = "".join(f".{p}" for p in rest.split(".") if p)
+        return f"from {module} import {head}\n\nfn = {head}{tail}"
+    return f"fn = ...  # the function checked ({module}.{qual}): import or define it here"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# writing the script
+
+
+def _literal(x: np.ndarray) -> str:
+    """``x`` as a NumPy literal that round-trips exactly."""
+    x = np.asarray(x)
+    if x.dtype == np.bool_:
+        body = np.array2string(x, separator=", ", threshold=sys.maxsize, max_line_width=116)
+        return f"np.array({body}, dtype=bool)"
+    x = x + 0.0  # -0.0 written as 0.0
+    finite = np.isfinite(x).all()
+    fmt: Any = None if finite else {"float_kind": lambda f: repr(float(f)) if np.isfinite(f) else f"float('{f}')"}
+    body = np.array2string(
+        x, separator=", ", threshold=sys.maxsize, max_line_width=116, floatmode="unique", formatter=fmt
+    )
+    return f"np.array({body})"
+
+
+def _indented(text: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
+
+
+def _mask_literal(name: str, m: np.ndarray) -> list[str]:
+    """``name = ...`` for a full mask ``[..., h, n_q, n_k]``, written once when every batch element and head
+    shares it, with its drawing."""
+    lead = m.shape[:-2]
+    flat = m.reshape(-1, *m.shape[-2:])
+    lines = []
+    if all(np.array_equal(flat[0], f) for f in flat[1:]):
+        lines.append(f"# {name}: True = may attend, the same for every batch element and head; drawn (■ may attend):")
+        lines.append(_indented(_masks.to_string(flat[0]), "#   "))
+        lines.append(f"{name} = np.broadcast_to({_literal(flat[0])}, {tuple(m.shape)}).copy()")
+        return lines
+    lines.append(f"# {name}: True = may attend {list(m.shape)}; drawn per batch element and head (■ may attend):")
+    for i, f in enumerate(flat):
+        idx = np.unravel_index(i, lead) if lead else ()
+        lines.append(f"#   {name}[{', '.join(str(int(j)) for j in idx)}]:")
+        lines.append(_indented(_masks.to_string(f), "#     "))
+    lines.append(f"{name} = {_literal(m)}")
+    return lines
+
+
+class _Float64:
+    """A framework strategy that keeps floats as float64 NumPy (to read the additive fill value once)."""
+
+    @staticmethod
+    def floats(x: np.ndarray, dtype: str) -> np.ndarray:
+        return np.asarray(x, dtype=np.float64)
+
+    @staticmethod
+    def exact(x: np.ndarray) -> np.ndarray:
+        return np.asarray(x)
+
+
+def _framework_lines(w: CallWords, dtype: str) -> list[str]:
+    dev = f', device="{w.device}"' if w.device else ""
+    if w.framework == "torch":
+        return [
+            "import torch",
+            "",
+            f"def T(x):  # a {dtype} tensor, as the checker passes it",
+            f"    return torch.from_numpy(np.array(x, dtype=np.float64)).to(dtype=torch.{dtype}{dev})",
+            "",
+            "def E(x):  # a bool / int tensor (masks, lengths)",
+            f"    return torch.from_numpy(np.array(x)){f'.to(device={w.device!r})' if w.device else ''}",
+            "",
+            "def H(x):  # the output as float64 NumPy",
+            "    return x.detach().cpu().double().numpy()",
+        ]
+    if w.framework == "jax":
+        src = "np.float64" if dtype == "float64" else "np.float32"
+        return [
+            "import jax.numpy as jnp",
+            "",
+            f"def T(x):  # a {dtype} array, as the checker passes it",
+            f'    return jnp.asarray(np.asarray(x, dtype={src}), dtype="{dtype}")',
+            "",
+            "def E(x):  # a bool / int array (masks, lengths)",
+            "    return jnp.asarray(np.array(x))",
+            "",
+            "def H(x):  # the output as float64 NumPy",
+            "    return np.asarray(x, dtype=np.float64)",
+        ]
+    return [
+        f"def T(x):  # a {dtype} array, as the checker passes it",
+        f'    return np.array(x, dtype="{dtype}")',
+        "",
+        "def E(x):  # a bool / int array (masks, lengths)",
+        "    return np.array(x)",
+        "",
+        "def H(x):  # the output as float64 NumPy",
+        "    return np.asarray(x, dtype=np.float64)",
+    ]
+
+
+def _mask_argument(w: CallWords, dtype: str) -> list[str]:
+    """Lines that turn ``passed`` (canonical, True = may attend) into the mask argument ``m``."""
+    reduce = {
+        "full": "passed",
+        "batch": "passed[:, :1]  # [B, 1, n_q, n_k]",
+        "key_padding": "passed[:, 0, -1, :]  # [B, n_k]",
+        "valid_lens": "passed[:, 0, -1, :].sum(axis=-1)  # [B] valid key lengths",
+        "kv_cache": "passed[:, 0, -1, :].sum(axis=-1)  # [B] cache lengths",
+    }[w.mask_form]
+    lines = [f"    m = {reduce}"]
+    if w.mask_form in ("valid_lens", "kv_cache"):
+        return [*lines, "    m = E(m.astype(np.int64))"]
+    if w.convention == "block":
+        lines.append("    m = E(~m)  # True = blocked")
+    elif w.convention == "keep":
+        lines.append("    m = E(m.astype(np.int64))  # 1 = keep")
+    elif w.convention == "additive":
+        fill = float(np.asarray(CONVENTIONS["additive"](np.zeros(1, bool), dtype, _Float64()))[0])
+        lines.append(f"    m = T(np.where(m, 0.0, {fill!r}))  # additive: 0 = may attend")
+    else:
+        lines.append("    m = E(m)")
+    return lines
+
+
+def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool, kind: str) -> list[str]:
+    lay = "np.swapaxes(x, -2, -3)" if w.layout == "bnhd" else "x"
+    lines = ["def call(q, k, v):", '    """fn called as the checker called it; its output in [..., h, n_q, d_v]."""']
+    lines.append(f"    L = lambda x: {lay}  # noqa: E731 (layout {w.layout})")
+    kwargs = []
+    if flag and w.causal_arg:
+        kwargs.append(f"{w.causal_arg}={flag!r}")
+    if case.scale is not None and w.scale_arg:
+        kwargs.append(f"{w.scale_arg}={case.scale!r}")
+    if case.gqa and w.gqa_arg and w.mask_form != "varlen":
+        kwargs.append(f"{w.gqa_arg}=True")
+    if w.mask_form == "varlen":
+        lines += [
+            "    lq = passed[:, 0].any(axis=-1).sum(axis=-1)  # each sequence's query and key lengths",
+            "    lk = passed[:, 0].any(axis=-2).sum(axis=-1)",
+            "    def pack(x, n):  # [B, h, n, d] -> [sum(n), h, d]",
+            "        return np.concatenate([np.swapaxes(x[b, :, : n[b]], 0, 1) for b in range(len(n))])",
+            "    cu = lambda n: E(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))  # noqa: E731 (cu_seqlens)",
+            "    out = fn(T(pack(q, lq)), T(pack(k, lk)), T(pack(v, lk)), cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk),",
+            f"             max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()){''.join(', ' + a for a in kwargs)})",
+        ]
+    else:
+        args = ["*args"]
+        if has_mask and w.mask_arg:
+            lines += _mask_argument(w, case.dtype)
+            if w.mask_positional:
+                args.append("m")
+            else:
+                kwargs.insert(0, f"{w.mask_arg}=m")
+        lines.append("    args = [T(L(x)) for x in (q, k, v)]")
+        if kind == "mutates":
+            lines.append("    kept = [H(a).copy() for a in args]")
+        lines.append(f"    out = fn({', '.join(args + kwargs)})")
+        if kind == "mutates":
+            lines.append(
+                '    call.mutated = [n for n, a, b in zip("qkv", args, kept) if not np.array_equal(H(a), b, True)]'
+            )
+    if w.returns != "output":
+        lines += [
+            "    if isinstance(out, (tuple, list)):  # (out, weights) or (out, lse)",
+            "        out = out[0]",
+            '    out = getattr(out, "output", out)  # a result object',
+        ]
+    if kind == "dtype":
+        lines.append('    call.dtype = str(out.dtype).replace("torch.", "")')
+    if kind == "output-type":
+        own = {"torch": "torch.Tensor", "jax": "jax.Array"}.get(w.framework, "np.ndarray")
+        if w.framework == "jax":
+            lines.append("    import jax")
+        lines.append(f"    call.own = isinstance(out, {own})  # an array of the function's own library")
+    if w.mask_form == "varlen":
+        lines += [
+            "    out, full, start = H(out), np.zeros((*q.shape[:-1], v.shape[-1])), 0",
+            "    for b, n in enumerate(lq):",
+            "        full[b, :, :n] = np.swapaxes(out[start : start + n], 0, 1)",
+            "        start += n",
+            "    return full",
+        ]
+    else:
+        lines.append("    return L(H(out))")
+    return lines
+
+
+def _compare(case: Case, tol: float) -> list[str]:
+    return [
+        "sel = np.broadcast_to(rows[..., None], out.shape)",
+        "err = np.where(sel, np.abs(out - expected), 0.0)",
+        "err = np.where(sel & ~np.isfinite(out), np.inf, err)",
+        f"TOL = {tol!r}  # the checker's tolerance for this case",
+        "worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))",
+        "assert err.max() <= TOL, (",
+        '    f"max |out - expected| = {err.max():.3g} > {TOL:.3g} at {list(worst)}; "',
+        '    f"out{list(worst)} = {out[worst]:.6g} (expected {expected[worst]:.6g})"',
+        ")",
+    ]
+
+
+def _masked_rows(policy: str) -> Callable[[Case, float], list[str]]:
+    def lines(case: Case, tol: float) -> list[str]:
+        head = [
+            "empty = np.broadcast_to(~rows[..., None], out.shape)  # the rows with no key to attend",
+            'assert empty.any(), "no fully masked row"',
+        ]
+        if policy == "nan":
+            return [*head, 'assert np.isfinite(out[empty]).all(), f"fully masked rows hold {out[empty]}"']
+        want = "0.0" if policy == "zeros" else "np.broadcast_to(expected_uniform, out.shape)[empty]"
+        pre = [] if policy == "zeros" else ["expected_uniform = np.mean(kv_v, axis=-2, keepdims=True)"]
+        return [
+            *head,
+            *pre,
+            f"assert np.all(np.abs(out[empty] - {want}) <= {tol!r}), (",
+            f'    f"fully masked rows hold {{out[empty]}}; the declared policy is {policy}"',
+            ")",
+        ]
+
+    return lines
+
+
+#: How each kind of failure ends its script: the assert that fails as the check did.
+_ENDINGS: dict[str, Callable[[Case, float], list[str]]] = {
+    "output": _compare,
+    "dtype": lambda case, tol: [
+        f'assert call.dtype == "{case.dtype}", f"output dtype {{call.dtype}} for {case.dtype} inputs"'
+    ],
+    "output-type": lambda case, tol: ['assert call.own, "the output is not an array of the function\'s own library"'],
+    "mutates": lambda case, tol: ['assert not call.mutated, f"fn wrote into its inputs {call.mutated}"'],
+    "nondeterministic": lambda case, tol: [
+        "for _ in range(8):  # the same call again",
+        "    again = call(q, k, v)",
+        "    assert np.array_equal(out, again, equal_nan=True), (",
+        '        f"two identical calls differ by {np.nanmax(np.abs(out - again)):.3g}"',
+        "    )",
+    ],
+    "masked-rows-nan": _masked_rows("nan"),
+    "masked-rows-zeros": _masked_rows("zeros"),
+    "masked-rows-uniform": _masked_rows("uniform"),
+}
+
+#: The kinds of failure a reproduction can show (the ``kind`` argument of :func:`reproduction`).
+KINDS = tuple(_ENDINGS)
+
+
+def reproduction(
+    case: Case,
+    words: CallWords,
+    *,
+    tol: float,
+    passed: Case | None = None,
+    flag: bool | str = False,
+    earlier_call: bool = False,
+    title: str = "",
+    kind: str = "output",
+) -> str:
+    """The reproduction script of ``case`` (see the module doc).
+
+    Args:
+        case: the (minimal) case: ``q [..., h, n_q, d_k]``, ``k``/``v [..., h_kv, n_k, *]``, ``mask [..., h, n_q,
+            n_k]`` (True = may attend) or None, its causal alignment and scale.
+        words: how the function is called (:class:`CallWords`).
+        tol: the largest acceptable ``|out - expected|`` (the checker's bound for this case).
+        passed: ``case`` as the function was given it (the causal part folded into the mask; default ``case``).
+        flag: the value given to the causal argument (False: none).
+        earlier_call: make one call with other values of the same shapes first (the failure needs it).
+        title: the first comment line (what was found).
+        kind: what the script asserts (:data:`KINDS`): ``output`` (equal to the reference within ``tol``; a raise
+            fails too), ``dtype`` (the output dtype is the input's), ``output-type`` (an array of the function's
+            library), ``mutates`` (no input written), ``nondeterministic`` (nine identical calls agree),
+            ``masked-rows-nan`` / ``-zeros`` / ``-uniform`` (fully masked rows: finite, zeros, V's average).
+    """
+    if kind not in _ENDINGS:
+        raise ValueError(f"kind: expected one of {', '.join(_ENDINGS)}, got {kind!r}")
+    passed = passed or case
+    shape_note = f"q {list(case.q.shape)}, k {list(case.k.shape)}, v {list(case.v.shape)}, {case.dtype}"
+    lines = [f"# {title or 'A failing case found by attnlab check'}", f"# {shape_note}", "import numpy as np", ""]
+    lines += ["import attnlab", "", words.target, "", *_framework_lines(words, case.dtype), ""]
+    lines += _input_lines(case, passed)
+    lines += _expected_lines(case, words, kind)
+    lines += _call_lines(words, passed, flag, passed.mask is not None, kind)
+    lines.append("")
+    if earlier_call:
+        lines += [
+            "rng = np.random.default_rng(0)  # an earlier call, other values of the same shapes (the failure needs it)",
+            "call(*(x + rng.integers(-2, 3, x.shape) for x in (q, k, v)))",
+        ]
+    lines += [
+        "try:",
+        "    out = call(q, k, v)",
+        "except Exception as err:  # a crash is a failure too",
+        '    raise AssertionError(f"fn raised {type(err).__name__}: {err}") from err',
+        'assert out.shape == expected.shape, f"output shape {out.shape}, expected {expected.shape}"',
+    ]
+    lines += _ENDINGS[kind](case, tol)
+    return "\n".join(lines) + "\n"
+
+
+def _input_lines(case: Case, passed: Case) -> list[str]:
+    """q, k, v, the mask (``allowed``) and the causal rule, drawn, and the mask the function is given (``passed``)."""
+    exact = "" if case.dtype == "float64" else f" (values exact in {case.dtype})"
+    lines = [
+        f"q = {_literal(case.q)}  # [..., h, n_q, d_k]{exact}",
+        f"k = {_literal(case.k)}  # [..., h_kv, n_k, d_k]",
+        f"v = {_literal(case.v)}  # [..., h_kv, n_k, d_v]",
+    ]
+    full = (*case.q.shape[:-2], case.q.shape[-2], case.k.shape[-2])
+    n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    if case.mask is not None:
+        lines += _mask_literal("allowed", np.broadcast_to(case.mask, full))
+    else:
+        lines.append("allowed = None  # no mask")
+    if case.causal:
+        lines.append(
+            f"# causal, {case.causal.replace('_', '-')}: query i sees keys j <= i"
+            + (f" + {n_k - n_q}" if case.causal == "bottom_right" and n_k != n_q else "")
+        )
+        drawing = _masks.to_string(_masks.causal(n_q, n_k, align=cast(_masks.Align, case.causal)))
+        lines.append(_indented(drawing, "#   "))
+    if passed.mask is not None:
+        if passed.mask is case.mask:
+            lines.append("passed = allowed  # the mask the function is given")
+        elif case.causal and np.array_equal(
+            np.broadcast_to(passed.mask, full),
+            np.broadcast_to(case.mask if case.mask is not None else True, full)
+            & _masks.causal(n_q, n_k, align=cast(_masks.Align, case.causal)),
+        ):
+            base = "allowed & " if case.mask is not None else f"np.ones({full}, bool) & "
+            lines.append(
+                f'passed = {base}attnlab.masks.causal({n_q}, {n_k}, align="{case.causal}")  # causal part in the mask'
+            )
+        else:
+            lines += _mask_literal("passed", np.broadcast_to(passed.mask, full))
+    return [*lines, ""]
+
+
+def _expected_lines(case: Case, words: CallWords, kind: str) -> list[str]:
+    """The expected output from attnlab and the query rows that are compared."""
+    n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    lines, kv = [], "k, v"
+    if case.gqa:
+        g = case.q.shape[-3] // case.k.shape[-3]
+        rep = (
+            "np.repeat(x, {g}, axis=-3)" if words.gqa_map != "tile" else "np.tile(x, (1,) * (x.ndim - 3) + ({g}, 1, 1))"
+        )
+        lines.append(f"kv_heads = lambda x: {rep.format(g=g)}  # noqa: E731 (GQA: K/V heads to q's, {words.gqa_map})")
+        kv = "kv_heads(k), kv_heads(v)"
+    if kind == "masked-rows-uniform":
+        lines.append(f"kv_v = {kv.split(', ')[1]}  # V for every query head")
+    causal = f'"{case.causal}"' if case.causal else "False"
+    scale = "" if case.scale is None else f", scale={case.scale!r}"
+    lines.append(
+        f'expected = attnlab.scaled_dot_product_attention(q, {kv}, allowed, causal={causal}{scale}, masked_rows="zero")'
+    )
+    if case.causal:
+        visible = "np.ones(expected.shape[:-1] + (k.shape[-2],), bool)" if case.mask is None else "allowed"
+        lines.append(
+            f'rows = ({visible} & attnlab.masks.causal({n_q}, {n_k}, align="{case.causal}")).any(axis=-1)'
+            "  # query rows with a key to attend"
+        )
+    elif case.mask is not None:
+        lines.append("rows = allowed.any(axis=-1)  # query rows with a key to attend (fully masked rows: any policy)")
+    else:
+        lines.append("rows = np.ones(expected.shape[:-1], bool)")
+    return [*lines, ""]
