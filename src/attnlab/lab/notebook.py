@@ -8,6 +8,7 @@ app = marimo.App(width="full", app_title="attnlab: attention by hand")
 def _():
     import marimo as mo
 
+    from attnlab.lab import experiments as EX
     from attnlab.lab import i18n as I
     from attnlab.lab import live as LV
     from attnlab.lab import logic as L
@@ -15,7 +16,7 @@ def _():
     from attnlab.lab import presets as P
 
     T = I.t
-    return I, L, LV, P, PR, T, mo
+    return EX, I, L, LV, P, PR, T, mo
 
 
 @app.cell
@@ -64,21 +65,63 @@ def _(L, P, preset_pick):
 
 
 @app.cell
-def _(CM, P, class_hidden, class_on, class_pred, class_show, item, lang, mo):
+def _(CM, EX, class_hidden, class_on, class_pred, class_show, exp_out, item, lang, mo, state):
+    # the preset's `attnlab explain` output, marked as the preset's original once the inputs or controls moved on
     if item is None:
         _out = None
     elif class_hidden:  # class mode: the answer (and the weights below) hidden until the reveal
         _out = mo.vstack([mo.Html(CM.hidden_html(lang, bool(class_show.value))), class_pred, class_show])
     elif class_on:
-        _out = mo.Html(CM.revealed_html(lang, class_pred.value, P.item_html(item, lang)))
+        _out = mo.Html(CM.revealed_html(lang, class_pred.value, EX.item_box(item, state, exp_out, lang)))
     else:
-        _out = mo.Html(P.item_html(item, lang))
+        _out = mo.Html(EX.item_box(item, state, exp_out, lang))
     _out  # noqa: B018 (a marimo cell shows its last expression)
     return
 
 
 @app.cell
-def _(L, T, lang, mo, start):
+def _(EX, T, item, lang, mo):
+    experiment = EX.experiment_for(item)
+
+    def _widget(c):
+        lab = T(lang, c.label)
+        if c.kind == "slider":
+            return mo.ui.slider(c.start, c.stop, step=c.step, value=c.value, show_value=True, label=lab, debounce=True)
+        if c.kind == "number":
+            return mo.ui.number(start=c.start, stop=c.stop, step=c.step, value=c.value, label=lab)
+        if c.kind == "dropdown":
+            _opts = {T(lang, name): v for name, v in c.options}
+            return mo.ui.dropdown(options=_opts, value=next(k for k, v in _opts.items() if v == c.value), label=lab)
+        if c.kind == "checkbox":
+            return mo.ui.checkbox(value=bool(c.value), label=lab)
+        if c.kind == "area":
+            return mo.ui.text_area(value=c.value, label=lab, rows=3)
+        return mo.ui.text(value=c.value, label=lab)
+
+    exp_ui = mo.ui.dictionary({c.name: _widget(c) for c in experiment.controls}) if experiment else None
+    mo.vstack(
+        [
+            mo.md("### " + T(lang, experiment.title)),
+            mo.hstack(
+                [mo.Html(f"<div data-testid='al-x-in-{n}'>{w}</div>") for n, w in exp_ui.items()],
+                justify="start",
+                gap=2,
+                wrap=True,
+            ),
+        ]
+    ) if experiment else None
+    return exp_ui, experiment
+
+
+@app.cell
+def _(EX, class_hidden, exp_ui, experiment, lang, mo, state):
+    exp_out = EX.run(experiment, exp_ui.value, state, lang) if experiment else None
+    mo.Html(exp_out.html) if exp_out is not None and not class_hidden else None  # class mode: after the reveal
+    return (exp_out,)
+
+
+@app.cell
+def _(EX, L, T, item, lang, mo, start):
     q_text = mo.ui.text_area(
         value=start.q, placeholder=T(lang, "rows of Q"), label=T(lang, "Q (queries)"), rows=4, full_width=True
     )
@@ -105,12 +148,12 @@ def _(L, T, lang, mo, start):
                 )
             ),
         ]
-    )
+    ) if EX.uses_qkv(item) else mo.md(T(lang, "*This lesson does not use Q, K and V: its experiment is above.*"))
     return k_text, q_text, tokens, v_text
 
 
 @app.cell
-def _(T, lang, mo, start):
+def _(EX, T, item, lang, mo, start):
     causal = mo.ui.checkbox(value=start.causal, label=T(lang, "causal mask"))
     padded = mo.ui.number(start=0, stop=32, step=1, value=start.padded, label=T(lang, "padded keys"))
     padding_side = mo.ui.radio(
@@ -148,7 +191,7 @@ def _(T, lang, mo, start):
                 )
             ),
         ]
-    )
+    ) if EX.uses_qkv(item) else None
     return (
         bias,
         causal,
@@ -206,22 +249,22 @@ def _(
 
 
 @app.cell
-def _(CM, L, T, class_hidden, lang, mo, result):
-    # One cell for the numbers and the pictures, so both arrive with the same update.
+def _(CM, EX, L, T, class_hidden, item, lang, mo, result):
+    # One cell for the numbers and the pictures, so both arrive with the same update (none for a lesson without Q/K/V).
     if class_hidden:  # class mode (attnlab.lab.classmode): shown after the item's reveal
         _shown = [mo.Html(CM.hidden_weights_html(lang))]
     elif result.ok:
         _shown = [mo.Html(L.result_html(result, lang)), mo.Html(L.pictures_html(result, lang))]
     else:
         _shown = [mo.Html(L.result_html(result, lang)), mo.md(T(lang, "*(no picture until the inputs are fixed)*"))]
-    mo.vstack([mo.md("## " + T(lang, "Weights and output")), *_shown])
+    mo.vstack([mo.md("## " + T(lang, "Weights and output")), *_shown]) if EX.uses_qkv(item) else None
     return
 
 
 @app.cell
-def _(L, T, class_hidden, lang, mo, result):
+def _(EX, L, T, class_hidden, item, lang, mo, result):
     # Built only when the accordion is opened, so moving a slider does not redraw every step table.
-    None if class_hidden else mo.accordion(
+    None if class_hidden or not EX.uses_qkv(item) else mo.accordion(
         {
             T(lang, "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)"): mo.lazy(
                 lambda: mo.Html(L.steps_html(result, lang))
