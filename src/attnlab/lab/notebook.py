@@ -294,117 +294,52 @@ def _(PR, get_book, lang, mo):
 
 @app.cell
 def _(PR, T, lang, mo):
-    def question(qid):
-        q = PR.QUESTIONS[qid]
-        return (
-            mo.ui.radio(options=PR.options(q, lang), label=T(lang, q.text)),
-            mo.ui.switch(label=T(lang, "reveal")),
-        )
-
-    def revealed(book, set_book, qid, pred, show, body):
-        """Hidden until the reveal switch is on; then lock the prediction and show the feedback and the result (or
-        the request to predict). ``body()`` makes the result, only once it is shown."""
-        if not show.value:
-            return mo.md(T(lang, "*(hidden until you reveal)*"))
-        new = PR.commit(book, qid, pred.value, show.value)
-        if new is not book:
-            set_book(new)
-        fb = PR.feedback_html(new, qid, pred.value, lang)
-        return mo.Html(fb + (body() if qid in new.entries else ""))
-
-    return question, revealed
-
-
-@app.cell
-def _(mo, question):
-    pred_shift, show_shift = question("shift")
-    mo.vstack([pred_shift, show_shift])
-    return pred_shift, show_shift
-
-
-@app.cell
-def _(L, get_book, lang, pred_shift, revealed, set_book, show_shift, state):
-    revealed(get_book(), set_book, "shift", pred_shift, show_shift, lambda: L.exp_shift(state, 10.0, lang)[1])
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_temp, show_temp = question("temperature")
-    mo.vstack([pred_temp, show_temp])
-    return pred_temp, show_temp
-
-
-@app.cell
-def _(L, get_book, lang, pred_temp, revealed, set_book, show_temp, state):
-    revealed(get_book(), set_book, "temperature", pred_temp, show_temp, lambda: L.exp_temperature(state, 3.0, lang)[1])
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_value, show_value = question("value")
-    mo.vstack([pred_value, show_value])
-    return pred_value, show_value
-
-
-@app.cell
-def _(L, get_book, lang, pred_value, revealed, set_book, show_value, state):
-    revealed(
-        get_book(),
-        set_book,
-        "value",
-        pred_value,
-        show_value,
-        lambda: L.exp_value(state, 0, (100.0, 0.0), lang)[2],
+    # every question's prediction and reveal switch, in the page's order (the experiment with four pairs has a slider)
+    asks = mo.ui.dictionary(
+        {
+            qid: mo.ui.dictionary(
+                {
+                    "pred": mo.ui.radio(
+                        options=PR.options(PR.QUESTIONS[qid], lang), label=T(lang, PR.QUESTIONS[qid].text)
+                    ),
+                    "show": mo.ui.switch(label=T(lang, "reveal")),
+                }
+            )
+            for qid in ("shift", "temperature", "value", "four", "self100", "selfbias")
+        }
     )
-    return
-
-
-@app.cell
-def _(T, lang, mo, question):
-    pred_four, show_four = question("four")
     four_t = mo.ui.slider(0.1, 5.0, step=0.1, value=1.0, show_value=True, label=T(lang, "temperature"))
-    mo.vstack([pred_four, four_t, show_four])
-    return four_t, pred_four, show_four
+    return asks, four_t
 
 
 @app.cell
-def _(L, four_t, get_book, lang, pred_four, revealed, set_book, show_four):
-    revealed(get_book(), set_book, "four", pred_four, show_four, lambda: L.four_pairs(float(four_t.value), lang)[1])
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_self, show_self = question("self100")
-    mo.vstack([pred_self, show_self])
-    return pred_self, show_self
-
-
-@app.cell
-def _(I, L, T, get_book, lang, pred_self, revealed, set_book, show_self, state):
-    revealed(
-        get_book(),
-        set_book,
-        "self100",
-        pred_self,
-        show_self,
-        lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
-    )
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_bias, show_bias = question("selfbias")
-    mo.vstack([pred_bias, show_bias])
-    return pred_bias, show_bias
-
-
-@app.cell
-def _(L, get_book, lang, pred_bias, revealed, set_book, show_bias, state):
-    revealed(get_book(), set_book, "selfbias", pred_bias, show_bias, lambda: L.exp_bias(state, None, lang)[1])
+def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
+    # One cell shows every question with its result: hidden until its reveal switch is on; then the prediction is
+    # locked and the feedback and the result (or the request to predict) shown. A result is made only when shown.
+    _bodies = {
+        "shift": lambda: L.exp_shift(state, 10.0, lang)[1],
+        "temperature": lambda: L.exp_temperature(state, 3.0, lang)[1],
+        "value": lambda: L.exp_value(state, 0, (100.0, 0.0), lang)[2],
+        "four": lambda: L.four_pairs(float(four_t.value), lang)[1],
+        "self100": lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
+        "selfbias": lambda: L.exp_bias(state, None, lang)[1],
+    }
+    _book = get_book()
+    _blocks = []
+    for _qid, _body in _bodies.items():
+        _pred, _show = asks[_qid]["pred"], asks[_qid]["show"]
+        _value = asks.value[_qid]
+        _shown = [_pred, four_t, _show] if _qid == "four" else [_pred, _show]
+        if not _value["show"]:
+            _shown.append(mo.md(T(lang, "*(hidden until you reveal)*")))
+        else:
+            _book = PR.commit(_book, _qid, _value["pred"], True)
+            _fb = PR.feedback_html(_book, _qid, _value["pred"], lang)
+            _shown.append(mo.Html(_fb + (_body() if _qid in _book.entries else "")))
+        _blocks.append(mo.vstack(_shown))
+    if _book is not get_book():
+        set_book(_book)
+    mo.vstack(_blocks, gap=1.5)
     return
 
 
