@@ -294,6 +294,15 @@ def test_every_control_title_and_note_has_its_chinese():
         for c in exp.controls:
             if c.label not in ("d_k", "d_model", "dtype"):  # identifiers stay as they are
                 assert t("zh", c.label) != c.label, c.label
+    # every sentence the module writes through the catalogue: t(lang, "...") in its source
+    source = open(X.__file__, encoding="utf-8").read()
+    said = [
+        "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', m))
+        for m in re.findall(r't\(\s*lang,\s*((?:"(?:[^"\\]|\\.)*"\s*)+)', source)
+    ]
+    assert len(said) > 60
+    missing = [s for s in said if t("zh", s) == s]
+    assert not missing, missing
     out = X.run(X.EXPERIMENTS["growth"], {"t": 3000}, None, "zh")
     assert "不是文章的设置" in out.html and "tokens" not in out.html
 

@@ -454,7 +454,7 @@ def _online(vals: Mapping[str, Any], state: Any, lang: str) -> tuple[dict[str, A
     numbers = {"m_i": m_i, "l_i": l_i, "alpha": alpha, "acc": acc, "p": cur.matrix, "blocks": len(blocks)}
     stats = np.stack([m_i, l_i, alpha], axis=1)
     body = _p(
-        _esc(t(lang, "Key block {b} of {n} ({title}):", b=step, n=len(blocks), title=cur.title)),
+        _esc(t(lang, "Key block {b} of {n} (keys {keys}):", b=step, n=len(blocks), keys=", ".join(cur.cols))),
         _esc(t(lang, "running max m_i, running sum l_i and the rescale factor α = exp(m_old − m_new).")),
     )
     body += "<div style='display:flex;gap:24px;flex-wrap:wrap'>"

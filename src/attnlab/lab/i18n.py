@@ -451,7 +451,7 @@ ZH.update(
         "the right way: A": "正确做法：A",
         "row sums": "行和",
         "Tick a mistake to see it next to the right way.": "勾选一个错误，把它和正确做法并排查看。",
-        "Key block {b} of {n} ({title}):": "第 {b} 个键块，共 {n} 块（{title}）：",
+        "Key block {b} of {n} (keys {keys}):": "第 {b} 个键块，共 {n} 块（键 {keys}）：",
         "running max m_i, running sum l_i and the rescale factor α = exp(m_old − m_new).": "运行最大值 m_i、运行和 l_i，以及重缩放因子 α = exp(m_old − m_new)。",
         "after this block": "处理完这一块之后",
         "O = acc / l_i (the last block)": "O = acc / l_i（最后一块之后）",
