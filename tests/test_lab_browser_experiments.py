@@ -9,13 +9,11 @@ Screenshots go to ``tmp_path`` (and to ``$ATTNLAB_SHOTS`` when it names a folder
 from __future__ import annotations
 
 import math
-import os
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
 from playwright.sync_api import Page
+from test_lab_browser_lessons import shot
 
 from attnlab.lab import experiments as X
 from attnlab.lab import presets
@@ -40,14 +38,6 @@ DRIVES = {
     "item-38": ("token", "slider", 1, ("moves", (0, 1))),
     "item-42": ("mask", "area", "1 1 1\n1 1 1", ("masked", None)),
 }
-
-
-def _shot(page: Page, tmp_path: Path, name: str) -> None:
-    path = tmp_path / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    if os.environ.get("ATTNLAB_SHOTS"):
-        Path(os.environ["ATTNLAB_SHOTS"]).mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, Path(os.environ["ATTNLAB_SHOTS"]) / path.name)
 
 
 def _values(page: Page, name: str) -> np.ndarray:
@@ -161,7 +151,7 @@ def test_every_experiment_recomputes_from_its_control(page, tmp_path):
         got = _poll(page, name, index, expected)
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12, err_msg=key)
         if key in ("item-22", "item-32"):
-            _shot(page, tmp_path, f"experiment-{key}-{lang}")
+            shot(page, tmp_path, f"experiment-{key}-{lang}")
         if key == "item-22":  # a lesson without Q, K, V: none of the lab's matrices or heatmap under it
             assert page.locator("#al-weights").count() == 0
             assert page.locator("[data-testid='al-input-q']").count() == 0

@@ -790,6 +790,8 @@ def _invariants(vals: Mapping[str, Any], state: Any, lang: str) -> tuple[dict[st
 # ---------------------------------------------------------------------------------------------------- the catalogue
 
 _DTYPES = (("float32", "float32"), ("float16", "float16"), ("bfloat16", "bfloat16"))
+#: The sequence length of the cost lessons (complexity, long context): the article's 4,096 tokens.
+_LENGTH = Control("n", "number", "sequence length n", 4096, 1, 1 << 20, 1)
 
 #: Every live experiment, by key (the articles' lesson or mode it makes live).
 EXPERIMENTS: dict[str, Experiment] = {
@@ -879,7 +881,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "complexity",
         "Experiment: the cost of attention",
         (
-            Control("n", "number", "sequence length n", 4096, 1, 1 << 20, 1),
+            _LENGTH,
             Control("d_model", "number", "d_model", 512, 8, 16384, 1),
             Control("heads", "number", "heads h", 8, 1, 128, 1),
         ),
@@ -889,10 +891,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "long-context": Experiment(
         "long-context",
         "Experiment: doubling the context",
-        (
-            Control("n", "number", "sequence length n", 4096, 1, 1 << 20, 1),
-            Control("window", "number", "window (keys)", 1024, 1, 1 << 20, 1),
-        ),
+        (_LENGTH, Control("window", "number", "window (keys)", 1024, 1, 1 << 20, 1)),
         {"n": 4096, "window": 1024},
         _long_context,
     ),
