@@ -45,6 +45,7 @@ __all__ = [
     "head_dim",
     "kv_cache_bytes",
     "score_elements",
+    "window_pairs",
 ]
 
 
@@ -101,6 +102,18 @@ def causal_pairs(n_q: int, n_k: int | None = None) -> int:
     n_k = n_q if n_k is None else _pos("n_k", n_k)
     m = min(n_q, n_k)
     return m * n_k - m * (m - 1) // 2
+
+
+def window_pairs(n: int, window: int) -> int:
+    """Causal pairs with a sliding window of ``window`` keys (query ``i`` sees keys ``i - window + 1 .. i``): the sum
+    of ``min(i + 1, window)`` over ``n`` queries, an exact int.
+
+    >>> window_pairs(4, 2), window_pairs(4, 8) == causal_pairs(4)
+    (7, True)
+    """
+    n, w = _pos("n", n), _pos("window", window)
+    w = min(w, n)
+    return w * (w + 1) // 2 + (n - w) * w
 
 
 def score_elements(n_q: int, n_k: int | None = None, *, batch: int = 1, heads: int = 1) -> int:

@@ -50,15 +50,19 @@ def _head(name: str, lang: str) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------------- §4.1
 
 
-def lesson_variance(lang: str = "en", *, samples: int = 8000, seed: int = 0) -> Explanation:
+def lesson_variance(
+    lang: str = "en", *, samples: int = 8000, seed: int = 0, dks: tuple[int, ...] | None = None
+) -> Explanation:
     """001 §4.1 as an experiment: ``Var(q·k) ≈ d_k`` for q, k with independent N(0, 1) entries, and
-    ``Var(q·k / sqrt(d_k)) ≈ 1``; then what it does to softmax over 16 keys (the largest weight, on average)."""
+    ``Var(q·k / sqrt(d_k)) ≈ 1``; then what it does to softmax over 16 keys (the largest weight, on average).
+    ``dks``: the widths, in the order drawn from one generator (default the article's, ``VARIANCE_DK``)."""
     from ..articles import VARIANCE_DK
     from ..core import softmax
 
+    dks = VARIANCE_DK if dks is None else tuple(dks)
     rng = np.random.default_rng(seed)
     rows, sat = [], []
-    for d in VARIANCE_DK:
+    for d in dks:
         q = rng.standard_normal((samples, d))
         k = rng.standard_normal((samples, d))
         dots = np.einsum("nd,nd->n", q, k)  # [samples]
@@ -68,14 +72,13 @@ def lesson_variance(lang: str = "en", *, samples: int = 8000, seed: int = 0) -> 
         s = np.einsum("nod,nkd->nk", qs, ks)  # [500, 16]
         sat.append([np.asarray(softmax(s)).max(-1).mean(), np.asarray(softmax(s / math.sqrt(d))).max(-1).mean()])
     m, ms = np.array(rows), np.array(sat)
-    labels = tuple(f"d_k={d}" for d in VARIANCE_DK)
+    labels = tuple(f"d_k={d}" for d in dks)
     lines = tuple(
         tr("lesson.variance.line", lang, d=d, v=num(r[0], 2), sd=num(r[1], 2), r=num(math.sqrt(d), 2), s=num(r[2], 3))
-        for d, r in zip(VARIANCE_DK, m, strict=True)
+        for d, r in zip(dks, m, strict=True)
     )
     sat_lines = tuple(
-        tr("lesson.variance.sat_line", lang, d=d, u=num(r[0], 3), s=num(r[1], 3))
-        for d, r in zip(VARIANCE_DK, ms, strict=True)
+        tr("lesson.variance.sat_line", lang, d=d, u=num(r[0], 3), s=num(r[1], 3)) for d, r in zip(dks, ms, strict=True)
     )
     title, source = _head("variance", lang)
     steps = (
@@ -763,17 +766,11 @@ def lesson_mask_not_access(lang: str = "en") -> Explanation:
     return Explanation(title, source, steps, None, None, notes=(tr("lesson.access.where", lang),), lang=lang)
 
 
-def _window_pairs(n: int, w: int) -> int:
-    """Causal pairs with a window of ``w`` keys (query i sees keys i-w+1 .. i): sum of min(i + 1, w)."""
-    w = min(w, n)
-    return w * (w + 1) // 2 + (n - w) * w
-
-
 def lesson_long_context(lang: str = "en") -> Explanation:
     """001 §19: what doubling the length costs. Score elements of full and causal attention grow 4x, a sliding
     window of 1,024 keys about 2x, the KV cache 2x (it is linear in the length); MQA/GQA shrink the cache by
     the ratio of heads. Each option changes what is computed or stored (FlashAttention does not: it is exact)."""
-    from ..cost import causal_pairs, kv_cache_bytes, score_elements
+    from ..cost import causal_pairs, kv_cache_bytes, score_elements, window_pairs
 
     title, source = _head("long-context", lang)
     ns, w = (4096, 8192), 1024
@@ -785,7 +782,7 @@ def lesson_long_context(lang: str = "en") -> Explanation:
         [
             [score_elements(n) for n in ns],
             [causal_pairs(n) for n in ns],
-            [_window_pairs(n, w) for n in ns],
+            [window_pairs(n, w) for n in ns],
             [kv(n, 32) for n in ns],
             [kv(n, 8) for n in ns],
             [kv(n, 1) for n in ns],

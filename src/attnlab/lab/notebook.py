@@ -8,6 +8,7 @@ app = marimo.App(width="full", app_title="attnlab: attention by hand")
 def _():
     import marimo as mo
 
+    from attnlab.lab import experiments as EX
     from attnlab.lab import i18n as I
     from attnlab.lab import live as LV
     from attnlab.lab import logic as L
@@ -15,7 +16,7 @@ def _():
     from attnlab.lab import presets as P
 
     T = I.t
-    return I, L, LV, P, PR, T, mo
+    return EX, I, L, LV, P, PR, T, mo
 
 
 @app.cell
@@ -64,21 +65,63 @@ def _(L, P, preset_pick):
 
 
 @app.cell
-def _(CM, P, class_hidden, class_on, class_pred, class_show, item, lang, mo):
+def _(CM, EX, class_hidden, class_on, class_pred, class_show, exp_out, item, lang, mo, state):
+    # the preset's `attnlab explain` output, marked as the preset's original once the inputs or controls moved on
     if item is None:
         _out = None
     elif class_hidden:  # class mode: the answer (and the weights below) hidden until the reveal
         _out = mo.vstack([mo.Html(CM.hidden_html(lang, bool(class_show.value))), class_pred, class_show])
     elif class_on:
-        _out = mo.Html(CM.revealed_html(lang, class_pred.value, P.item_html(item, lang)))
+        _out = mo.Html(CM.revealed_html(lang, class_pred.value, EX.item_box(item, state, exp_out, lang)))
     else:
-        _out = mo.Html(P.item_html(item, lang))
+        _out = mo.Html(EX.item_box(item, state, exp_out, lang))
     _out  # noqa: B018 (a marimo cell shows its last expression)
     return
 
 
 @app.cell
-def _(L, T, lang, mo, start):
+def _(EX, T, item, lang, mo):
+    experiment = EX.experiment_for(item)
+
+    def _widget(c):
+        lab = T(lang, c.label)
+        if c.kind == "slider":
+            return mo.ui.slider(c.start, c.stop, step=c.step, value=c.value, show_value=True, label=lab, debounce=True)
+        if c.kind == "number":
+            return mo.ui.number(start=c.start, stop=c.stop, step=c.step, value=c.value, label=lab)
+        if c.kind == "dropdown":
+            _opts = {T(lang, name): v for name, v in c.options}
+            return mo.ui.dropdown(options=_opts, value=next(k for k, v in _opts.items() if v == c.value), label=lab)
+        if c.kind == "checkbox":
+            return mo.ui.checkbox(value=bool(c.value), label=lab)
+        if c.kind == "area":
+            return mo.ui.text_area(value=c.value, label=lab, rows=3)
+        return mo.ui.text(value=c.value, label=lab)
+
+    exp_ui = mo.ui.dictionary({c.name: _widget(c) for c in experiment.controls}) if experiment else None
+    mo.vstack(
+        [
+            mo.md("### " + T(lang, experiment.title)),
+            mo.hstack(
+                [mo.Html(f"<div data-testid='al-x-in-{n}'>{w}</div>") for n, w in exp_ui.items()],
+                justify="start",
+                gap=2,
+                wrap=True,
+            ),
+        ]
+    ) if experiment else None
+    return exp_ui, experiment
+
+
+@app.cell
+def _(EX, class_hidden, exp_ui, experiment, lang, mo, state):
+    exp_out = EX.run(experiment, exp_ui.value, state, lang) if experiment else None
+    mo.Html(exp_out.html) if exp_out is not None and not class_hidden else None  # class mode: after the reveal
+    return (exp_out,)
+
+
+@app.cell
+def _(EX, L, T, item, lang, mo, start):
     q_text = mo.ui.text_area(
         value=start.q, placeholder=T(lang, "rows of Q"), label=T(lang, "Q (queries)"), rows=4, full_width=True
     )
@@ -105,12 +148,12 @@ def _(L, T, lang, mo, start):
                 )
             ),
         ]
-    )
+    ) if EX.uses_qkv(item) else mo.md(T(lang, "*This lesson does not use Q, K and V: its experiment is above.*"))
     return k_text, q_text, tokens, v_text
 
 
 @app.cell
-def _(T, lang, mo, start):
+def _(EX, T, item, lang, mo, start):
     causal = mo.ui.checkbox(value=start.causal, label=T(lang, "causal mask"))
     padded = mo.ui.number(start=0, stop=32, step=1, value=start.padded, label=T(lang, "padded keys"))
     padding_side = mo.ui.radio(
@@ -148,7 +191,7 @@ def _(T, lang, mo, start):
                 )
             ),
         ]
-    )
+    ) if EX.uses_qkv(item) else None
     return (
         bias,
         causal,
@@ -206,22 +249,22 @@ def _(
 
 
 @app.cell
-def _(CM, L, T, class_hidden, lang, mo, result):
-    # One cell for the numbers and the pictures, so both arrive with the same update.
+def _(CM, EX, L, T, class_hidden, item, lang, mo, result):
+    # One cell for the numbers and the pictures, so both arrive with the same update (none for a lesson without Q/K/V).
     if class_hidden:  # class mode (attnlab.lab.classmode): shown after the item's reveal
         _shown = [mo.Html(CM.hidden_weights_html(lang))]
     elif result.ok:
         _shown = [mo.Html(L.result_html(result, lang)), mo.Html(L.pictures_html(result, lang))]
     else:
         _shown = [mo.Html(L.result_html(result, lang)), mo.md(T(lang, "*(no picture until the inputs are fixed)*"))]
-    mo.vstack([mo.md("## " + T(lang, "Weights and output")), *_shown])
+    mo.vstack([mo.md("## " + T(lang, "Weights and output")), *_shown]) if EX.uses_qkv(item) else None
     return
 
 
 @app.cell
-def _(L, T, class_hidden, lang, mo, result):
+def _(EX, L, T, class_hidden, item, lang, mo, result):
     # Built only when the accordion is opened, so moving a slider does not redraw every step table.
-    None if class_hidden else mo.accordion(
+    None if class_hidden or not EX.uses_qkv(item) else mo.accordion(
         {
             T(lang, "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)"): mo.lazy(
                 lambda: mo.Html(L.steps_html(result, lang))
@@ -251,117 +294,52 @@ def _(PR, get_book, lang, mo):
 
 @app.cell
 def _(PR, T, lang, mo):
-    def question(qid):
-        q = PR.QUESTIONS[qid]
-        return (
-            mo.ui.radio(options=PR.options(q, lang), label=T(lang, q.text)),
-            mo.ui.switch(label=T(lang, "reveal")),
-        )
-
-    def revealed(book, set_book, qid, pred, show, body):
-        """Hidden until the reveal switch is on; then lock the prediction and show the feedback and the result (or
-        the request to predict). ``body()`` makes the result, only once it is shown."""
-        if not show.value:
-            return mo.md(T(lang, "*(hidden until you reveal)*"))
-        new = PR.commit(book, qid, pred.value, show.value)
-        if new is not book:
-            set_book(new)
-        fb = PR.feedback_html(new, qid, pred.value, lang)
-        return mo.Html(fb + (body() if qid in new.entries else ""))
-
-    return question, revealed
-
-
-@app.cell
-def _(mo, question):
-    pred_shift, show_shift = question("shift")
-    mo.vstack([pred_shift, show_shift])
-    return pred_shift, show_shift
-
-
-@app.cell
-def _(L, get_book, lang, pred_shift, revealed, set_book, show_shift, state):
-    revealed(get_book(), set_book, "shift", pred_shift, show_shift, lambda: L.exp_shift(state, 10.0, lang)[1])
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_temp, show_temp = question("temperature")
-    mo.vstack([pred_temp, show_temp])
-    return pred_temp, show_temp
-
-
-@app.cell
-def _(L, get_book, lang, pred_temp, revealed, set_book, show_temp, state):
-    revealed(get_book(), set_book, "temperature", pred_temp, show_temp, lambda: L.exp_temperature(state, 3.0, lang)[1])
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_value, show_value = question("value")
-    mo.vstack([pred_value, show_value])
-    return pred_value, show_value
-
-
-@app.cell
-def _(L, get_book, lang, pred_value, revealed, set_book, show_value, state):
-    revealed(
-        get_book(),
-        set_book,
-        "value",
-        pred_value,
-        show_value,
-        lambda: L.exp_value(state, 0, (100.0, 0.0), lang)[2],
+    # every question's prediction and reveal switch, in the page's order (the experiment with four pairs has a slider)
+    asks = mo.ui.dictionary(
+        {
+            qid: mo.ui.dictionary(
+                {
+                    "pred": mo.ui.radio(
+                        options=PR.options(PR.QUESTIONS[qid], lang), label=T(lang, PR.QUESTIONS[qid].text)
+                    ),
+                    "show": mo.ui.switch(label=T(lang, "reveal")),
+                }
+            )
+            for qid in ("shift", "temperature", "value", "four", "self100", "selfbias")
+        }
     )
-    return
-
-
-@app.cell
-def _(T, lang, mo, question):
-    pred_four, show_four = question("four")
     four_t = mo.ui.slider(0.1, 5.0, step=0.1, value=1.0, show_value=True, label=T(lang, "temperature"))
-    mo.vstack([pred_four, four_t, show_four])
-    return four_t, pred_four, show_four
+    return asks, four_t
 
 
 @app.cell
-def _(L, four_t, get_book, lang, pred_four, revealed, set_book, show_four):
-    revealed(get_book(), set_book, "four", pred_four, show_four, lambda: L.four_pairs(float(four_t.value), lang)[1])
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_self, show_self = question("self100")
-    mo.vstack([pred_self, show_self])
-    return pred_self, show_self
-
-
-@app.cell
-def _(I, L, T, get_book, lang, pred_self, revealed, set_book, show_self, state):
-    revealed(
-        get_book(),
-        set_book,
-        "self100",
-        pred_self,
-        show_self,
-        lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
-    )
-    return
-
-
-@app.cell
-def _(mo, question):
-    pred_bias, show_bias = question("selfbias")
-    mo.vstack([pred_bias, show_bias])
-    return pred_bias, show_bias
-
-
-@app.cell
-def _(L, get_book, lang, pred_bias, revealed, set_book, show_bias, state):
-    revealed(get_book(), set_book, "selfbias", pred_bias, show_bias, lambda: L.exp_bias(state, None, lang)[1])
+def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
+    # One cell shows every question with its result: hidden until its reveal switch is on; then the prediction is
+    # locked and the feedback and the result (or the request to predict) shown. A result is made only when shown.
+    _bodies = {
+        "shift": lambda: L.exp_shift(state, 10.0, lang)[1],
+        "temperature": lambda: L.exp_temperature(state, 3.0, lang)[1],
+        "value": lambda: L.exp_value(state, 0, (100.0, 0.0), lang)[2],
+        "four": lambda: L.four_pairs(float(four_t.value), lang)[1],
+        "self100": lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
+        "selfbias": lambda: L.exp_bias(state, None, lang)[1],
+    }
+    _book = get_book()
+    _blocks = []
+    for _qid, _body in _bodies.items():
+        _pred, _show = asks[_qid]["pred"], asks[_qid]["show"]
+        _value = asks.value[_qid]
+        _shown = [_pred, four_t, _show] if _qid == "four" else [_pred, _show]
+        if not _value["show"]:
+            _shown.append(mo.md(T(lang, "*(hidden until you reveal)*")))
+        else:
+            _book = PR.commit(_book, _qid, _value["pred"], True)
+            _fb = PR.feedback_html(_book, _qid, _value["pred"], lang)
+            _shown.append(mo.Html(_fb + (_body() if _qid in _book.entries else "")))
+        _blocks.append(mo.vstack(_shown))
+    if _book is not get_book():
+        set_book(_book)
+    mo.vstack(_blocks, gap=1.5)
     return
 
 
