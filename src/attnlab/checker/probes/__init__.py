@@ -45,7 +45,7 @@ from __future__ import annotations
 from ..fixes import FIXES
 from ..registry import ProbeAbort, ProbeSkip, ordered, probe
 from ..report import GRAD_PROBES, PROBES
-from . import batch, causal, grad_masking, gradients, masked_rows, padding, precision, reference
+from . import batch, causal, grad_masking, gradients, masked_rows, padding, precision, reference, space
 
 __all__ = ["FIXES", "GRAD_PROBE_FUNCTIONS", "PROBE_FUNCTIONS", "ProbeAbort", "ProbeSkip", "probe"]
 
@@ -54,4 +54,4 @@ PROBE_FUNCTIONS = ordered(PROBES)
 #: The gradient probes by name, in the order they run.
 GRAD_PROBE_FUNCTIONS = ordered(GRAD_PROBES)
 #: The modules that define them (imported for their registrations).
-MODULES = (reference, causal, padding, masked_rows, precision, batch, gradients, grad_masking)
+MODULES = (reference, causal, padding, masked_rows, precision, batch, space, gradients, grad_masking)
