@@ -54,7 +54,7 @@ def tail_tile_unmasked(q, k, v, mask=None, is_causal=False):
     allowed = np.ones(s.shape, bool) if mask is None else np.broadcast_to(mask, s.shape)
     if n_k <= bk:
         return _softmax(s, allowed) @ v
-    m = np.full(s.shape[:-1] + (1,), -np.inf)
+    m = np.full((*s.shape[:-1], 1), -np.inf)
     den = np.zeros_like(m)
     acc = np.zeros((*s.shape[:-1], v.shape[-1]))
     for j0 in range(0, n_k, bk):
