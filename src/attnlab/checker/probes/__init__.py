@@ -30,6 +30,9 @@ probe                     experiment                                            
 ``batch``                 change batch element 1, then 0, then head 1, then 0; the others must not     --
                           move
 ``determinism``           the same call three times; outputs must be bitwise equal                     --
+``call-order``            A, B (one shape), C, D (another), A again: no state carried between calls    --
+``mask-space``            padding anywhere, per batch element and head, masks passed broadcast         mask
+``decode``                n_q = 1 with key padding, then with padding and causal                       mask/causal
 ========================  ===========================================================================  ===========
 
 ``crash``, ``timeout``, ``dtype`` (output dtype = input dtype), ``output-type`` (an array of the function's own
