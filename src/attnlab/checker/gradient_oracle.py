@@ -102,6 +102,7 @@ __all__ = [
 KINDS = ("auto", "autograd", "plain", "flash")
 #: ``kind="backward"`` (internal): plain or flash, decided from the signature where the function is imported.
 _ADAPTER_KINDS = (*KINDS, "backward")
+#: The units a flash backward's lse may be declared in (``lse_units=``): natural log, or log2 (exp2 kernels).
 LSE_UNITS = ("nats", "log2")
 
 #: The backward finding codes, with their meaning in a few words (docs/checker.md, "Backward", explains each).

@@ -328,6 +328,7 @@ class Gradients:
         return bad
 
     def evidence(self, case: GradCase, bad: dict[str, Any]) -> str:
+        """The evidence line of a gradient mismatch: the case, and each wrong gradient's error and where."""
         ev = f"case {case.label}: {case.shapes()}"
         if case.mask is not None:
             ev += ", with a mask"

@@ -29,6 +29,7 @@ def largest(d: np.ndarray) -> float:
 
 
 def golden_logit_range(case: Case, mapping: str = "interleave") -> tuple[float, float]:
+    """The smallest and the largest scaled logit ``q kᵀ · scale`` of ``case`` (for evidence lines)."""
     k = expand_kv(case.q, case.k, mapping)
     s0 = case.scale if case.scale is not None else 1 / math.sqrt(case.q.shape[-1])
     lg = case.q @ np.swapaxes(k, -1, -2) * s0
