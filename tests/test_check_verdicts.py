@@ -205,7 +205,11 @@ def test_registries_keep_the_public_names_and_every_code_has_a_fix():
     from attnlab.checker.hypotheses import HYPOTHESES
     from attnlab.checker.probes import PROBE_FUNCTIONS
 
-    assert PROBES == tuple(PROBE_FUNCTIONS) and PROBES[0] == "reference" and PROBES[-1] == "determinism"
+    assert (
+        PROBES == tuple(PROBE_FUNCTIONS)
+        and PROBES[0] == "reference"
+        and PROBES[-4:] == ("determinism", "call-order", "mask-space", "decode")
+    )
     codes = {part for h in HYPOTHESES for part in h.code.split("+")}
     assert codes <= set(FIXES)
     assert {"scale-after-softmax", "fill-after-softmax", "finite-fill", "mask-wrong-heads", "gqa-mapping"} <= codes

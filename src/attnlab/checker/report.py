@@ -84,6 +84,9 @@ PROBES = (
     "large-logits",
     "batch",
     "determinism",
+    "call-order",
+    "mask-space",
+    "decode",
 )
 
 #: The probes that must run (for what the function supports) before a report may say OK.

@@ -253,8 +253,10 @@ class Session:
         return c
 
     # ------------------------------------------------------------------------------------------------ calls
-    def call(self, case: Case) -> Outcome:
-        """Call the function on ``case`` (as the strategy prepares it) and check what every call must satisfy."""
+    def call(self, case: Case, *, passed_mask: np.ndarray | None = None) -> Outcome:
+        """Call the function on ``case`` (as the strategy prepares it) and check what every call must satisfy.
+        ``passed_mask``: the mask as passed, in a shape that broadcasts to ``case.mask`` (the case keeps the
+        full-size mask the reference and the diagnosis read)."""
         case = self.strategy.prepare(case)
         passed, flag = self.as_passed(case)
         out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
@@ -268,6 +270,8 @@ class Session:
         """``case`` as the function is given it (the causal part in the mask when it goes there), and the value of
         its causal argument (False: none)."""
         passed = replace(case, mask=self.allowed(case), causal=None, flag=False) if self.causal_in_mask(case) else case
+        if passed_mask is not None:
+            passed = replace(passed, mask=passed_mask)
         flag: bool | str = passed.causal is not None or case.flag
         if flag and self.spec.causal_value == "align":
             flag = passed.causal or self.strategy.default_align

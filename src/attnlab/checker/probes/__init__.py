@@ -30,6 +30,9 @@ probe                     experiment                                            
 ``batch``                 change batch element 1, then 0, then head 1, then 0; the others must not     --
                           move
 ``determinism``           the same call three times; outputs must be bitwise equal                     --
+``call-order``            A, B (one shape), C, D (another), A again: no state carried between calls    --
+``mask-space``            padding anywhere, per batch element and head, masks passed broadcast         mask
+``decode``                n_q = 1 with key padding, then with padding and causal                       mask/causal
 ========================  ===========================================================================  ===========
 
 ``crash``, ``timeout``, ``dtype`` (output dtype = input dtype), ``output-type`` (an array of the function's own
@@ -45,7 +48,7 @@ from __future__ import annotations
 from ..fixes import FIXES
 from ..registry import ProbeAbort, ProbeSkip, ordered, probe
 from ..report import GRAD_PROBES, PROBES
-from . import batch, causal, grad_masking, gradients, masked_rows, padding, precision, reference
+from . import batch, causal, grad_masking, gradients, masked_rows, padding, precision, reference, space
 
 __all__ = ["FIXES", "GRAD_PROBE_FUNCTIONS", "PROBE_FUNCTIONS", "ProbeAbort", "ProbeSkip", "probe"]
 
@@ -54,4 +57,4 @@ PROBE_FUNCTIONS = ordered(PROBES)
 #: The gradient probes by name, in the order they run.
 GRAD_PROBE_FUNCTIONS = ordered(GRAD_PROBES)
 #: The modules that define them (imported for their registrations).
-MODULES = (reference, causal, padding, masked_rows, precision, batch, gradients, grad_masking)
+MODULES = (reference, causal, padding, masked_rows, precision, batch, space, gradients, grad_masking)
