@@ -257,7 +257,7 @@ def layout_hint(report: Report, spec: Spec, start: Callable[[Spec], Any]) -> Fin
         return None
     finally:
         backend.close()
-    if session is None or not session.dtypes or session.findings_list()[0]:
+    if session is None or not session.dtypes or session.strategy.findings()[0]:
         return None
     return Finding(
         "layout",

@@ -1,7 +1,7 @@
 """How to fix each finding code, and which codes account for which when they are seen in the same case.
 
 A generic code is *explained* by a named bug seen in the same case (see
-:meth:`~attnlab.checker.probes.Battery.findings_list`): ``reference-mismatch`` by any diagnosis, the leaks and
+:meth:`attnlab.checker.outputs.Outputs.findings`): ``reference-mismatch`` by any diagnosis, the leaks and
 ``not-normalized`` by the specific mask/softmax/precision diagnoses of :data:`SPECIFIC`.
 """
 

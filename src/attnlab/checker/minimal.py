@@ -356,7 +356,7 @@ def shrink_findings(session: Any) -> None:
     the worker gone), each is shown as seen."""
     if session.strategy.name != "outputs":
         return
-    bugs, _ = session.findings_list()
+    bugs, _ = session.strategy.findings()
     caller = None
     for f in bugs:
         seen = session.failing.get(f.code)

@@ -258,7 +258,7 @@ class Session:
         ``passed_mask``: the mask as passed, in a shape that broadcasts to ``case.mask`` (the case keeps the
         full-size mask the reference and the diagnosis read)."""
         case = self.strategy.prepare(case)
-        passed, flag = self.as_passed(case)
+        passed, flag = self.as_passed(case, passed_mask=passed_mask)
         out = self.runner.call(passed, causal_flag=flag, gqa=case.gqa)
         out.case = case
         self.last, self.examined = out, None  # a finding after this call is about it, until one is compared
@@ -266,9 +266,9 @@ class Session:
         self.strategy.after_call(case, out)
         return out
 
-    def as_passed(self, case: Case) -> tuple[Case, bool | str]:
-        """``case`` as the function is given it (the causal part in the mask when it goes there), and the value of
-        its causal argument (False: none)."""
+    def as_passed(self, case: Case, *, passed_mask: np.ndarray | None = None) -> tuple[Case, bool | str]:
+        """``case`` as the function is given it (the causal part in the mask when it goes there, ``passed_mask``
+        instead of the full-size mask when given), and the value of its causal argument (False: none)."""
         passed = replace(case, mask=self.allowed(case), causal=None, flag=False) if self.causal_in_mask(case) else case
         if passed_mask is not None:
             passed = replace(passed, mask=passed_mask)
@@ -420,15 +420,11 @@ class Session:
         out += [Unsupported(c, r) for c, r in self.crashed.items() if c in CAPABILITIES and c not in self.unsupported]
         return tuple(out) + self.strategy.unsupported_extra()
 
-    def findings_list(self) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
-        """Bugs in a stable order, and the explained ones (each with ``explained_by``): the strategy's rules."""
-        return self.strategy.findings()
-
     def report(self, target: str, backend: Any, started: float, detected: str, **fields: Any) -> Report:
         """The :class:`~attnlab.checker.report.Report` of this session's run of ``target`` on ``backend`` (its
         framework, isolation and import time), begun at ``started`` (``time.perf_counter()``); ``fields`` are the
         report's fields that depend on the run (``signature``, ``spec``, ``command`` ...)."""
-        findings, explained = self.findings_list()
+        findings, explained = self.strategy.findings()  # bugs in a stable order, the explained ones
         findings = tuple(replace(f, minimal=self.minimal.get(f.code)) for f in findings)
         return Report(
             target=target,
