@@ -255,16 +255,24 @@ def _what(exp: Experiment, lang: str) -> str:
 # ------------------------------------------------------------------------------------------------- the experiments
 
 
+def _step_matrix(e: Any, step: str) -> np.ndarray:
+    """The matrix of explanation ``e``'s step named ``step`` (every step an experiment reads has one)."""
+    m = e.step(step).matrix
+    if m is None:
+        raise RuntimeError(f"explanation step {step!r} has no matrix")
+    return np.asarray(m)
+
+
 def _variance(vals: Mapping[str, Any], state: Any, lang: str) -> tuple[dict[str, Any], str]:
     from ..articles import VARIANCE_DK
-    from ..explain.lessons import LESSON_FUNCTIONS
+    from ..explain.lessons import lesson_variance
 
     d = _int(vals, "d_k", 1, 1024)
     samples = _int(vals, "samples", 100, 20000)
     seed = _int(vals, "seed", 0, 10**6)
     dks = VARIANCE_DK if d in VARIANCE_DK else (*VARIANCE_DK, d)  # the article's widths first: the same draws
-    e = LESSON_FUNCTIONS["variance"](lang, samples=samples, seed=seed, dks=dks)
-    m, ms = e.step("variance").matrix, e.step("saturation").matrix
+    e = lesson_variance(lang, samples=samples, seed=seed, dks=dks)
+    m, ms = _step_matrix(e, "variance"), _step_matrix(e, "saturation")
     i = dks.index(d)
     numbers = {
         "var": float(m[i, 0]),
@@ -465,7 +473,7 @@ def _online(vals: Mapping[str, Any], state: Any, lang: str) -> tuple[dict[str, A
     body += _p("α:", ", ".join(f"{r} " + _value(f"alpha-{r}", a) for r, a in zip(ql, alpha, strict=True)))
     body += "".join(_p(f"<code>{_esc(line)}</code>") for line in cur.lines)
     if step == len(blocks):
-        out = e.step("normalize").matrix
+        out = _step_matrix(e, "normalize")
         numbers["output"] = out
         dense = np.asarray(e.trace.output, dtype=np.float64) if e.trace is not None else out
         body += _table("out", out, ql, _labels("d", out.shape[1]), t(lang, "O = acc / l_i (the last block)"), lang=lang)
@@ -490,9 +498,12 @@ def _dropout(vals: Mapping[str, Any], state: Any, lang: str) -> tuple[dict[str, 
     p = _float(vals, "p", 0.0, 0.95)
     seed = _int(vals, "seed", 0, 10**6)
     e = explain_dropout(setup_from_example("causal-4"), p, seed=seed, lang=lang)
-    dropped = e.step("dropped").matrix
+    dropped = _step_matrix(e, "dropped")
     sums = dropped.sum(-1)
-    ql, kl = e.setup.qlabels, e.setup.klabels
+    setup = e.setup
+    if setup is None:  # explain_dropout always explains a setup
+        raise RuntimeError("explain_dropout returned no setup")
+    ql, kl = setup.qlabels, setup.klabels
     numbers = {"dropped": dropped, "sums": sums, "output": e.step("output").matrix}
     body = _p(_esc(t(lang, "causal-4, p = {p}, seed {s}: Ã = A ∘ keep / (1 − p)", p=num(p), s=seed)))
     body += _table("dropped", dropped, ql, kl, "Ã", lang=lang, shade=True)
@@ -930,7 +941,7 @@ def experiment_for(item: Any) -> Experiment | None:
     if "--tiled" in argv:
         b = int(argv[argv.index("--tiled") + 1])
         exp = EXPERIMENTS["online"]
-        ctl = (replace(exp.controls[0], value=b), exp.controls[1])
+        ctl: tuple[Control, ...] = (replace(exp.controls[0], value=b), exp.controls[1])
         return replace(exp, controls=ctl, article={"block_k": b}, preset_state=item.state)
     if "--backward" in argv:
         return replace(EXPERIMENTS["backward"], preset_state=item.state)

@@ -122,7 +122,7 @@ def worksheet(lang: str = "en", *, items: tuple[int, ...] | None = None, questio
         blanks = tuple(_blank(a) for a in answers) if any(_NUMBER.search(a) for a in answers) else ()
         heading = t(lang, "ws.item", n=n, source=it.source, section=t(lang, it.section))
         sheets.append(ItemSheet(n, heading, " ".join(("attnlab explain", *it.argv, "--lang", lang)), blanks, answers))
-    qs = ()
+    qs: tuple[QuestionSheet, ...] = ()
     if questions:
         qs = tuple(
             QuestionSheet(

@@ -80,7 +80,7 @@ def patterned_mask(s: Session, g: Geom, shape: tuple[int, ...] | None = None) ->
     order = s.rng.permutation(len(pats))
     if shape is None:  # one pattern per sequence (and head), the same for its every query
         rows = patterned_mask(s, g, (full[0], full[1] if form == "full" else 1, 1, g.n_k))
-        return np.broadcast_to(rows, full).copy()
+        return None if rows is None else np.broadcast_to(rows, full).copy()
     rows_shape = (*shape[:-2], 1, g.n_k) if len(shape) >= 2 else shape  # the same keys for every query
     small = np.empty(rows_shape, bool)
     flat = small.reshape(-1, g.n_k)
@@ -186,7 +186,7 @@ def batch_moves(s: Session, case: Case, base: Outcome, passed_mask: np.ndarray |
 def broadcast_shapes(s: Session, g: Geom) -> list[tuple[int, ...]]:
     """The broadcast mask shapes the mask form accepts for 4-D geometry ``g`` (none for forms without one)."""
     b, h, n_q, n_k = g.b or 1, g.h, g.n_q, g.n_k
-    if g.b is None or getattr(s.backend.resolved, "mode", ""):  # module mode builds its own masks
+    if g.b is None or getattr(s.backend.resolved, "mode", False):  # module mode builds its own masks
         return []
     if s.mask_form == "full":
         return [(n_k,), (n_q, n_k), (b, 1, 1, n_k), (b, 1, n_q, n_k), (1, h, n_q, n_k)]
@@ -241,10 +241,14 @@ def decode(s: Session) -> None:
         raise ProbeSkip("needs mask or causal")
     if "mask" in s.caps and s.mask_form != "varlen":
         m = patterned_mask(s, g)
+        if m is None:  # not reached: only packed sequences (varlen) have no pattern
+            raise ProbeSkip("no key-padding pattern for this mask form")
         checked(s, s.make(g, s.primary, label="decode + mask", mask=m), "decode: key padding")
         if "causal" in s.caps and "causal-cross" in s.caps:
             g = replace(g, n_k=19)  # a new shape: a cache keyed by shape is seen by call-order, not here
             m = patterned_mask(s, g)
+            if m is None:
+                raise ProbeSkip("no key-padding pattern for this mask form")
             case = s.make(g, s.primary, label="decode + mask + causal", mask=m, causal=True)
             checked(s, case, "decode: key padding + causal")
     elif "causal" in s.caps and "causal-cross" in s.caps:
