@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .errors import AttnlabError, MaskedRowError
@@ -45,6 +45,7 @@ __all__ = [
     "check_lang",
     "cli_lang",
     "error_message",
+    "help_for",
     "localize_parser",
     "localize_type",
     "localized",
@@ -147,6 +148,15 @@ def tr(key: str, lang: str = "en", /, **fields: Any) -> str:
             raise KeyError(f"i18n: no message {key!r}")
     s = entry[check_lang(lang)]
     return s.format(**fields) if fields else s
+
+
+def help_for(prefix: str, lang: str) -> Callable[..., str]:
+    """A command's help lookup: ``h(key, **fields)`` is ``tr(f"{prefix}.{key}", lang, **fields)``."""
+
+    def h(key: str, **fields: Any) -> str:
+        return tr(f"{prefix}.{key}", lang, **fields)
+
+    return h
 
 
 def text(lang: str, english: str, /, **fields: Any) -> str:

@@ -20,6 +20,7 @@ dtype('float16')
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass, replace
 from typing import Any
@@ -289,6 +290,14 @@ class NumpyFramework(Framework):
         return {"bfloat16": "NumPy has no bfloat16"}
 
 
+def _import_extra(extra: str, *names: str) -> list[Any]:
+    """The modules ``names`` (``"jax"``, ``"jax.numpy"``), or :func:`missing_extra`'s error for ``extra``."""
+    try:
+        return [importlib.import_module(n) for n in names]
+    except ImportError:
+        raise missing_extra(extra, extra) from None
+
+
 def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
@@ -300,11 +309,7 @@ class TorchFramework(Framework):
     array_type = "torch.Tensor"
 
     def __init__(self, device: str | None):
-        try:
-            import torch
-        except ImportError:
-            raise missing_extra("torch", "torch") from None
-        self.torch = torch
+        (self.torch,) = _import_extra("torch", "torch")
         self.place = self._resolve(device)
         self.device = str(self.place)
 
@@ -375,14 +380,9 @@ class JaxFramework(Framework):
     array_type = "jax.Array"
 
     def __init__(self, device: str | None):
-        try:
-            import jax
-            import jax.numpy as jnp
-        except ImportError:
-            raise missing_extra("jax", "jax") from None
-        self.jax, self.jnp = jax, jnp
+        self.jax, self.jnp = _import_extra("jax", "jax", "jax.numpy")
         self.place = self._resolve(device)
-        self.device = str(self.place if self.place is not None else jax.devices()[0])
+        self.device = str(self.place if self.place is not None else self.jax.devices()[0])
 
     def _resolve(self, device: str | None) -> Any:
         if device is None:

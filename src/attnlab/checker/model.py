@@ -74,6 +74,21 @@ class _Model:
         if code not in self.findings:
             self.findings[code] = Finding(code, message, evidence, FIXES[code], self.probe)
 
+    def moved(
+        self, code: str, base: np.ndarray, out: np.ndarray | None, sel: Any, tol: float, message: str, evidence: str
+    ) -> bool:
+        """Whether a perturbation probe stops here: the call failed (``out`` None), or ``out[sel]`` moved from
+        ``base[sel]`` by more than ``tol`` (bug ``code``). ``message`` and ``evidence`` are ``str.format``
+        templates of the first moved position's batch element ``b``, position ``p`` and max change ``d``."""
+        if out is None:
+            return True
+        hit = _first_change(base[sel], out[sel], tol)
+        if hit is None:
+            return False
+        b, p, d = hit
+        self.bug(code, message.format(b=b, p=p), evidence.format(b=b, d=d) + f" (tolerance {tol:.2g})")
+        return True
+
     def __call__(self, *args: Any) -> np.ndarray | None:
         self.calls += 1
         try:
@@ -207,18 +222,9 @@ def check_causal_lm(
             changed[:, t + 1 :] = (
                 ids[:, t + 1 :] + rng.integers(1, vocab_size, changed[:, t + 1 :].shape)
             ) % vocab_size
-            out = m(changed)
-            if out is None:
-                return
-            hit = _first_change(base[:, : t + 1], out[:, : t + 1], tol)
-            if hit is not None:
-                b, p, d = hit
-                m.bug(
-                    "causal-leak",
-                    f"the logits at position {p} change when tokens {t + 1}..{seq_len - 1} (its future) change",
-                    f"token ids {ids.shape}, batch element {b}; max change {d:.3g} at positions 0..{t} "
-                    f"(tolerance {tol:.2g})",
-                )
+            message = f"the logits at position {{p}} change when tokens {t + 1}..{seq_len - 1} (its future) change"
+            evidence = f"token ids {ids.shape}, batch element {{b}}; max change {{d:.3g}} at positions 0..{t}"
+            if m.moved("causal-leak", base, m(changed), np.s_[:, : t + 1], tol, message, evidence):
                 return
 
     def batch_probe() -> None:
@@ -290,18 +296,9 @@ def check_encoder(
                 changed[1:, length:] = rng.integers(1, vocab_size, changed[1:, length:].shape)
             else:
                 changed[1:, length:] = ids[1:, length - 1 : length]
-            out = m(changed, mask)
-            if out is None:
-                return
-            hit = _first_change(base[1:, :length], out[1:, :length], tol)
-            if hit is not None:
-                _, p, d = hit
-                m.bug(
-                    "padding-leak",
-                    f"the output of real token {p} changes when the padded positions hold {fill}",
-                    f"token ids {ids.shape}, batch element 1 has {length} real tokens; max change {d:.3g} "
-                    f"(tolerance {tol:.2g})",
-                )
+            message = f"the output of real token {{p}} changes when the padded positions hold {fill}"
+            evidence = f"token ids {ids.shape}, batch element 1 has {length} real tokens; max change {{d:.3g}}"
+            if m.moved("padding-leak", base, m(changed, mask), np.s_[1:, :length], tol, message, evidence):
                 return
 
     def batch_probe() -> None:

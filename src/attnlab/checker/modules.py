@@ -62,6 +62,13 @@ _ONE_D = "the layer's heads have one size for queries, keys and values"
 _RANK = "the layer takes [B, n, d_model] hidden states"
 
 
+def _self_attention_limits(gqa: str | None = None, **first: str) -> dict[str, str]:
+    """What a self-attention layer over ``[B, n, d_model]`` hidden states cannot express (``ModuleMode``'s
+    ``unsupported``): ``first``'s entries, cross attention, d_v != d_k, ``gqa`` when it has one set of heads, and
+    other ranks."""
+    return {**first, "cross": _SELF, "dv": _ONE_D, **({"gqa": gqa} if gqa else {}), "rank": _RANK}
+
+
 def _torch() -> Any:
     import torch
 
@@ -94,6 +101,14 @@ def _heads_back(x: Any, h: int) -> Any:
     """``[B, n, h*d]`` -> ``[B, h, n, d]``."""
     b, n, hd = x.shape
     return x.reshape(b, n, h, hd // h).transpose(1, 2)
+
+
+def _forward(m: Any, h: int, *args: Any, **kwargs: Any) -> Any:
+    """Call the stand-in layer ``m`` without autograd (on hidden states ``[B, n, d_model]`` whose feeds return the
+    checker's q, k, v) and return its output, ``[B, n, h*d]`` or the first entry of a tuple, as ``[B, h, n, d]``."""
+    with _torch().no_grad():
+        out = m(*args, **kwargs)
+    return _heads_back(out[0] if isinstance(out, tuple) else out, h)
 
 
 def _additive(torch: Any, mask: Any, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -190,16 +205,14 @@ def _hf_rotary(layer: Any) -> ModuleMode:
         m.q_proj.value, m.k_proj.value, m.v_proj.value = (_heads_first(x) for x in (q, k, v))
         rope = (q.new_ones(b, n, d), q.new_zeros(b, n, d))  # cos = 1, sin = 0: the identity rotation
         am = _additive(torch, mask, (b, 1, n, k.shape[-2]), q.dtype)
-        with torch.no_grad():
-            out = m(hidden_states=q.new_zeros(b, n, h * d), position_embeddings=rope, attention_mask=am)[0]
-        return _heads_back(out, h)
+        return _forward(m, h, hidden_states=q.new_zeros(b, n, h * d), position_embeddings=rope, attention_mask=am)
 
     impl = getattr(config, "_attn_implementation", None) or "eager"
     return ModuleMode(
         attention,
         f"Hugging Face {type(layer).__name__} ({impl}): q/k/v_proj return the checker's q, k, v, o_proj identity, "
         "rotary cos = 1 and sin = 0, a 4-D additive attention_mask",
-        {"cross": _SELF, "dv": _ONE_D, "rank": _RANK},
+        _self_attention_limits(),
         gqa=True,
     )
 
@@ -224,16 +237,14 @@ def _hf_bert(layer: Any) -> ModuleMode:
         m = cache.get(h, d, q.dtype)
         m.query.value, m.key.value, m.value.value = (_heads_first(x) for x in (q, k, v))
         am = _additive(torch, mask, (b, 1, n, n), q.dtype)
-        with torch.no_grad():
-            out = m(q.new_zeros(b, n, h * d), attention_mask=am)[0]
-        return _heads_back(out, h)
+        return _forward(m, h, q.new_zeros(b, n, h * d), attention_mask=am)
 
     impl = getattr(config, "_attn_implementation", None) or "eager"
     return ModuleMode(
         attention,
         f"Hugging Face {type(layer).__name__} ({impl}): query/key/value return the checker's q, k, v, a 4-D "
         "additive attention_mask",
-        {"cross": _SELF, "dv": _ONE_D, "gqa": "BERT-style attention has one set of heads", "rank": _RANK},
+        _self_attention_limits("BERT-style attention has one set of heads"),
     )
 
 
@@ -257,16 +268,14 @@ def _timm(layer: Any) -> ModuleMode:
         b, h, n, d = q.shape
         m = cache.get(h, d, q.dtype)
         m.qkv.value = torch.stack([x.transpose(1, 2) for x in (q, k, v)], dim=2).reshape(b, n, 3 * h * d)
-        with torch.no_grad():
-            out = m(q.new_zeros(b, n, h * d), attn_mask=mask)
-        return _heads_back(out, h)
+        return _forward(m, h, q.new_zeros(b, n, h * d), attn_mask=mask)
 
     path = "fused SDPA" if getattr(layer, "fused_attn", True) else "manual"
     return ModuleMode(
         attention,
         f"timm {type(layer).__name__} ({path} path): qkv returns the checker's q, k, v, proj identity, attn_mask "
         "boolean True = attend",
-        {"cross": _SELF, "dv": _ONE_D, "gqa": "timm's Attention has one set of heads", "rank": _RANK},
+        _self_attention_limits("timm's Attention has one set of heads"),
     )
 
 
@@ -304,22 +313,14 @@ def _nanogpt(layer: Any) -> ModuleMode:
         b, h, n, d = q.shape
         m = cache.get(h, d, n, q.dtype)
         m.c_attn.value = torch.cat([_heads_first(x) for x in (q, k, v)], dim=2)
-        with torch.no_grad():
-            out = m(q.new_zeros(b, n, h * d))
-        return _heads_back(out, h)
+        return _forward(m, h, q.new_zeros(b, n, h * d))
 
     path = "flash (SDPA is_causal)" if getattr(layer, "flash", True) else "manual"
     return ModuleMode(
         attention,
         f"nanoGPT {type(layer).__name__} ({path} path): c_attn returns the checker's q, k, v, c_proj identity; "
         "always causal",
-        {
-            "mask": "nanoGPT's CausalSelfAttention takes no mask",
-            "cross": _SELF,
-            "dv": _ONE_D,
-            "gqa": "nanoGPT has one set of heads",
-            "rank": _RANK,
-        },
+        _self_attention_limits("nanoGPT has one set of heads", mask="nanoGPT's CausalSelfAttention takes no mask"),
         causal_only=True,
     )
 
@@ -407,9 +408,7 @@ def _hf_named(layer: Any, names: tuple[str, ...], packing: str, params: set[str]
         if rotary:  # cos = 1, sin = 0 on the rotated share: the identity rotation
             r = int(d * rotary_share)
             kwargs["position_embeddings"] = (q.new_ones(b, n_q, r), q.new_zeros(b, n_q, r))
-        with torch.no_grad():
-            out = m(q.new_zeros(b, n_q, h * d), **kwargs)
-        return _heads_back(out[0] if isinstance(out, tuple) else out, h)
+        return _forward(m, h, q.new_zeros(b, n_q, h * d), **kwargs)
 
     impl = getattr(layer.config, "_attn_implementation", None) or "eager"
     fed = {

@@ -219,6 +219,26 @@ def _mask_argument(w: CallWords, dtype: str) -> list[str]:
     return lines
 
 
+#: The reproduction script's varlen call, up to its ``max_seqlen`` arguments: the rows the mask lets through give
+#: each sequence's query and key lengths, q, k, v ``[B, h, n, d]`` are packed to ``[sum(n), h, d]``.
+_VARLEN_PACK = (
+    "    lq = passed[:, 0].any(axis=-1).sum(axis=-1)  # each sequence's query and key lengths",
+    "    lk = passed[:, 0].any(axis=-2).sum(axis=-1)",
+    "    def pack(x, n):  # [B, h, n, d] -> [sum(n), h, d]",
+    "        return np.concatenate([np.swapaxes(x[b, :, : n[b]], 0, 1) for b in range(len(n))])",
+    "    cu = lambda n: E(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))  # noqa: E731 (cu_seqlens)",
+    "    out = fn(T(pack(q, lq)), T(pack(k, lk)), T(pack(v, lk)), cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk),",
+)
+#: ... and back: the packed output ``[sum(n), h, d_v]`` unpacked to ``[B, h, n, d_v]`` (zeros past each length).
+_VARLEN_UNPACK = (
+    "    out, full, start = H(out), np.zeros((*q.shape[:-1], v.shape[-1])), 0",
+    "    for b, n in enumerate(lq):",
+    "        full[b, :, :n] = np.swapaxes(out[start : start + n], 0, 1)",
+    "        start += n",
+    "    return full",
+)
+
+
 def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool, kind: str) -> list[str]:
     lay = "np.swapaxes(x, -2, -3)" if w.layout == "bnhd" else "x"
     lines = ["def call(q, k, v):", '    """fn called as the checker called it; its output in [..., h, n_q, d_v]."""']
@@ -231,15 +251,10 @@ def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool, kind
     if case.gqa and w.gqa_arg and w.mask_form != "varlen":
         kwargs.append(f"{w.gqa_arg}=True")
     if w.mask_form == "varlen":
-        lines += [
-            "    lq = passed[:, 0].any(axis=-1).sum(axis=-1)  # each sequence's query and key lengths",
-            "    lk = passed[:, 0].any(axis=-2).sum(axis=-1)",
-            "    def pack(x, n):  # [B, h, n, d] -> [sum(n), h, d]",
-            "        return np.concatenate([np.swapaxes(x[b, :, : n[b]], 0, 1) for b in range(len(n))])",
-            "    cu = lambda n: E(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))  # noqa: E731 (cu_seqlens)",
-            "    out = fn(T(pack(q, lq)), T(pack(k, lk)), T(pack(v, lk)), cu_seqlens_q=cu(lq), cu_seqlens_k=cu(lk),",
-            f"             max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()){''.join(', ' + a for a in kwargs)})",
-        ]
+        lines += _VARLEN_PACK
+        lines.append(
+            f"             max_seqlen_q=int(lq.max()), max_seqlen_k=int(lk.max()){''.join(', ' + a for a in kwargs)})"
+        )
     else:
         args = ["*args"]
         if has_mask and w.mask_arg:
@@ -270,13 +285,7 @@ def _call_lines(w: CallWords, case: Case, flag: bool | str, has_mask: bool, kind
             lines.append("    import jax")
         lines.append(f"    call.own = isinstance(out, {own})  # an array of the function's own library")
     if w.mask_form == "varlen":
-        lines += [
-            "    out, full, start = H(out), np.zeros((*q.shape[:-1], v.shape[-1])), 0",
-            "    for b, n in enumerate(lq):",
-            "        full[b, :, :n] = np.swapaxes(out[start : start + n], 0, 1)",
-            "        start += n",
-            "    return full",
-        ]
+        lines += _VARLEN_UNPACK
     else:
         lines.append("    return L(H(out))")
     return lines

@@ -187,10 +187,9 @@ def source_name(args: argparse.Namespace) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
     """heatmap's options, with their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
-    from ..i18n import localize_type, tr
+    from ..i18n import help_for, localize_type, tr
 
-    def h(key: str, **fields: Any) -> str:
-        return tr(f"help.heatmap.{key}", lang, **fields)
+    h = help_for("help.heatmap", lang)
 
     def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
         return None if lang == "en" else tr(f"help.metavar.{key}", lang)

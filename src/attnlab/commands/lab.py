@@ -20,10 +20,9 @@ HELP = "open the interactive attention lab in your browser (local, offline)"
 
 def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
     """lab's options, with their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
-    from ..i18n import tr
+    from ..i18n import help_for
 
-    def h(key: str) -> str:
-        return tr(f"help.lab.{key}", lang)
+    h = help_for("help.lab", lang)
 
     number = None if lang == "en" else "N"
     parser.add_argument("--port", type=int_or_text, default=0, metavar=number, help=h("port"))

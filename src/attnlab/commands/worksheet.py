@@ -20,10 +20,9 @@ HELP = "write a printable worksheet (questions, then the answers on a new page)"
 
 def add_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
     """worksheet's options, with their help in ``lang``."""
-    from ..i18n import tr
+    from ..i18n import help_for
 
-    def h(key: str) -> str:
-        return tr(f"help.worksheet.{key}", lang)
+    h = help_for("help.worksheet", lang)
 
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help=h("output"))
     parser.add_argument("--lang", choices=("en", "zh"), default=lang, help=h("lang"))

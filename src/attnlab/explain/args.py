@@ -61,10 +61,9 @@ TEMPERATURE = float_type(minimum=sys.float_info.min)
 def add_input_arguments(p: argparse.ArgumentParser, lang: str = "en") -> None:
     """The options that say what to compute (shared by ``explain`` and ``heatmap``); help and the messages about a
     bad value in ``lang``."""
-    from .i18n import tr
+    from ..i18n import help_for
 
-    def h(key: str, **fields: Any) -> str:
-        return tr(f"help.{key}", lang, **fields)
+    h = help_for("help", lang)
 
     def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
         return None if lang == "en" else h(f"metavar.{key}")
@@ -252,10 +251,9 @@ def setup_from_args(args: argparse.Namespace) -> Any:
 def add_explain_arguments(parser: argparse.ArgumentParser, lang: str = "en") -> None:
     """``attnlab explain``'s options (the inputs of :func:`add_input_arguments`, then what to show and how), with
     their help in ``lang`` (the command line's language: :func:`attnlab.i18n.cli_lang`)."""
-    from .i18n import tr
+    from ..i18n import help_for
 
-    def h(key: str, **fields: object) -> str:
-        return tr(f"help.{key}", lang, **fields)
+    h = help_for("help", lang)
 
     def mv(key: str) -> str | None:  # argparse's default metavar (the option's name) in English
         return None if lang == "en" else h(f"metavar.{key}")

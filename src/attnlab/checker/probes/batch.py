@@ -9,7 +9,7 @@ import numpy as np
 from ..cases import Geom
 from ..registry import ProbeSkip, probe
 from ..tolerance import FLOORS
-from .common import base_call, change, largest, repeated
+from .common import base_call, change, largest, repeated, report_leak
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -42,12 +42,9 @@ def batch(s: Session) -> None:
             diff = change(out.out[kidx], base.out[kidx])
             if not np.all(diff <= tol):
                 other = "batch element" if what.startswith("batch") else "head"
-                s.bug(
-                    "batch-leak",
-                    f"the output of {other} {kidx[-1]} changes when only {what} changes",
-                    f"case {case.label}: {case.shapes()} (layout {s.spec.layout}); max change "
-                    f"{largest(diff):.3g} (tolerance {tol:.2g})",
-                )
+                found = f"max change {largest(diff):.3g}"
+                message = f"the output of {other} {kidx[-1]} changes when only {what} changes"
+                report_leak(s, "batch-leak", message, case, found, tol, where=f" (layout {s.spec.layout})")
                 return
 
 

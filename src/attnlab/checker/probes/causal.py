@@ -11,10 +11,10 @@ import numpy as np
 from ..adapters import round_to
 from ..cases import Geom
 from ..diagnose import diagnose, own_alignments
-from ..registry import ProbeSkip, probe
+from ..registry import probe
 from ..runner import Case
 from ..tolerance import FLOORS, compare
-from .common import base_call, change, golden_logit_range, largest
+from .common import base_call, change, golden_logit_range, largest, require
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -25,8 +25,7 @@ __all__ = ["causal", "flag_and_mask_together", "future_within_mask", "large_scor
 @probe("causal")
 def causal(s: Session) -> None:
     """The ``causal`` probe: changing future tokens moves no earlier output (see the module's table)."""
-    if "causal" not in s.caps:
-        raise ProbeSkip("needs causal")
+    require(s, "causal")
     n = 8
     case = s.make(Geom(2, 2, n, n, 4, 4), s.primary, label="future", causal=True)
     base = base_call(s, case, "causal: future tokens")

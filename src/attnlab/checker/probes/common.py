@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..registry import ProbeSkip
 from ..runner import Case, Outcome
 from ..tolerance import expand_kv
 
 if TYPE_CHECKING:
+    from ..gradient_oracle import GradReturned
     from ..session import Session
 
-__all__ = ["base_call", "change", "golden_logit_range", "largest", "repeated"]
+__all__ = ["base_call", "change", "golden_logit_range", "grad_pairs", "largest", "repeated", "report_leak", "require"]
 
 
 def change(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -69,3 +72,26 @@ def repeated(s: Session, first: Outcome) -> bool:
         "identical calls",
     )
     return False
+
+
+def require(s: Session, cap: str) -> None:
+    """Skip the probe (``ProbeSkip("needs <cap>")``) unless the function under test has the capability ``cap``."""
+    if cap not in s.caps:
+        raise ProbeSkip(f"needs {cap}")
+
+
+def report_leak(s: Session, code: str, message: str, case: Case, found: str, tol: float, *, where: str = "") -> None:
+    """Report a leak bug ``code``: changing one part of the inputs moved an output it must not move.
+
+    The evidence line reads ``case <label>: <shapes><where>; <found> (tolerance <tol>)``, ``found`` saying by how
+    much it moved, ``where`` (e.g. `` (layout bhnd)``) what else locates the case.
+    """
+    s.bug(code, message, f"case {case.label}: {case.shapes()}{where}; {found} (tolerance {tol:.2g})")
+
+
+def grad_pairs(first: GradReturned, second: GradReturned) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+    """``(name, a, b)`` for each of ``dq``, ``dk``, ``dv`` that both calls returned, with the same shape."""
+    for name in ("dq", "dk", "dv"):
+        a, b = first.grads.get(name), second.grads.get(name)
+        if a is not None and b is not None and a.shape == b.shape:
+            yield name, a, b

@@ -12,6 +12,7 @@ from ..adapters import round_to
 from ..cases import Geom
 from ..gradient_oracle import GradReturned
 from ..registry import ProbeSkip, probe
+from .common import grad_pairs, report_leak
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -126,9 +127,8 @@ def grad_batch(s: Session) -> None:
             continue
         other = 1 - changed
         keep0 = (slice(other, other + 1),) if axis == 0 else (slice(None), slice(other, other + 1))
-        for name in ("dq", "dk", "dv"):
-            a, b = ret.grads.get(name), moved.returned.grads.get(name)
-            if a is None or b is None or a.shape != b.shape or a.ndim < 2:  # no batch and head axes to pick
+        for name, a, b in grad_pairs(ret, moved.returned):
+            if a.ndim < 2:  # no batch and head axes to pick
                 continue
             a, b = a[keep0], b[keep0]
             finite = np.isfinite(a) & np.isfinite(b)
@@ -137,12 +137,9 @@ def grad_batch(s: Session) -> None:
             largest = float(diff.max(initial=0.0))
             if flipped or largest > bounds[name]:  # NaN in both runs alike is the reference probe's finding
                 moved_by = "non-finite values appeared or vanished" if flipped else f"moved by {largest:.3g}"
-                s.bug(
-                    "grad-batch-leak",
-                    f"changing one {what} changes the gradients of another ({name})",
-                    f"case {base.label}: {base.shapes()}; {what} {changed} changed, {name} of {what} {other} "
-                    f"{moved_by} (tolerance {bounds[name]:.2g})",
-                )
+                message = f"changing one {what} changes the gradients of another ({name})"
+                found = f"{what} {changed} changed, {name} of {what} {other} {moved_by}"
+                report_leak(s, "grad-batch-leak", message, base, found, bounds[name])
                 return
 
 

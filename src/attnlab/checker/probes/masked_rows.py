@@ -10,9 +10,10 @@ import numpy as np
 from ..adapters import round_to
 from ..cases import LENGTH_FORMS, Geom
 from ..diagnose import diagnose
-from ..registry import ProbeSkip, probe
+from ..registry import probe
 from ..runner import Case
 from ..tolerance import FLOORS, compare
+from .common import require
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -23,8 +24,7 @@ __all__ = ["masked_row_in_other_dtypes", "masked_rows"]
 @probe("masked-rows")
 def masked_rows(s: Session) -> None:
     """The ``masked-rows`` probe: a query row with no allowed key (see the module's table)."""
-    if "mask" not in s.caps:
-        raise ProbeSkip("needs mask")
+    require(s, "mask")
     g = Geom(2, 2, 4, 6, 4, 4) if "cross" in s.caps else Geom(2, 2, 6, 6, 4, 4)
     case = s.make(g, s.primary, label="fully masked row", mask=True)
     assert case.mask is not None  # mask=True

@@ -10,10 +10,10 @@ import numpy as np
 from ... import masks as _masks
 from ..adapters import round_to
 from ..cases import Geom
-from ..registry import ProbeSkip, probe
+from ..registry import probe
 from ..runner import Case
 from ..tolerance import FLOORS, Comparison, compare
-from .common import base_call, change, golden_logit_range, largest
+from .common import base_call, change, golden_logit_range, largest, require
 
 if TYPE_CHECKING:
     from ..session import Session
@@ -24,8 +24,7 @@ __all__ = ["large_scores", "padding"]
 @probe("padding")
 def padding(s: Session) -> None:
     """The ``padding`` probe: what padded keys hold moves no valid output (see the module's table)."""
-    if "mask" not in s.caps:
-        raise ProbeSkip("needs mask")
+    require(s, "mask")
     n = 6
     n_q = 5 if "cross" in s.caps else n  # rectangular where the function takes n_q != n_k
     lengths = np.array([n, 3])
