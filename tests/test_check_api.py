@@ -54,7 +54,7 @@ def test_report_is_frozen_and_round_trips_through_json():
     assert d["ok"] is False and d["command"] == "check"
     assert [f["code"] for f in d["findings"]] == ["scale-missing"]
     f = d["findings"][0]
-    assert set(f) == {"code", "severity", "message", "evidence", "fix", "probe"}
+    assert set(f) == {"code", "severity", "message", "evidence", "fix", "probe", "minimal"}
     assert "q (2, 2, 5, 8)" in f["evidence"] and "max |out - reference|" in f["evidence"]
     assert [p["name"] for p in d["probes"]] == ["preflight", "reference", "determinism"]
     assert d["spec"]["mask_convention"] == "allow"

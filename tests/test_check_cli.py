@@ -59,7 +59,9 @@ def test_clean_file_target_exits_0_with_the_report(user_file, capsys):
     )
     assert "not tested: bfloat16 (NumPy has no bfloat16)" in lines
     assert lines[-3].startswith("probes: preflight ok, reference ok, invariants skip, normalization ok, causal ok,")
-    assert lines[-2] == "masked-rows ok, large-logits ok, batch ok, determinism ok"
+    assert lines[-2] == (
+        "masked-rows ok, large-logits ok, batch ok, determinism ok, call-order ok, mask-space ok, decode ok"
+    )
     assert lines[-1].startswith("OK clean: no bug found (2 notes; not tested: scale, gqa, bfloat16);")
     assert all(len(line) <= 100 for line in lines)
 

@@ -196,6 +196,46 @@ def test_cost_bad_input_is_named(call):
         call()
 
 
+@SETTINGS
+@given(n=st.integers(1, 300), window=st.integers(1, 400))
+def test_window_pairs_counts_the_window_mask(n, window):
+    """``cost.window_pairs`` is the number of (query, key) pairs a causal sliding window allows, counted here on the
+    mask itself."""
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    assert cost.window_pairs(n, window) == int(np.sum((j <= i) & (i - j < window)))
+
+
+@pytest.mark.parametrize("args", [(0, 2), (4, 0), (True, 2), (2.5, 1), (4, math.nan), ("4", 2)])
+def test_window_pairs_bad_input_is_named(args):
+    with pytest.raises(attnlab.AttnlabError, match=r"^(n|window):"):
+        cost.window_pairs(*args)
+
+
+# --- attnlab worksheet: bad flags refused before anything is written -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--item", "0"], "--item"),
+        (["--item", "44"], "--item"),
+        (["--item", "x"], "--item"),
+        (["--lang", "fr"], "--lang"),
+        (["--format", "pdf"], "--format"),
+    ],
+)
+def test_worksheet_bad_flags_are_named(argv, flag, tmp_path, capsys):
+    out = tmp_path / "w.html"
+    assert main(["worksheet", "-o", str(out), *argv]) == 2
+    assert flag in capsys.readouterr().err and not out.exists()
+
+
+def test_worksheet_writes_one_item(tmp_path):
+    out = tmp_path / "w.md"
+    assert main(["worksheet", "-o", str(out), "--item", "3", "--lang", "zh"]) == 0
+    assert out.read_text(encoding="utf-8").strip()
+
+
 # --- attnlab bench: every option checked before any timing ------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ call (a perturbation experiment that needs two calls to compare) is shown as see
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -151,8 +152,8 @@ class Minimal:
             out += ["    " + line for line in self.mask.splitlines()]
         for w in self.first_wrong:
             out.append(f"  wrong: {w}")
-        if self.depends:
-            out.append(f"  depends: {self.depends}")
+        if self.depends:  # a paragraph: wrapped, so that text and rich renderings agree at any width over 110
+            out += textwrap.wrap(self.depends, 110, initial_indent="  depends: ", subsequent_indent="    ")
         if self.reproduction:
             out.append("  reproduction:")
             out += ["    " + line if line else "" for line in self.reproduction.splitlines()]

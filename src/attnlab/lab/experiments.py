@@ -120,7 +120,7 @@ def _labels(prefix: str, n: int) -> tuple[str, ...]:
 def _int(values: Mapping[str, Any], name: str, lo: int, hi: int) -> int:
     x = values.get(name)
     try:
-        v = float(x)  # type: ignore[arg-type]
+        v = float(x)  # type: ignore[arg-type]  # x is any widget value; float() refusing it is the check
     except (TypeError, ValueError):
         raise ValueError(f"{name}: {x!r}") from None
     if not v.is_integer() or not lo <= v <= hi:
@@ -131,7 +131,7 @@ def _int(values: Mapping[str, Any], name: str, lo: int, hi: int) -> int:
 def _float(values: Mapping[str, Any], name: str, lo: float, hi: float) -> float:
     x = values.get(name)
     try:
-        v = float(x)  # type: ignore[arg-type]
+        v = float(x)  # type: ignore[arg-type]  # x is any widget value; float() refusing it is the check
     except (TypeError, ValueError):
         raise ValueError(f"{name}: {x!r}") from None
     if not (math.isfinite(v) and lo <= v <= hi):
@@ -591,7 +591,7 @@ def _backward(vals: Mapping[str, Any], state: Any, lang: str) -> tuple[dict[str,
         "check",
         chk,
         ("dQ", "dK", "dV"),
-        ("attention_backward", t(lang, "finite difference")),
+        ("attention_backward", t(lang, "lesson.bw.fd")),
         t(lang, "largest difference of the hand formulas from:"),
         lang=lang,
         shade=False,
@@ -882,7 +882,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         "growth",
         "Experiment: T² growth",
         (
-            Control("t", "number", "sequence length T", 4096, 1, 1 << 20, 1),
+            Control("t", "number", "plot.growth.x", 4096, 1, 1 << 20, 1),
             Control("base", "number", "compared with length", 1024, 1, 1 << 20, 1),
         ),
         {"t": frozenset({2048, 4096}), "base": 1024},
