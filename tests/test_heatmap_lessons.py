@@ -11,7 +11,6 @@ from attnlab.articles import LESSONS
 from attnlab.cli import main
 from attnlab.explain.args import EXAMPLE_NAMES
 
-pytest.importorskip("matplotlib")
 
 
 def test_the_help_names_the_examples_drawn_here(capsys):
