@@ -12,7 +12,6 @@ from attnlab.cli import main
 from attnlab.explain.args import EXAMPLE_NAMES
 
 
-
 def test_the_help_names_the_examples_drawn_here(capsys):
     try:
         main(["heatmap", "--help"])
