@@ -4,6 +4,10 @@ PyTorch on 2 cores, and the isolation costing at most 0.5 s more.
 
 Run: ``python benchmarks/bench_check.py`` (``--repeats N``, default 3; medians).
 
+``--cli`` times whole ``attnlab check`` commands against issue 20's targets (2 cores): a NumPy function <= 1 s, a
+torch forward <= 3 s, a torch forward + backward (``--backward``) <= 5 s and a ``jax.jit`` function <= 20 s,
+compilation included; each command in a fresh interpreter, as a user runs it.
+
 ``--backward`` times the gradient battery instead (issue 14; targets: under 3 s for a NumPy backward, under 10 s
 for a PyTorch one on 2 cores): ``check_backward`` on a NumPy analytic backward and on a tiled NumPy
 FlashAttention-2 backward, and the gradient battery of PyTorch SDPA through autograd (``check_backward(fn,
@@ -53,6 +57,23 @@ NUMPY = textwrap.dedent(
     """
 )
 TORCH = "from torch.nn.functional import scaled_dot_product_attention as attention\n"
+JAX = textwrap.dedent(
+    """
+    import jax
+    import jax.numpy as jnp
+
+
+    @jax.jit
+    def attention(q, k, v, mask=None):
+        s = q @ jnp.swapaxes(k, -1, -2) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+        if mask is not None:
+            s = jnp.where(mask, s, -jnp.inf)
+        m = s.max(axis=-1, keepdims=True)
+        e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0))
+        d = e.sum(axis=-1, keepdims=True)
+        return jnp.where(d > 0, e / jnp.where(d > 0, d, 1), 0) @ v  # a fully masked row gives zeros
+    """
+)
 
 MEASURE = textwrap.dedent(
     """
@@ -89,17 +110,54 @@ def _run(folder: str, target: str, options: dict, mode: str, script: str = MEASU
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _cli(folder: str, target: str, args: list[str]) -> float:
+def _cli(folder: str, target: str, args: list[str]) -> tuple[float, str]:
+    """The wall time of ``attnlab check TARGET --json ARGS`` and the verdict it printed."""
     env = dict(os.environ, PYTHONPATH=SRC)
     t0 = time.perf_counter()
-    subprocess.run(
+    out = subprocess.run(
         [sys.executable, "-m", "attnlab", "check", target, "--json", *args],
         cwd=folder,
         env=env,
         capture_output=True,
+        text=True,
         timeout=300,
     )
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    try:
+        verdict = json.loads(out.stdout)["verdict"]
+    except (ValueError, KeyError):
+        verdict = f"exit {out.returncode}"
+    return seconds, verdict
+
+
+def cli(repeats: int) -> int:
+    """Whole ``attnlab check`` commands against issue 20's targets; exit 1 if one misses its target or is not clean."""
+    print(f"{os.cpu_count()} CPUs, load average {_loadavg()}; medians of {repeats}")
+    print(f"{'attnlab check ...':<52}{'wall':>7}  verdict  target")
+    with tempfile.TemporaryDirectory() as folder:
+        Path(folder, "np_attention.py").write_text(NUMPY)
+        Path(folder, "torch_attention.py").write_text(TORCH)
+        Path(folder, "jax_attention.py").write_text(JAX)
+        cases = [
+            ("np_attention.py:attention", [], 1.0),
+            ("torch_attention.py:attention", [], 3.0),
+            ("torch_attention.py:attention", ["--backward"], 5.0),
+            ("jax_attention.py:attention", [], 20.0),
+        ]
+        worst = 0
+        for target, args, limit in cases:
+            runs = [_cli(folder, target, args) for _ in range(repeats)]
+            sec = statistics.median(r[0] for r in runs)
+            verdicts = {r[1] for r in runs}
+            verdict = "clean" if verdicts == {"clean"} else ",".join(sorted(verdicts))
+            worst |= sec > limit or verdict != "clean"
+            print(f"{' '.join([target, *args]):<52}{sec:>6.2f}s  {verdict:<7}  <= {limit:g} s")
+    print(f"load average after: {_loadavg()}")
+    return int(worst)
+
+
+def _loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # --- backward (issue 14) -----------------------------------------------------------------------------------------
@@ -192,9 +250,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backward", action="store_true", help="time the gradient battery (issue 14)")
+    parser.add_argument("--cli", action="store_true", help="time whole attnlab check commands (issue 20)")
     ns = parser.parse_args()
     if ns.backward:
         return backward(ns.repeats)
+    if ns.cli:
+        return cli(ns.repeats)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of {ns.repeats}")
     print(
         f"{'implementation':<34}{'in-process':>11}{'isolated':>10}{'import':>8}{'battery':>9}{'overhead':>10}{'cli':>7}"
@@ -207,7 +268,7 @@ def main() -> int:
             ("torch SDPA (4 dtypes, GQA)", "torch_attention.py:attention", {"gqa": True}, ["--gqa"]),
         ]
         for label, target, options, args in cases:
-            inproc, iso, imp, cli = [], [], [], []
+            inproc, iso, imp, wall = [], [], [], []
             for _ in range(ns.repeats):
                 a = _run(folder, target, options, "in-process")
                 b = _run(folder, target, options, "isolated")
@@ -215,12 +276,12 @@ def main() -> int:
                 inproc.append(a["seconds"])
                 iso.append(b["seconds"])
                 imp.append(b["import"])
-                cli.append(_cli(folder, target, args))
+                wall.append(_cli(folder, target, args)[0])
             m = statistics.median
             battery = [i - j for i, j in zip(iso, imp, strict=True)]
             print(
                 f"{label:<34}{m(inproc):>10.2f}s{m(iso):>9.2f}s{m(imp):>7.2f}s{m(battery):>8.2f}s"
-                f"{m(battery) - m(inproc):>+9.2f}s{m(cli):>6.2f}s  ({a['calls']} calls)"
+                f"{m(battery) - m(inproc):>+9.2f}s{m(wall):>6.2f}s  ({a['calls']} calls)"
             )
     return 0
 
