@@ -61,18 +61,6 @@ class AttentionTrace:
     policy: str
 
 
-#: The fields of a trace that are its prepared inputs as they are, and their names in
-#: :class:`~attnlab.core.inputs.Prepared` (whose ``masked_rows`` is the policy; a trace's lists the rows).
-_FROM_INPUTS = {
-    "q": "q",
-    "k": "k",
-    "v": "v",
-    "scale": "scale",
-    "temperature": "temperature",
-    "bias": "bias",
-    "policy": "masked_rows",
-}
-
 #: The default ``max_bytes`` of the dense path: 16 GiB (beyond it, :func:`attnlab.flash_attention` is the tool).
 DEFAULT_MAX_BYTES = 16 * 2**30
 
@@ -229,16 +217,21 @@ def _forward_dense(p: Prepared, max_bytes: int | None, rescale: bool = False) ->
             f"max |v| is {max_abs(xp, p.v):.7g}; scale v down"
         )
     output = cast_checked(xp, out, p.out_dtype, "output")
-    inputs = {field: getattr(p, name) for field, name in _FROM_INPUTS.items()}
     return AttentionTrace(
-        **inputs,
+        q=p.q,
+        k=p.k,
+        v=p.v,
         scores=scores,
+        scale=p.scale,
+        temperature=p.temperature,
+        bias=p.bias,
         logits=logits,
         allowed=allowed,
         weights=weights,
         output=output,
         lse=lse,
         masked_rows=rows,
+        policy=p.masked_rows,
     )
 
 
