@@ -35,7 +35,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from ..validate import check_choice, check_float, check_int
 
 if TYPE_CHECKING:
     from .layout import Layout
+    from .ring import RingStats
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -581,7 +582,9 @@ def ring_steps(cfg: RingRunConfig) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class RankReport:
-    """What one rank measured: wall time of the (fastest) pass, its peak memory, ring traffic, tiles.
+    """What one rank measured: wall time of the (fastest) pass, its peak memory, the length of its shard, and
+    ``traffic``: the :class:`~attnlab.distributed.RingStats` of a pass, forward and backward together (bytes sent
+    and received, tiles computed and skipped, flops, time spent waiting).
 
     ``peak_bytes`` is how far this rank's memory rose above its level before its shards of q, k, v (, dO) were
     created, up to the end of the first pass: the resident set size sampled every millisecond on CPUs
@@ -592,13 +595,8 @@ class RankReport:
     time_s: float
     peak_bytes: int
     memory_kind: str
-    bytes_sent: int
-    bytes_received: int
-    tiles_computed: int
-    tiles_skipped: int
-    flops: int
     shard: int
-    wait_s: float = 0.0
+    traffic: RingStats
 
 
 @dataclass(frozen=True)
@@ -629,6 +627,14 @@ class RingRunReport:
 
 
 _FLOOR = {"float64": 1e-12, "float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2}
+
+#: The :class:`RingStats` fields that add up over the passes of one rank (its rank and the world size stay).
+_ADDED = ("steps", "tiles_computed", "tiles_skipped", "flops", "bytes_sent", "bytes_received", "wait_s")
+
+
+def _both(forward: RingStats, backward: RingStats) -> RingStats:
+    """One rank's stats of a forward and its backward as one pass: the counts and the waiting add."""
+    return replace(forward, **{name: getattr(forward, name) + getattr(backward, name) for name in _ADDED})
 
 
 def _reference(cfg: RingRunConfig, q: Any, k: Any, v: Any, dO: Any, dtype: Any) -> dict[str, Any]:
@@ -730,26 +736,20 @@ def run_ring(
         t0 = time.perf_counter()
         fwd, grads = one_pass(local, i)
         best = min(best, time.perf_counter() - t0)
-    sent = fwd.stats.bytes_sent + (grads.stats.bytes_sent if grads else 0)
-    recv = fwd.stats.bytes_received + (grads.stats.bytes_received if grads else 0)
-    computed = fwd.stats.tiles_computed + (grads.stats.tiles_computed if grads else 0)
-    skipped = fwd.stats.tiles_skipped + (grads.stats.tiles_skipped if grads else 0)
-    flops = fwd.stats.flops + (grads.stats.flops if grads else 0)
-    mine = RankReport(
-        rank, best, int(peak), "CUDA allocated" if device.type == "cuda" else "RSS high-water, shards included",
-        sent, recv, computed, skipped, flops, lay.size(rank), fwd.stats.wait_s + (grads.stats.wait_s if grads else 0.0),
-    )  # fmt: skip
+    memory_kind = "CUDA allocated" if device.type == "cuda" else "RSS high-water, shards included"
+    traffic = fwd.stats if grads is None else _both(fwd.stats, grads.stats)
+    mine = RankReport(rank, best, int(peak), memory_kind, lay.size(rank), traffic)
     shards = {"output": fwd.output}
     if grads is not None:
         shards.update(dq=grads.dq, dk=grads.dk, dv=grads.dv)
-    payload = (asdict(mine), {n: x.detach().cpu() for n, x in shards.items()} if cfg.check else None)
+    payload = (mine, {n: x.detach().cpu() for n, x in shards.items()} if cfg.check else None)
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     step(3 + cfg.repeats * per_pass)
     dist.gather_object(payload, gathered, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
     if rank != 0:
         return None
     assert gathered is not None
-    ranks = tuple(RankReport(**g[0]) for g in gathered)
+    ranks = tuple(g[0] for g in gathered)
     check = None
     if cfg.check:
         step(4 + cfg.repeats * per_pass)
@@ -921,16 +921,17 @@ def format_report(report: RingRunReport) -> str:
         f"{'tiles':>7} {'skipped':>7} {'GFLOP':>8}",
     ]
     for r in report.ranks:
+        t = r.traffic
         lines.append(
-            f"{r.rank:>4} {r.shard:>7} {r.time_s * 1e3:>7.1f}ms {r.wait_s * 1e3:>7.1f}ms {_mib(r.peak_bytes):>12} "
-            f"{_mib(r.bytes_sent):>12} "
-            f"{_mib(r.bytes_received):>12} {r.tiles_computed:>7} {r.tiles_skipped:>7} {r.flops / 1e9:>8.3f}"
+            f"{r.rank:>4} {r.shard:>7} {r.time_s * 1e3:>7.1f}ms {t.wait_s * 1e3:>7.1f}ms {_mib(r.peak_bytes):>12} "
+            f"{_mib(t.bytes_sent):>12} "
+            f"{_mib(t.bytes_received):>12} {t.tiles_computed:>7} {t.tiles_skipped:>7} {t.flops / 1e9:>8.3f}"
         )
     slowest = max(r.time_s for r in report.ranks)
     lines.append(
         f"time (slowest rank): {slowest * 1e3:.1f} ms; peak memory ({report.ranks[0].memory_kind}) max "
         f"{_mib(max(r.peak_bytes for r in report.ranks))}; "
-        f"sent in total {_mib(sum(r.bytes_sent for r in report.ranks))}"
+        f"sent in total {_mib(sum(r.traffic.bytes_sent for r in report.ranks))}"
     )
     if report.check is None:
         lines.append("check: skipped (n too large for the single-process reference; pass --check to force)")

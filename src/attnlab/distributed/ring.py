@@ -39,7 +39,7 @@ import numpy as np
 from .. import errors as _errors
 from .._arrays import index_tuples, namespace
 from .._signatures import same_arguments
-from ..core.inputs import CoreOptions, MaskedRows, check_finite, prepare
+from ..core.inputs import CoreOptions, MaskedRows, Prepared, check_finite, prepare
 from ..errors import AttnlabError, MaskedRowError, OptionError, ShapeError, masked_rows_error, missing_extra
 from ..masks import MaskSpec
 from ..validate import check_int
@@ -159,25 +159,14 @@ def merge_partials(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> tuple[Any,
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Ring:
+    """This rank's place in the ring: the process ``group`` (None: the world; also when running alone), its
+    ``rank`` among ``world`` ranks, and ``peers``, the global rank of each group rank."""
+
     group: Any
     rank: int
     world: int
-    peers: tuple[int, ...]  # global rank of each group rank
-    layout_q: RingLayout
-    layout_k: RingLayout
-    spec: MaskSpec  # causal, key lengths, query lengths, on the global positions (sized)
-    scale: float
-    policy: str
-    block_q: int
-    block_k: int
-    lead: tuple[int, ...]
-    h: int
-    h_kv: int
-    d_k: int
-    d_v: int
-    cdt: Any
-    masked_rows: tuple[tuple[int, ...], ...] = field(default=())
+    peers: tuple[int, ...]
 
     @property
     def nxt(self) -> int:
@@ -187,25 +176,51 @@ class _Plan:
     def prv(self) -> int:
         return self.peers[(self.rank - 1) % self.world]
 
+    def sources(self) -> Iterator[int]:
+        """The rank whose key/value block this rank holds at each step: its own first, then r-1, r-2, ..."""
+        return ((self.rank - step) % self.world for step in range(self.world))
 
-def _group_info(group: Any) -> tuple[int, int, tuple[int, ...]]:
+
+@dataclass(frozen=True)
+class _Plan:
+    ring: _Ring
+    options: RingOptions  # as the caller passed them (block sizes checked)
+    core: Prepared  # the core's validation of one row of each shard: scale, masked_rows policy, compute dtype
+    layout_q: RingLayout
+    layout_k: RingLayout
+    spec: MaskSpec  # causal, key lengths, query lengths, on the global positions (sized)
+    lead: tuple[int, ...]
+    h: int
+    h_kv: int
+    d_k: int
+    d_v: int
+    masked_rows: tuple[tuple[int, ...], ...] = field(default=())
+
+    @property
+    def cdt(self) -> Any:
+        """The compute dtype (float32, or float64 for float64 inputs and where float32 logits could overflow)."""
+        return self.core.q.dtype
+
+
+def _ring_of(group: Any) -> _Ring:
     if not (dist.is_available() and dist.is_initialized()):
         if group is not None:
             raise AttnlabError("group: a process group was passed, but torch.distributed is not initialized")
-        return 0, 1, (0,)
+        return _Ring(None, 0, 1, (0,))
     g = group if group is not None else dist.group.WORLD
-    return dist.get_rank(g), dist.get_world_size(g), tuple(dist.get_process_group_ranks(g))
+    return _Ring(group, dist.get_rank(g), dist.get_world_size(g), tuple(dist.get_process_group_ranks(g)))
 
 
-def _agree(group: Any, world: int, error: BaseException | None, signature: tuple) -> list[tuple]:
-    """All-gather (error, signature) across the group; raise on every rank if any rank failed."""
+def _agree(ring: _Ring, error: BaseException | None, signature: tuple) -> list[tuple]:
+    """All-gather (error, signature) across the ring's group; raise on every rank if any rank failed."""
+    world = ring.world
     if world == 1:
         if error is not None:
             raise error
         return [signature]
     mine = (None if error is None else (type(error).__name__, str(error)), signature)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, mine, group=group)
+    dist.all_gather_object(gathered, mine, group=ring.group)
     failed = [(r, e) for r, (e, _) in enumerate(gathered) if e is not None]
     if failed:
         if error is not None:
@@ -297,7 +312,7 @@ def _structure(o: RingOptions, lead: tuple[int, ...]) -> MaskSpec:
 
 
 def _make_plan(q: Any, k: Any, v: Any, o: RingOptions) -> _Plan:
-    rank, world, peers = _group_info(o.group)
+    ring = _ring_of(o.group)
     error: BaseException | None = None
     sig: tuple = ()
     p = spec = None
@@ -311,7 +326,7 @@ def _make_plan(q: Any, k: Any, v: Any, o: RingOptions) -> _Plan:
     except Exception as err:  # every rank must hear about it, whatever it is
         error = err
     n_r = (q.shape[-2], k.shape[-2]) if error is None else (0, 0)
-    sigs = _agree(o.group, world, error, (sig, n_r))
+    sigs = _agree(ring, error, (sig, n_r))
     assert p is not None and spec is not None
     for r, (s, _) in enumerate(sigs):
         if s != sigs[0][0]:
@@ -320,29 +335,23 @@ def _make_plan(q: Any, k: Any, v: Any, o: RingOptions) -> _Plan:
                 f"key_lengths, query_lengths): "
                 f"rank 0 has {sigs[0][0]}, rank {r} has {s}"
             )
-    layout_q, layout_k = _layouts(sigs, world, o.layout)
+    layout_q, layout_k = _layouts(sigs, ring.world, o.layout)
     lead = tuple(q.shape[:-3])
     spec = spec.sized(layout_q.n, layout_k.n, lead[0] if lead else 1)
     h, h_kv = q.shape[-3], k.shape[-3]
     rows = _empty_rows(spec, lead, h, p.masked_rows)
     return _Plan(
-        group=o.group,
-        rank=rank,
-        world=world,
-        peers=peers,
+        ring=ring,
+        options=o,
+        core=p,
         layout_q=layout_q,
         layout_k=layout_k,
         spec=spec,
-        scale=p.scale,
-        policy=p.masked_rows,
-        block_q=o.block_q,
-        block_k=o.block_k,
         lead=lead,
         h=h,
         h_kv=h_kv,
         d_k=q.shape[-1],
         d_v=v.shape[-1],
-        cdt=p.q.dtype,
         masked_rows=rows,
     )
 
@@ -427,14 +436,21 @@ class _Traffic:
             r.wait()
         self.wait_s += time.perf_counter() - t0
 
+    def stats(self, ring: _Ring, counts: list[int]) -> RingStats:
+        """The pass's :class:`RingStats`: one step per rank, ``counts`` = (tiles computed, tiles skipped, flops)."""
+        computed, skipped, flops = counts
+        return RingStats(
+            ring.rank, ring.world, ring.world, computed, skipped, flops, self.sent, self.received, self.wait_s
+        )
+
 
 def _exchange(plan: _Plan, sends: list[Any], recvs: list[Any], tag: int, traffic: _Traffic) -> list[Any]:
     """Post each tensor of ``sends`` to the next rank and each of ``recvs`` from the previous one (one tag per
     tensor, so transfers in flight at the same time never mix); returns the requests to wait on."""
     ops = []
     for i, (snd, rcv) in enumerate(zip(sends, recvs, strict=True)):
-        ops.append(dist.P2POp(dist.isend, snd, plan.nxt, plan.group, tag + i))
-        ops.append(dist.P2POp(dist.irecv, rcv, plan.prv, plan.group, tag + i))
+        ops.append(dist.P2POp(dist.isend, snd, plan.ring.nxt, plan.ring.group, tag + i))
+        ops.append(dist.P2POp(dist.irecv, rcv, plan.ring.prv, plan.ring.group, tag + i))
         traffic.sent += snd.numel() * snd.element_size()
         traffic.received += rcv.numel() * rcv.element_size()
     return dist.batch_isend_irecv(ops)
@@ -463,8 +479,8 @@ def _live_tiles(plan: _Plan, src: int, device: Any, counts: list[int]) -> Iterat
     """The tiles of this rank's queries against rank ``src``'s keys where some query may attend to some key, as
     ``(qs, bq, ks, bk, mask)``: local starts and lengths, ``mask [S, bq, bk]`` broadcast as in :func:`_tile_mask`
     (None: every pair allowed). Counts the tiles computed in ``counts[0]`` and those skipped in ``counts[1]``."""
-    for qt in _tiles(plan.layout_q, plan.rank, plan.block_q):
-        for kt in _tiles(plan.layout_k, src, plan.block_k):
+    for qt in _tiles(plan.layout_q, plan.ring.rank, plan.options.block_q):
+        for kt in _tiles(plan.layout_k, src, plan.options.block_k):
             mask = _tile_mask(plan, qt, kt, device)
             if mask is False:
                 counts[1] += 1
@@ -475,7 +491,7 @@ def _live_tiles(plan: _Plan, src: int, device: Any, counts: list[int]) -> Iterat
 
 def _tile_logits(plan: _Plan, q_t: Any, k_t: Any, mask: Any) -> Any:
     """``scale · q_t k_tᵀ`` ``[..., h_kv, g, bq, bk]``, ``-inf`` where ``mask`` blocks."""
-    s = (q_t @ k_t.transpose(-1, -2)) * plan.scale
+    s = (q_t @ k_t.transpose(-1, -2)) * plan.core.scale
     return s if mask is None else s.masked_fill(~mask, -math.inf)
 
 
@@ -513,11 +529,11 @@ def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
     l_i = torch.zeros_like(m_i)
     acc = torch.zeros((*qg.shape[:-1], plan.d_v), dtype=plan.cdt, device=q.device)  # [..., h_kv, g, n_r, d_v]
     cur = [k.contiguous(), v.contiguous()]  # travel in the input dtype
-    for step in range(plan.world):
-        src = (plan.rank - step) % plan.world
+    world = plan.ring.world
+    for step, src in enumerate(plan.ring.sources()):
         reqs, nxt = [], None
-        if step < plan.world - 1:  # post the next block's transfer before computing on this one
-            nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
+        if step < world - 1:  # post the next block's transfer before computing on this one
+            nxt = _empty_block(plan, (src - 1) % world, k.dtype, k.device)
             reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
         _accumulate(plan, qg, (cur[0].to(plan.cdt), cur[1].to(plan.cdt)), src, (m_i, l_i, acc), counts)
         if nxt is not None:
@@ -529,13 +545,9 @@ def _forward(plan: _Plan, q: Any, k: Any, v: Any) -> tuple[Any, Any, RingStats]:
     lse = torch.where(empty, torch.full_like(m_i, -math.inf), m_i + torch.log(safe_l))
     out = out.reshape(*plan.lead, plan.h, *out.shape[-2:])
     lse = lse.reshape(*plan.lead, plan.h, lse.shape[-1])
-    if plan.policy == "nan" and plan.masked_rows:
+    if plan.core.masked_rows == "nan" and plan.masked_rows:
         out = torch.where(torch.isneginf(lse)[..., None], torch.full_like(out, math.nan), out)
-    stats = RingStats(
-        plan.rank, plan.world, plan.world, counts[0], counts[1], counts[2], traffic.sent, traffic.received,
-        traffic.wait_s,
-    )  # fmt: skip
-    return out, lse, stats
+    return out, lse, traffic.stats(plan.ring, counts)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -562,8 +574,8 @@ def _block_backward(
         dv[..., ks : ks + bk, :] += (p.transpose(-1, -2) @ dO_t).sum(dim=-3)  # summed over the g query heads
         dp = dO_t @ v_t.transpose(-1, -2)  # [..., bq, bk]
         ds = p * (dp - delta[..., qs : qs + bq, None])
-        dq[..., qs : qs + bq, :] += (ds @ k_t) * plan.scale
-        dk[..., ks : ks + bk, :] += (ds.transpose(-1, -2) @ q_t).sum(dim=-3) * plan.scale
+        dq[..., qs : qs + bq, :] += (ds @ k_t) * plan.core.scale
+        dk[..., ks : ks + bk, :] += (ds.transpose(-1, -2) @ q_t).sum(dim=-3) * plan.core.scale
         counts[2] += 2 * rows * bq * bk * (3 * plan.d_k + 2 * plan.d_v)
     return dk, dv
 
@@ -582,11 +594,11 @@ def _backward(plan: _Plan, dO: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) 
     cur = [k.contiguous(), v.contiguous()]
     dkv_reqs: list[Any] = []
     dkv_in: list[Any] | None = None
-    for step in range(plan.world):
-        src = (plan.rank - step) % plan.world
+    world = plan.ring.world
+    for step, src in enumerate(plan.ring.sources()):
         kv_reqs, nxt = [], None
-        if step < plan.world - 1:
-            nxt = _empty_block(plan, (src - 1) % plan.world, k.dtype, k.device)
+        if step < world - 1:
+            nxt = _empty_block(plan, (src - 1) % world, k.dtype, k.device)
             kv_reqs = _exchange(plan, cur, nxt, _TAG_KV, traffic)
         kv = (cur[0].to(plan.cdt), cur[1].to(plan.cdt))
         dk_blk, dv_blk = _block_backward(plan, (qg, dOg, lse_g, delta), kv, src, dq, counts)
@@ -594,23 +606,19 @@ def _backward(plan: _Plan, dO: Any, q: Any, k: Any, v: Any, out: Any, lse: Any) 
             traffic.wait(dkv_reqs)
             dk_blk.add_(dkv_in[0])
             dv_blk.add_(dkv_in[1])
-        if plan.world > 1:  # pass them on (after the last step: home to the block's owner)
-            dkv_in = _empty_block(plan, (src - 1) % plan.world, plan.cdt, k.device)
+        if world > 1:  # pass them on (after the last step: home to the block's owner)
+            dkv_in = _empty_block(plan, (src - 1) % world, plan.cdt, k.device)
             dkv_reqs = _exchange(plan, [dk_blk, dv_blk], dkv_in, _TAG_DKV, traffic)
         if nxt is not None:
             traffic.wait(kv_reqs)
             cur = nxt
-    if plan.world > 1:
+    if world > 1:
         traffic.wait(dkv_reqs)
         assert dkv_in is not None
         dk, dv = dkv_in
     else:
         dk, dv = dk_blk, dv_blk
-    stats = RingStats(
-        plan.rank, plan.world, plan.world, counts[0], counts[1], counts[2], traffic.sent, traffic.received,
-        traffic.wait_s,
-    )  # fmt: skip
-    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), stats
+    return dq.reshape(q.shape).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), traffic.stats(plan.ring, counts)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -672,7 +680,7 @@ def ring_attention_forward(  # 13 parameters: the public keywords, one RingOptio
         output=out.to(q.dtype),
         lse=lse,
         masked_rows=plan.masked_rows,
-        policy=plan.policy,
+        policy=plan.core.masked_rows,
         layout=plan.layout_q,
         stats=stats,
         inputs=(q, k, v),
