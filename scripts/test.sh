@@ -36,5 +36,6 @@ step lint python -m ruff check .
 step format python -m ruff format --check .
 step docs bash scripts/build-docs.sh  # the API reference (pdoc, warnings as errors; docs/README.md)
 step mypy python -m mypy  # the type checker over src/attnlab ([tool.mypy] in pyproject.toml; docs/typing.md)
-step pytest python -m pytest -q -n "${ATTNLAB_TEST_WORKERS:-auto}" --dist loadgroup
+# the API reference tests read the pages the docs step wrote (docs/api) rather than building them again
+step pytest env ATTNLAB_TEST_API_DOCS=docs/api python -m pytest -q -n "${ATTNLAB_TEST_WORKERS:-auto}" --dist loadgroup
 step import python benchmarks/bench_import.py --runs 7  # import attnlab vs import numpy (prints, asserts nothing)
