@@ -3,6 +3,8 @@
 #
 # Each step is one `step NAME COMMAND...` line: its wall time is recorded under NAME and every recorded time (and the
 # total) is printed when the script ends, whether it passed or failed. Add a check as one more `step` line.
+# `start_step NAME COMMAND...` starts a step in the background instead and `join_steps` waits for those started (their
+# output is printed when they are joined): single-process steps that do not need each other share the cores.
 # pytest runs on every core (pytest-xdist, `-n auto`; ATTNLAB_TEST_WORKERS=N sets the count) with `--dist loadgroup`:
 # tests marked `xdist_group` (one lab server and browser, one model) share one worker.
 set -euo pipefail
@@ -31,10 +33,41 @@ report() {  # the recorded times, then the total (also after a failed step, whic
 }
 trap report EXIT
 
+running=()
+start_step() {  # start_step NAME COMMAND...: run COMMAND in the background (a step that another step does not wait
+  local name=$1 log  # for); its output is held in a file and printed by join_steps, with its time
+  shift
+  log=$(mktemp)
+  (
+    t0=$(now_ms) rc=0
+    "$@" >"$log" 2>&1 || rc=$?
+    echo "$rc $(seconds_since "$t0")" >"$log.done"
+  ) &
+  running+=("$name $! $log")
+}
+
+join_steps() {  # wait for every started step, print its output and record its time; fails if any of them failed
+  local entry name pid log rc=0 status secs
+  for entry in "${running[@]}"; do
+    read -r name pid log <<<"$entry"
+    wait "$pid" || true
+    cat "$log"
+    read -r status secs <"$log.done"
+    times+=("$(printf '%-8s %7s s%s' "$name" "$secs" "$([ "$status" = 0 ] || echo " (exit $status)")")")
+    [ "$status" = 0 ] || rc=$status
+    rm -f "$log" "$log.done"
+  done
+  running=()
+  return "$rc"
+}
+
 step install bash scripts/install-test-deps.sh
 step lint python -m ruff check .
 step format python -m ruff format --check .
-step docs bash scripts/build-docs.sh  # the API reference (pdoc, warnings as errors; docs/README.md)
-step mypy python -m mypy  # the type checker over src/attnlab ([tool.mypy] in pyproject.toml; docs/typing.md)
-step pytest python -m pytest -q -n "${ATTNLAB_TEST_WORKERS:-auto}" --dist loadgroup
+# the docs build and mypy are one process each: they run side by side, on two cores, and pytest waits for both
+start_step docs bash scripts/build-docs.sh  # the API reference (pdoc, warnings as errors; docs/README.md)
+start_step mypy python -m mypy  # the type checker over src/attnlab ([tool.mypy] in pyproject.toml; docs/typing.md)
+join_steps
+# the API reference tests read the pages the docs step wrote (docs/api) rather than building them again
+step pytest env ATTNLAB_TEST_API_DOCS=docs/api python -m pytest -q -n "${ATTNLAB_TEST_WORKERS:-auto}" --dist loadgroup
 step import python benchmarks/bench_import.py --runs 7  # import attnlab vs import numpy (prints, asserts nothing)
