@@ -290,6 +290,41 @@ def test_pictures_are_wide_enough_for_their_text_and_every_text_contrasts(n):
             assert svg.contrast(fill, bg) >= 4.5, (fill, bg)
 
 
+def test_a_small_heatmap_writes_every_weight_in_its_cell_even_tiny_ones():
+    """The live 4x4 heatmap (budget 520, 46-px cells) lost its numbers when one weight needed 8 decimals: every
+    weight is written as the tables write it (fmt.num), each in a font that fits its cell."""
+    w = np.array(
+        [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.99999999, 1e-8, 0.0, 0.0],
+            [0.0000453979, 0.70710678, 0.2928648221, 0.0],
+            [0.25, 0.25, 0.25, 0.25],
+        ]
+    )
+    allowed = np.tril(np.ones((4, 4), dtype=bool))
+    labels = ("a", "b", "c", "d")
+    pic = svg.heatmap_svg(w, allowed, labels, labels, testid="al-live-heatmap", budget=520.0)
+    cells = re.findall(r'font-size="([\d.]+)"[^>]*data-bg="rgb\([^"]+\)">([^<]+)</text>', pic)
+    assert len(cells) == 10  # every allowed cell has its number
+    assert {s: float(f) for f, s in cells} == {
+        "1": 11.0,
+        "0.99999999": 6.6,
+        "0.00000001": 6.6,
+        "0.000045": 8.3,
+        "0.7071": 11.0,
+        "0.2929": 11.0,
+        "0.25": 11.0,
+    }
+    assert pic.count('data-kind="masked"') == 6
+    # cells too small for the longest number at 6 px: no numbers at all (never some cells with and some without)
+    n = 11
+    big = np.full((n, n), 1 / n)
+    big[0, :2] = (0.99999999, 1e-8)
+    names = tuple(f"t{i}" for i in range(n))
+    pic = svg.heatmap_svg(big, np.ones((n, n), dtype=bool), names, names, budget=420.0)
+    assert "0.0909" not in pic and "0.99999999" not in pic
+
+
 def _lab_strings() -> list[str]:
     """Every literal the lab passes to its translation function ``t``/``T`` (and the constants it passes)."""
     import ast

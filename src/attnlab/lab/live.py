@@ -42,6 +42,7 @@ __all__ = [
     "Loader",
     "ModelInfo",
     "cached",
+    "head_sheet",
     "intervention_html",
     "live_html",
     "loader",
@@ -50,7 +51,6 @@ __all__ = [
     "run_intervention",
     "shown",
     "status_html",
-    "thumbnails",
     "tokens_note",
     "views_html",
 ]
@@ -540,18 +540,19 @@ def _key_of(r: LiveResult) -> str:
     return next(k for k, info in MODELS.items() if info.name == r.model)
 
 
-def thumbnails(r: LiveResult) -> tuple[tuple[str, ...], ...]:
-    """Every head's map as a small PNG data URI, ``[L][h]`` (:func:`attnlab.lab.views.head_thumbnails` of the
-    shown weights), cached per sentence with the result."""
-    from .views import head_thumbnails
+def head_sheet(r: LiveResult) -> Any:
+    """Every head's map in one image (:func:`attnlab.lab.views.head_sheet` of the shown weights), cached per
+    sentence with the result."""
+    from .views import head_sheet as sheet_of
 
     w, ok, _ = shown(r)
-    return _cached("thumbnails", _key_of(r), r.text, lambda: head_thumbnails(w, ok)).result()
+    return _cached("sheet", _key_of(r), r.text, lambda: sheet_of(w, ok)).result()
 
 
 def model_view(r: LiveResult, cells: Any, layer: int, head: int, lang: str = "en") -> str:
-    """The model view: ``cells[layer][head]`` (the page's buttons, each showing its head's thumbnail) in a table of
-    layers × heads, the head shown above outlined (:func:`attnlab.lab.views.model_view_html`)."""
+    """The model view: ``cells[layer][head]`` (the page's buttons, each showing its head's square of
+    :func:`head_sheet`) in a table of layers × heads, the head shown above outlined
+    (:func:`attnlab.lab.views.model_view_html`)."""
     from .views import model_view_html
 
     L, h = r.weights.shape[:2]
@@ -561,6 +562,7 @@ def model_view(r: LiveResult, cells: Any, layer: int, head: int, lang: str = "en
         col_names=tuple(f"h{j}" for j in range(h)),
         title=t(lang, "model view: every layer (rows) × head (columns); click a head to open it above (orange)"),
         selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)),
+        sheet=head_sheet(r),
     )
 
 

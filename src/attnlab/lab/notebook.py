@@ -473,16 +473,14 @@ def _(LV, T, get_views_ready, lang, live_head, live_layer, live_model, live_text
     live_pick = None
     _out = None
     if _r is not None:
-        _thumbs = LV.thumbnails(_r)
-        _L, _h = len(_thumbs), len(_thumbs[0])
+        _sheet = LV.head_sheet(_r)
+        _L, _h = _sheet.layers, _sheet.heads
         live_pick = mo.ui.array(
             [
                 mo.ui.button(
                     value=None,
                     on_click=lambda _v, li=li, hj=hj: set_live_pick((_key, li, hj)),
-                    label=f'<img src="{_thumbs[li][hj]}" alt="L{li} h{hj}" title="{T(lang, "layer {i}", i=li)}, h{hj}" '
-                    'width="20" height="20" '
-                    'style="image-rendering:pixelated;vertical-align:middle;width:20px;height:20px">',
+                    label=_sheet.tile_html(li, hj, title=f"{T(lang, 'layer {i}', i=li)}, h{hj}"),
                 )
                 for li in range(_L)
                 for hj in range(_h)

@@ -35,10 +35,11 @@ __all__ = [
     "MAX_LINE",
     "MIN_SHOWN",
     "BlockNumbers",
+    "HeadSheet",
     "NeuronPair",
     "block_numbers",
     "block_svg",
-    "head_thumbnails",
+    "head_sheet",
     "head_view_svg",
     "model_view_html",
     "neuron_pair",
@@ -161,21 +162,44 @@ def head_view_svg(
 # model view
 
 
-def head_thumbnails(weights: Any, allowed: Any, *, size: int = 30) -> tuple[tuple[str, ...], ...]:
-    """Every head's map of ``weights [L, h, n, n]`` as a ``data:image/png`` URI (``[L][h]``), about ``size`` px
-    (blue ramp, masked cells grey, as :func:`attnlab.lab.svg.grid_svg`)."""
+@dataclass(frozen=True)
+class HeadSheet:
+    """Every head's map in one PNG, ``layers`` rows × ``heads`` columns of ``tile`` px squares (``uri``: a
+    ``data:image/png`` URI). The page draws it once, as the CSS custom property ``--al-heads`` of the model view
+    (:func:`model_view_html`), and each head's button shows its square (:meth:`tile_html`): 270 short labels
+    instead of 270 images, which marimo's buttons parse as markdown one by one."""
+
+    uri: str
+    layers: int
+    heads: int
+    tile: int
+
+    def tile_html(self, layer: int, head: int, *, px: int = 20, title: str = "") -> str:
+        """A ``px``-square ``<span>`` showing head (``layer``, ``head``) of the sheet (``var(--al-heads)``)."""
+        if not (0 <= layer < self.layers and 0 <= head < self.heads):
+            raise ShapeError(
+                f"layer, head: expected 0 <= layer < {self.layers} and 0 <= head < {self.heads}, got ({layer}, {head})"
+            )
+        return (
+            f'<span role="img" aria-label="L{layer} h{head}" title="{html.escape(title)}" '
+            f"style='display:inline-block;vertical-align:middle;width:{px}px;height:{px}px;"
+            f"background:var(--al-heads) {-head * px}px {-layer * px}px / {self.heads * px}px {self.layers * px}px;"
+            "image-rendering:pixelated'></span>"
+        )
+
+
+def head_sheet(weights: Any, allowed: Any, *, size: int = 30) -> HeadSheet:
+    """Every head's map of ``weights [L, h, n, n]`` as one :class:`HeadSheet`, each tile about ``size`` px (blue
+    ramp, masked cells grey, as :func:`attnlab.lab.svg.grid_svg`)."""
     import base64
 
     w = np.asarray(weights)
     if w.ndim != 4:
         raise ShapeError(f"weights: expected [L, h, n, n], got shape {w.shape}")
     tiles = np.round(tile_rgb(w, allowed, size=size)).astype(np.uint8)  # [L, h, s, s, 3]
-    return tuple(
-        tuple(
-            "data:image/png;base64," + base64.b64encode(png_bytes(tiles[li, hj])).decode() for hj in range(w.shape[1])
-        )
-        for li in range(w.shape[0])
-    )
+    L, h, s = tiles.shape[:3]
+    sheet = tiles.transpose(0, 2, 1, 3, 4).reshape(L * s, h * s, 3)  # [L s, h s, 3]
+    return HeadSheet("data:image/png;base64," + base64.b64encode(png_bytes(sheet)).decode(), L, h, s)
 
 
 def model_view_html(
@@ -187,17 +211,20 @@ def model_view_html(
     selected: tuple[int, int] | None = None,
     cell_px: tuple[int, int] = (40, 30),
     testid: str = "al-model-view",
+    sheet: HeadSheet | None = None,
 ) -> str:
     """bertviz's model view as a table: ``cells[layer][head]`` (HTML: in the lab a button showing the head's
     thumbnail, which opens that head), layers as rows, heads as columns, the ``selected`` cell outlined orange.
     Each cell is clipped to ``cell_px`` (width, height): nothing of one cell can lie over (and catch the clicks
-    of) its neighbour."""
+    of) its neighbour. With a ``sheet``, its image is the table's ``--al-heads`` (for :meth:`HeadSheet.tile_html`)."""
     L, h = len(cells), len(cells[0]) if cells else 0
     if len(row_names) != L or len(col_names) != h:
         raise ShapeError(f"row_names, col_names: expected {L} and {h} names, got {len(row_names)} and {len(col_names)}")
     td = "padding:1px;text-align:center"
     out = [
-        f'<div data-testid="{testid}" data-layers="{L}" data-heads="{h}" style="overflow-x:auto;max-width:100%">',
+        f'<div data-testid="{testid}" data-layers="{L}" data-heads="{h}" style="overflow-x:auto;max-width:100%'
+        + (f";--al-heads:url({sheet.uri})" if sheet is not None else "")
+        + '">',
         f"<p style='font-weight:bold;margin:4px 0'>{html.escape(title)}</p>",
         "<table style='border-collapse:separate;border-spacing:2px'><tr><th></th>",
         *(f"<th style='font-size:11px;font-weight:normal'>{html.escape(c)}</th>" for c in col_names),
