@@ -416,6 +416,39 @@ def test_live_thread_shows_a_load_error_with_its_install_hint(monkeypatch):
     assert stopped == []
 
 
+def test_live_status_shows_the_load_every_second_until_it_is_done(monkeypatch):
+    """Before a sentence is run: the page opened, the model loads (every second a new status with the note), then
+    one last status says it is loaded, in both languages; never the stale "loads when you press run"."""
+    import threading
+
+    from attnlab.lab import live
+
+    gate = threading.Event()
+
+    def slow(key):
+        gate.wait(10)
+        return "MODEL"
+
+    monkeypatch.setitem(live._LOADERS, "smollm2", live.Loader("smollm2", slow))
+    shown: list[str] = []
+
+    def show(h):
+        shown.append(h)
+        if len(shown) == 2:
+            gate.set()
+
+    live.show_status("smollm2", "en", "<p>note</p>", show, lambda: False)
+    assert all(h.endswith("<p>note</p>") for h in shown) and len(shown) >= 3
+    assert all('data-state="loading"' in h for h in shown[:2]) and 'data-state="ready"' in shown[-1]
+    assert "SmolLM2-135M: loaded in" in shown[-1]
+    monkeypatch.setitem(live._LOADERS, "smollm2", live.Loader("smollm2", slow))  # idle: not started yet
+    assert "starts loading when the page opens" in live.status_html("smollm2")
+    assert "页面一打开就开始加载" in live.status_html("smollm2", "zh")
+    stopped: list[str] = []
+    live.show_status("smollm2", "en", "<p>note</p>", stopped.append, lambda: True)  # the cell re-ran: nothing
+    assert stopped == []
+
+
 def test_live_views_of_a_result():
     from types import SimpleNamespace
 

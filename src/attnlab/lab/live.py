@@ -49,6 +49,8 @@ __all__ = [
     "model_view",
     "run",
     "run_intervention",
+    "show_live",
+    "show_status",
     "shown",
     "status_html",
     "tokens_note",
@@ -311,11 +313,7 @@ def show_live(
     ``stopped()`` says the cell was re-run meanwhile (then nothing more is shown)."""
     from .logic import error_html
 
-    ld = loader(key)
-    ld.start()
-    while ld.status()[0] == "loading" and not stopped():
-        show(status_html(key, lang))
-        ld.wait_done(1.0)
+    show_status(key, lang, "", show, stopped)
     try:
         res = run(key, text)
     except Exception as err:  # shown in the page, never a traceback
@@ -324,6 +322,19 @@ def show_live(
         return
     if not stopped():
         show(live_html(res, layer, head, lang))
+
+
+def show_status(key: str, lang: str, note: str, show: Callable[[str], None], stopped: Callable[[], bool]) -> None:
+    """Start loading model ``key`` (no-op when loading or loaded) and ``show`` :func:`status_html` followed by
+    ``note`` (HTML) every second while it loads, and once more when it is loaded or failed; returns then, or as soon
+    as ``stopped()`` (the cell was re-run)."""
+    ld = loader(key)
+    ld.start()
+    while ld.status()[0] == "loading" and not stopped():
+        show(status_html(key, lang) + note)
+        ld.wait_done(1.0)
+    if note and not stopped():
+        show(status_html(key, lang) + note)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -335,7 +346,7 @@ def status_html(key: str, lang: str = "en") -> str:
     state, secs, err = loader(key).status()
     name = MODELS[key].name
     if state == "idle":
-        text = t(lang, "{name}: not loaded yet; it loads when you press run (about 5-10 s).", name=name)
+        text = t(lang, "{name}: not loaded yet; it starts loading when the page opens, once per server.", name=name)
     elif state == "loading":
         text = t(
             lang,

@@ -419,9 +419,16 @@ def _(LV, T, get_live_pick, lang, live_model, mo):
 def _(LV, T, lang, live_head, live_layer, live_model, live_text, mo):
     _key, _text, _layer, _head = live_model.value, live_text.value, live_layer.value, live_head.value
     if not _text:
-        mo.output.replace(
-            mo.Html(LV.status_html(_key, lang) + "<p>" + T(lang, "Type a sentence and press run.") + "</p>")
-        )
+        # the model starts loading as the page opens (once per server): its status, every second until it is loaded
+        _note = "<p>" + T(lang, "Type a sentence and press run.") + "</p>"
+        LV.loader(_key).start()
+        mo.output.replace(mo.Html(LV.status_html(_key, lang) + _note))
+
+        def _wait_load():
+            me = mo.current_thread()
+            LV.show_status(_key, lang, _note, lambda h: mo.output.replace(mo.Html(h)), lambda: me.should_exit)
+
+        mo.Thread(target=_wait_load, daemon=True).start()
     elif LV.cached("forward", _key, _text) is not None:
         mo.output.replace(mo.Html(LV.live_html(LV.cached("forward", _key, _text), _layer, _head, lang)))
     else:
@@ -595,7 +602,7 @@ def _(LV, T, lang, live_head, live_intervene, live_layer, live_model, live_text,
     return
 
 
-# ---- class mode (attnlab lab --item N --class) and the live model's pre-load (attnlab.lab.classmode, bench_lab.py)
+# ---- class mode (attnlab lab --item N --class, attnlab.lab.classmode)
 @app.cell
 def _(T, lang, mo):
     from attnlab.lab import classmode as CM
@@ -611,14 +618,6 @@ def _(T, lang, mo):
 def _(class_on, class_pred, class_show):
     class_hidden = class_on and not (class_show.value and class_pred.value.strip())
     return (class_hidden,)
-
-
-@app.cell
-def _(LV, live_model):
-    # start loading the live model as soon as the page opens (in the background, once per server): the first
-    # heatmap after "run" then waits only for what is left of the load
-    LV.loader(live_model.value).start()
-    return
 
 
 if __name__ == "__main__":
