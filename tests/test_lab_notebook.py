@@ -465,8 +465,12 @@ def test_live_views_of_a_result():
     assert "·b" in page and "layer 1, head 2" in page
     assert page.count('data-kind="masked"') == n * (n - 1) // 2  # the causal mask of the heatmap
     assert "第 1 层" in live.live_html(r, 1, 2, "zh")
-    grid = live.model_view(r, [[f"<i>{li},{hj}</i>" for hj in range(h)] for li in range(L)], 1, 2)
-    assert 'data-layers="2" data-heads="3"' in grid and "data-layer='1' data-head='2' data-selected='1'" in grid
+    rows = live.model_view_rows(r, 1, 9, "zh")  # head 9 of 3: the last head outlined
+    assert [list(row) for row in rows] == [["", "h0", "h1", "h2"]] * 2 and rows[1][""] == "第 1 层"
+    assert "data-layer='1' data-head='2' data-selected='1'" in rows[1]["h2"]
+    assert sum("data-selected" in c for row in rows for c in row.values()) == 1
+    grid = live.model_view(r, "<table>T</table>")
+    assert 'data-layers="2" data-heads="3"' in grid and "<table>T</table>" in grid and "click a head" in grid
     att = np.zeros((L, h, 3))
     att[1, 2] = [0.2, 0.7, 0.1]  # the head shown above
     att[0] = [0.9, 0.05, 0.05]

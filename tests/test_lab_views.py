@@ -138,14 +138,21 @@ def test_thumbnails_and_model_view_table():
     assert "var(--al-heads) -40px -20px / 60px 40px" in tile and 'aria-label="L1 h2"' in tile
     with pytest.raises(ShapeError, match=r"layer, head: expected 0 <= layer < 2 and 0 <= head < 3, got \(2, 0\)"):
         sheet.tile_html(2, 0)
-    page = views.model_view_html(
-        [[f"<b>{li}{hj}</b>" for hj in range(3)] for li in range(2)],
-        row_names=("a", "b"),
-        col_names=("h0", "h1", "h2"),
-        title="t",
-        selected=(1, 2),
-        sheet=sheet,
-    )
+    cells = views.model_view_cells(sheet, selected=(1, 2))
+    assert len(cells) == 2 and len(cells[0]) == 3
+    assert cells[1][2].startswith("<span data-layer='1' data-head='2' data-selected='1'")
+    assert sum("data-selected" in c for r in cells for c in r) == 1 and "-40px -20px" in cells[1][2]
+    page = views.model_view_html("<table>T</table>", sheet, title="t")
     assert f"--al-heads:url({sheet.uri})" in page
-    assert 'data-layers="2" data-heads="3"' in page and "<b>12</b>" in page
-    assert page.count("data-selected") == 1 and "data-layer='1' data-head='2' data-selected='1'" in page
+    assert 'data-layers="2" data-heads="3"' in page and "<table>T</table>" in page
+
+
+def test_the_model_views_table_click_names_a_head():
+    from types import SimpleNamespace as Cell
+
+    from attnlab.lab.live import picked_head
+
+    assert picked_head([Cell(row="5", column="h2", value=None)], 9) == (5, 2)
+    assert picked_head([Cell(row="5", column="", value="layer 5")], 9) is None  # the row's name, not a head
+    assert picked_head([Cell(row="5", column="h9", value=None)], 9) is None
+    assert picked_head([], 9) is None and picked_head(None, 9) is None

@@ -47,6 +47,8 @@ __all__ = [
     "live_html",
     "loader",
     "model_view",
+    "model_view_rows",
+    "picked_head",
     "run",
     "run_intervention",
     "show_live",
@@ -560,20 +562,35 @@ def head_sheet(r: LiveResult) -> Any:
     return _cached("sheet", _key_of(r), r.text, lambda: sheet_of(w, ok)).result()
 
 
-def model_view(r: LiveResult, cells: Any, layer: int, head: int, lang: str = "en") -> str:
-    """The model view: ``cells[layer][head]`` (the page's buttons, each showing its head's square of
-    :func:`head_sheet`) in a table of layers × heads, the head shown above outlined
-    (:func:`attnlab.lab.views.model_view_html`)."""
-    from .views import model_view_html
+def model_view_rows(r: LiveResult, layer: int, head: int, lang: str = "en") -> list[dict[str, str]]:
+    """The model view's table, one row per layer: ``{"": "layer i", "h0": cell, ...}``, each cell the head's square
+    of :func:`head_sheet` (HTML, :func:`attnlab.lab.views.model_view_cells`), the head shown above outlined."""
+    from .views import model_view_cells
 
     L, h = r.weights.shape[:2]
+    cells = model_view_cells(head_sheet(r), selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)))
+    return [{"": t(lang, "layer {i}", i=li), **{f"h{hj}": cells[li][hj] for hj in range(h)}} for li in range(L)]
+
+
+def picked_head(selection: Any, heads: int) -> tuple[int, int] | None:
+    """(layer, head) of the cell clicked in the model view's table: ``selection`` is the table's value, a list of
+    cells with ``row`` (the row's index, a str) and ``column`` (``"h2"``); None when no head cell is selected."""
+    for cell in selection or ():
+        col, row = str(getattr(cell, "column", "")), str(getattr(cell, "row", ""))
+        if col[:1] == "h" and col[1:].isdigit() and int(col[1:]) < heads and row.isdigit():
+            return int(row), int(col[1:])
+    return None
+
+
+def model_view(r: LiveResult, table: str, lang: str = "en") -> str:
+    """The model view around ``table`` (the page's marimo table of :func:`model_view_rows`, in which a click on a
+    head opens it): :func:`attnlab.lab.views.model_view_html`."""
+    from .views import model_view_html
+
     return model_view_html(
-        cells,
-        row_names=tuple(t(lang, "layer {i}", i=i) for i in range(L)),
-        col_names=tuple(f"h{j}" for j in range(h)),
+        table,
+        head_sheet(r),
         title=t(lang, "model view: every layer (rows) × head (columns); click a head to open it above (orange)"),
-        selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)),
-        sheet=head_sheet(r),
     )
 
 

@@ -473,35 +473,31 @@ def _(LV, live_model, live_text, mo, set_views_ready):
 
 
 @app.cell
-def _(LV, T, get_views_ready, lang, live_head, live_layer, live_model, live_text, mo, set_live_pick):
+def _(LV, get_views_ready, lang, live_head, live_layer, live_model, live_text, mo, set_live_pick):
     get_views_ready()  # re-run when a sentence's result arrives
     _key = live_model.value
     _r = LV.cached("forward", _key, live_text.value) if live_text.value else None
     live_pick = None
     _out = None
     if _r is not None:
-        _sheet = LV.head_sheet(_r)
-        _L, _h = _sheet.layers, _sheet.heads
-        live_pick = mo.ui.array(
+        # one table (a click on a head selects its cell), not a button per head: 270 buttons took seconds of the
+        # browser's time per sentence and slowed every control of the page
+        live_pick = mo.ui.table(
             [
-                mo.ui.button(
-                    value=None,
-                    on_click=lambda _v, li=li, hj=hj: set_live_pick((_key, li, hj)),
-                    label=_sheet.tile_html(li, hj, title=f"{T(lang, 'layer {i}', i=li)}, h{hj}"),
-                )
-                for li in range(_L)
-                for hj in range(_h)
-            ]
+                {c: (x if c == "" else mo.Html(x)) for c, x in row.items()}
+                for row in LV.model_view_rows(_r, live_layer.value, live_head.value, lang)
+            ],
+            selection="single-cell",
+            pagination=False,
+            show_column_summaries=False,
+            show_data_types=False,
+            show_download=False,
+            show_search=False,
+            on_change=lambda v, key=_key, h=LV.MODELS[_key].heads: (
+                None if LV.picked_head(v, h) is None else set_live_pick((key, *LV.picked_head(v, h)))
+            ),
         )
-        _out = mo.Html(
-            LV.model_view(
-                _r,
-                [[f"{live_pick[li * _h + hj]}" for hj in range(_h)] for li in range(_L)],
-                live_layer.value,
-                live_head.value,
-                lang,
-            )
-        )
+        _out = mo.Html(LV.model_view(_r, f"{live_pick}", lang))
     _out  # noqa: B018 (a marimo cell shows its last expression)
     return (live_pick,)
 

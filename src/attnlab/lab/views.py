@@ -41,6 +41,7 @@ __all__ = [
     "block_svg",
     "head_sheet",
     "head_view_svg",
+    "model_view_cells",
     "model_view_html",
     "neuron_pair",
     "neuron_svg",
@@ -166,8 +167,8 @@ def head_view_svg(
 class HeadSheet:
     """Every head's map in one PNG, ``layers`` rows × ``heads`` columns of ``tile`` px squares (``uri``: a
     ``data:image/png`` URI). The page draws it once, as the CSS custom property ``--al-heads`` of the model view
-    (:func:`model_view_html`), and each head's button shows its square (:meth:`tile_html`): 270 short labels
-    instead of 270 images, which marimo's buttons parse as markdown one by one."""
+    (:func:`model_view_html`), and each head's cell shows its square (:meth:`tile_html`): one image for 270
+    heads."""
 
     uri: str
     layers: int
@@ -202,51 +203,39 @@ def head_sheet(weights: Any, allowed: Any, *, size: int = 30) -> HeadSheet:
     return HeadSheet("data:image/png;base64," + base64.b64encode(png_bytes(sheet)).decode(), L, h, s)
 
 
-def model_view_html(
-    cells: Sequence[Sequence[str]],
-    *,
-    row_names: Sequence[str],
-    col_names: Sequence[str],
-    title: str,
-    selected: tuple[int, int] | None = None,
-    cell_px: tuple[int, int] = (40, 30),
-    testid: str = "al-model-view",
-    sheet: HeadSheet | None = None,
-) -> str:
-    """bertviz's model view as a table: ``cells[layer][head]`` (HTML: in the lab a button showing the head's
-    thumbnail, which opens that head), layers as rows, heads as columns, the ``selected`` cell outlined orange.
-    Each cell is clipped to ``cell_px`` (width, height): nothing of one cell can lie over (and catch the clicks
-    of) its neighbour. With a ``sheet``, its image is the table's ``--al-heads`` (for :meth:`HeadSheet.tile_html`)."""
-    L, h = len(cells), len(cells[0]) if cells else 0
-    if len(row_names) != L or len(col_names) != h:
-        raise ShapeError(f"row_names, col_names: expected {L} and {h} names, got {len(row_names)} and {len(col_names)}")
-    td = "padding:1px;text-align:center"
-    out = [
-        f'<div data-testid="{testid}" data-layers="{L}" data-heads="{h}" style="overflow-x:auto;max-width:100%'
-        + (f";--al-heads:url({sheet.uri})" if sheet is not None else "")
-        + '">',
-        f"<p style='font-weight:bold;margin:4px 0'>{html.escape(title)}</p>",
-        "<table style='border-collapse:separate;border-spacing:2px'><tr><th></th>",
-        *(f"<th style='font-size:11px;font-weight:normal'>{html.escape(c)}</th>" for c in col_names),
-        "</tr>",
-    ]
-    for li in range(L):
-        out.append(
-            f"<tr><th style='font-size:11px;font-weight:normal;text-align:right;padding-right:6px'>"
-            f"{html.escape(row_names[li])}</th>"
-        )
-        for hj in range(h):
+def model_view_cells(sheet: HeadSheet, *, selected: tuple[int, int] | None = None, px: int = 20) -> list[list[str]]:
+    """Each head's cell of the model view, ``[layer][head]``: its square of the ``sheet``
+    (:meth:`HeadSheet.tile_html`) in a ``<span data-layer data-head>``, the ``selected`` one outlined orange
+    (``data-selected='1'``)."""
+    out = []
+    for li in range(sheet.layers):
+        row = []
+        for hj in range(sheet.heads):
             sel = selected == (li, hj)
-            style = td + (";outline:3px solid #d94801" if sel else "")
-            mark = " data-selected='1'" if sel else ""
-            out.append(
-                f"<td style='{style}' data-layer='{li}' data-head='{hj}'{mark}>"
-                f"<div style='overflow:hidden;height:{cell_px[1]}px;width:{cell_px[0]}px;display:flex;"
-                f"align-items:center;justify-content:center'>{cells[li][hj]}</div></td>"
+            mark = (
+                " data-selected='1' style='display:inline-block;line-height:0;border:2px solid #d94801;margin:-2px'"
+                if sel
+                else ""
             )
-        out.append("</tr>")
-    out.append("</table></div>")
-    return "".join(out)
+            row.append(
+                f"<span data-layer='{li}' data-head='{hj}'{mark}>"
+                + sheet.tile_html(li, hj, px=px, title=f"L{li} h{hj}")
+                + "</span>"
+            )
+        out.append(row)
+    return out
+
+
+def model_view_html(table: str, sheet: HeadSheet, *, title: str, testid: str = "al-model-view") -> str:
+    """bertviz's model view around ``table`` (HTML: in the lab one marimo table of :func:`model_view_cells`, layers
+    as rows and heads as columns, in which a click on a head opens it): the title, and the ``sheet``'s image as
+    the ``--al-heads`` its squares are cut from. One table, not a button per head: 270 marimo buttons took
+    seconds of the browser's time for every sentence and slowed every other control of the page."""
+    return (
+        f'<div data-testid="{testid}" data-layers="{sheet.layers}" data-heads="{sheet.heads}" '
+        f'style="overflow-x:auto;max-width:100%;--al-heads:url({sheet.uri})">'
+        f"<p style='font-weight:bold;margin:4px 0'>{html.escape(title)}</p>{table}</div>"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
