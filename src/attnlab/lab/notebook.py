@@ -283,7 +283,8 @@ def _(I, T, lang, mo):
 @app.cell
 def _(PR, mo):
     get_book, set_book = mo.state(PR.Book())
-    return get_book, set_book
+    get_results, set_results = mo.state({})  # the revealed questions' results, {question: html} (below)
+    return get_book, get_results, set_book, set_results
 
 
 @app.cell
@@ -313,9 +314,9 @@ def _(PR, T, lang, mo):
 
 
 @app.cell
-def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
-    # One cell shows every question with its result: hidden until its reveal switch is on; then the prediction is
-    # locked and the feedback and the result (or the request to predict) shown. A result is made only when shown.
+def _(I, L, T, asks, four_t, get_results, lang, set_results, state):
+    # The revealed questions' results on your inputs, made only for a revealed question and handed to the cell
+    # below only when they change: a slider move with no question revealed re-runs (and redraws) nothing there
     _bodies = {
         "shift": lambda: L.exp_shift(state, 10.0, lang)[1],
         "temperature": lambda: L.exp_temperature(state, 3.0, lang)[1],
@@ -324,9 +325,20 @@ def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
         "self100": lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
         "selfbias": lambda: L.exp_bias(state, None, lang)[1],
     }
+    _results = {_qid: _body() for _qid, _body in _bodies.items() if asks.value[_qid]["show"]}
+    if _results != get_results():
+        set_results(_results)
+    return
+
+
+@app.cell
+def _(PR, T, asks, four_t, get_book, get_results, lang, mo, set_book):
+    # One cell shows every question with its result: hidden until its reveal switch is on; then the prediction is
+    # locked and the feedback and the result (or the request to predict) shown (the result from the cell above).
+    _results = get_results()
     _book = get_book()
     _blocks = []
-    for _qid, _body in _bodies.items():
+    for _qid in ("shift", "temperature", "value", "four", "self100", "selfbias"):
         _pred, _show = asks[_qid]["pred"], asks[_qid]["show"]
         _value = asks.value[_qid]
         _shown = [_pred, four_t, _show] if _qid == "four" else [_pred, _show]
@@ -335,7 +347,7 @@ def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
         else:
             _book = PR.commit(_book, _qid, _value["pred"], True)
             _fb = PR.feedback_html(_book, _qid, _value["pred"], lang)
-            _shown.append(mo.Html(_fb + (_body() if _qid in _book.entries else "")))
+            _shown.append(mo.Html(_fb + (_results.get(_qid, "") if _qid in _book.entries else "")))
         _blocks.append(mo.vstack(_shown))
     if _book is not get_book():
         set_book(_book)
