@@ -467,6 +467,7 @@ def test_live_views_of_a_result():
     assert "第 1 层" in live.live_html(r, 1, 2, "zh")
     rows = live.model_view_rows(r, 1, 9, "zh")  # head 9 of 3: the last head outlined
     assert [list(row) for row in rows] == [["", "h0", "h1", "h2"]] * 2 and rows[1][""] == "第 1 层"
+    assert rows[0][""].startswith("<style>.al-heads{") and rows[0][""].endswith("第 0 层")  # the sheet, once
     assert "data-layer='1' data-head='2' data-selected='1'" in rows[1]["h2"]
     assert sum("data-selected" in c for row in rows for c in row.values()) == 1
     grid = live.model_view(r, "<table>T</table>")

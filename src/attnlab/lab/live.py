@@ -563,13 +563,22 @@ def head_sheet(r: LiveResult) -> Any:
 
 
 def model_view_rows(r: LiveResult, layer: int, head: int, lang: str = "en") -> list[dict[str, str]]:
-    """The model view's table, one row per layer: ``{"": "layer i", "h0": cell, ...}``, each cell the head's square
-    of :func:`head_sheet` (HTML, :func:`attnlab.lab.views.model_view_cells`), the head shown above outlined."""
+    """The model view's table, one row per layer: ``{"": "layer i", "h0": cell, ...}`` (HTML), each cell the head's
+    square of :func:`head_sheet` (:func:`attnlab.lab.views.model_view_cells`), the head shown above outlined; the
+    first row's name holds the sheet's style (:meth:`attnlab.lab.views.HeadSheet.style_html`: inside the table, so
+    inside its shadow root)."""
     from .views import model_view_cells
 
     L, h = r.weights.shape[:2]
-    cells = model_view_cells(head_sheet(r), selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)))
-    return [{"": t(lang, "layer {i}", i=li), **{f"h{hj}": cells[li][hj] for hj in range(h)}} for li in range(L)]
+    sheet = head_sheet(r)
+    cells = model_view_cells(sheet, selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)))
+    return [
+        {
+            "": (sheet.style_html() if li == 0 else "") + html.escape(t(lang, "layer {i}", i=li)),
+            **{f"h{hj}": cells[li][hj] for hj in range(h)},
+        }
+        for li in range(L)
+    ]
 
 
 def picked_head(selection: Any, heads: int) -> tuple[int, int] | None:

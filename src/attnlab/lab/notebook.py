@@ -496,7 +496,7 @@ def _(LV, get_views_ready, lang, live_head, live_layer, live_model, live_text, m
         # browser's time per sentence and slowed every control of the page
         live_pick = mo.ui.table(
             [
-                {c: (x if c == "" else mo.Html(x)) for c, x in row.items()}
+                {c: mo.Html(x) for c, x in row.items()}
                 for row in LV.model_view_rows(_r, live_layer.value, live_head.value, lang)
             ],
             selection="single-cell",

@@ -166,26 +166,33 @@ def head_view_svg(
 @dataclass(frozen=True)
 class HeadSheet:
     """Every head's map in one PNG, ``layers`` rows × ``heads`` columns of ``tile`` px squares (``uri``: a
-    ``data:image/png`` URI). The page draws it once, as the CSS custom property ``--al-heads`` of the model view
-    (:func:`model_view_html`), and each head's cell shows its square (:meth:`tile_html`): one image for 270
-    heads."""
+    ``data:image/png`` URI). The page holds it once, in :meth:`style_html`, and each head's cell shows its square
+    (:meth:`tile_html`): one image for 270 heads."""
 
     uri: str
     layers: int
     heads: int
     tile: int
 
-    def tile_html(self, layer: int, head: int, *, px: int = 20, title: str = "") -> str:
-        """A ``px``-square ``<span>`` showing head (``layer``, ``head``) of the sheet (``var(--al-heads)``)."""
+    def style_html(self) -> str:
+        """The ``<style>`` that gives every ``.al-heads`` element the sheet as its background: once in the page (in
+        the same shadow root as the squares), so the 66 KB image is parsed once, not once per head."""
+        return f"<style>.al-heads{{background-image:url({self.uri});image-rendering:pixelated}}</style>"
+
+    def tile_html(self, layer: int, head: int, *, px: int = 20, title: str = "", outline: str = "") -> str:
+        """A ``px``-square ``<span class="al-heads">`` showing head (``layer``, ``head``) of the sheet, with a 2 px
+        ``outline`` of that colour drawn inside it (none by default)."""
         if not (0 <= layer < self.layers and 0 <= head < self.heads):
             raise ShapeError(
                 f"layer, head: expected 0 <= layer < {self.layers} and 0 <= head < {self.heads}, got ({layer}, {head})"
             )
         return (
-            f'<span role="img" aria-label="L{layer} h{head}" title="{html.escape(title)}" '
+            f'<span class="al-heads" role="img" aria-label="L{layer} h{head}" title="{html.escape(title)}" '
             f"style='display:inline-block;vertical-align:middle;width:{px}px;height:{px}px;"
-            f"background:var(--al-heads) {-head * px}px {-layer * px}px / {self.heads * px}px {self.layers * px}px;"
-            "image-rendering:pixelated'></span>"
+            f"background-position:{-head * px}px {-layer * px}px;"
+            f"background-size:{self.heads * px}px {self.layers * px}px"
+            + (f";outline:2px solid {outline};outline-offset:-2px" if outline else "")
+            + "'></span>"
         )
 
 
@@ -212,14 +219,10 @@ def model_view_cells(sheet: HeadSheet, *, selected: tuple[int, int] | None = Non
         row = []
         for hj in range(sheet.heads):
             sel = selected == (li, hj)
-            mark = (
-                " data-selected='1' style='display:inline-block;line-height:0;border:2px solid #d94801;margin:-2px'"
-                if sel
-                else ""
-            )
+            mark = " data-selected='1'" if sel else ""
             row.append(
                 f"<span data-layer='{li}' data-head='{hj}'{mark}>"
-                + sheet.tile_html(li, hj, px=px, title=f"L{li} h{hj}")
+                + sheet.tile_html(li, hj, px=px, title=f"L{li} h{hj}", outline="#d94801" if sel else "")
                 + "</span>"
             )
         out.append(row)
@@ -229,12 +232,13 @@ def model_view_cells(sheet: HeadSheet, *, selected: tuple[int, int] | None = Non
 def model_view_html(table: str, sheet: HeadSheet, *, title: str, testid: str = "al-model-view") -> str:
     """bertviz's model view around ``table`` (HTML: in the lab one marimo table of :func:`model_view_cells`, layers
     as rows and heads as columns, in which a click on a head opens it): the title, and the ``sheet``'s image as
-    the ``--al-heads`` its squares are cut from. One table, not a button per head: 270 marimo buttons took
+    the style its squares are cut from (for squares outside a shadow root). One table, not a button per head:
+    270 marimo buttons took
     seconds of the browser's time for every sentence and slowed every other control of the page."""
     return (
         f'<div data-testid="{testid}" data-layers="{sheet.layers}" data-heads="{sheet.heads}" '
-        f'style="overflow-x:auto;max-width:100%;--al-heads:url({sheet.uri})">'
-        f"<p style='font-weight:bold;margin:4px 0'>{html.escape(title)}</p>{table}</div>"
+        'style="overflow-x:auto;max-width:100%">'
+        f"{sheet.style_html()}<p style='font-weight:bold;margin:4px 0'>{html.escape(title)}</p>{table}</div>"
     )
 
 
