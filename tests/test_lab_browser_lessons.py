@@ -388,18 +388,7 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
     btn = page.get_by_role("button", name="run", exact=True)
     btn.scroll_into_view_if_needed()
     t0 = time.perf_counter()
-    btn.click()
-    responsive = "the model was loaded before the check"
-    try:
-        page.wait_for_selector("[data-testid='al-live-status'][data-state='loading']", timeout=5_000)
-        slider = page.get_by_role("slider").first  # the temperature, while the model loads in the background
-        slider.focus()
-        t1 = time.perf_counter()
-        page.keyboard.press("ArrowRight")
-        page.wait_for_selector("#al-weights[data-temperature='1.1']", timeout=5_000)
-        responsive = f"a slider change redrew the weights in {1000 * (time.perf_counter() - t1):.0f} ms during the load"
-    except PlaywrightTimeout:
-        pass
+    btn.click()  # the page answers while the model loads: test_the_page_answers_while_the_live_model_loads
     page.wait_for_selector("[data-testid='al-live-heatmap']", timeout=90_000)
     first = time.perf_counter() - t0
     live = page.locator("[data-testid='al-live']")
@@ -442,8 +431,68 @@ def test_live_model_heatmap_model_view_and_intervention(page, tmp_path, capsys):
         print(
             f"\nlab live model (SmolLM2-135M, {os.cpu_count()} CPUs): first heatmap {first:.1f} s after run "
             f"(goal < 15 s, model load included); second sentence {second:.2f} s (goal < 2 s); "
-            f"intervention {third:.2f} s; {responsive}"
+            f"intervention {third:.2f} s"
         )
+
+
+def test_the_page_answers_while_the_live_model_loads(browser, monkeypatch, tmp_path, capsys):
+    """The page starts loading SmolLM2 when it opens; until it is loaded the page must stay usable: a slider move
+    and a preset switch are answered and run says it is loading. The load is held (tests/held_load/sitecustomize.py)
+    until the test releases it, so every answer certainly came during the load, however fast the machine."""
+    from attnlab.lab.server import start
+
+    release = tmp_path / "release-the-load"
+    hold = str(Path(__file__).parent / "held_load")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([hold, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("ATTNLAB_TEST_HOLD_LOAD", str(release))
+    with start() as server:
+        server.wait_ready(60)
+        context, pg = open_lab(browser, server.url)
+        try:
+            status = pg.locator("[data-testid='al-live-status']")
+            pg.wait_for_selector("[data-testid='al-live-status'][data-state='loading']")
+            assert "Type a sentence and press run." in status.locator("xpath=..").inner_text()
+            slider = pg.get_by_role("slider").first  # the temperature
+            slider.focus()
+            t0 = time.perf_counter()
+            pg.keyboard.press("ArrowRight")
+            pg.wait_for_selector("#al-weights[data-temperature='1.1']")
+            moved = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            preset_select(pg).select_option(label=presets.ITEM_PRESETS["item-01"].label())
+            pg.wait_for_selector("[data-testid='al-item'][data-key='item-01']")
+            pg.wait_for_function("document.querySelectorAll('#al-weights tr').length === 2")  # its one query
+            switched = time.perf_counter() - t0
+            btn = pg.get_by_role("button", name="run", exact=True)
+            btn.scroll_into_view_if_needed()
+            btn.click()
+            pg.wait_for_selector("[data-testid='al-live-status'][data-state='loading']:has-text('loading…')")
+            assert status.get_attribute("data-state") == "loading"  # still loading: each answer came during the load
+            assert pg.locator("[data-testid='al-live-heatmap']").count() == 0
+            release.touch()
+            pg.wait_for_selector("[data-testid='al-live'][data-n='10'] [data-testid='al-live-heatmap']", timeout=90_000)
+            shot(pg, tmp_path, "lab-live-after-load", full=False)
+            # a 4x4 heatmap writes every weight in its cell (its numbers were once left out: one did not fit)
+            pg.locator("[data-testid='al-input-sentence'] input").fill("I like green cats")
+            pg.get_by_role("button", name="run", exact=True).click()
+            heat = pg.locator("[data-testid='al-live'][data-n='4'] [data-testid='al-live-heatmap']")
+            heat.wait_for()
+            cells = heat.locator("text[data-bg^='rgb']").evaluate_all("ts => ts.map(t => t.textContent)")
+            assert len(cells) == 10 and all(re.fullmatch(r"[01](\.\d+)?", c) for c in cells), cells
+            assert pg.evaluate(CLIP_JS, "[data-testid='al-live-heatmap']") == []
+            outside = heat.locator("text[data-bg^='rgb']").evaluate_all(
+                """ts => ts.filter(t => { const c = t.previousElementSibling.getBoundingClientRect(),
+                    b = t.getBoundingClientRect();
+                    return b.left < c.left || b.right > c.right || b.top < c.top || b.bottom > c.bottom; })
+                  .map(t => t.textContent)"""
+            )
+            assert outside == []  # every number inside its own cell
+            heat.scroll_into_view_if_needed()
+            heat.screenshot(path=str(tmp_path / "lab-live-4x4.png"))
+        finally:
+            context.close()
+    with capsys.disabled():
+        print(f"\nduring the load: slider -> weights {1000 * moved:.0f} ms, preset -> item {1000 * switched:.0f} ms")
 
 
 def test_live_minilm_shows_the_padding_mask(page):

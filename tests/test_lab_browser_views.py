@@ -84,10 +84,10 @@ def test_views_of_smollm2_on_english_and_chinese(page, tmp_path, capsys):
     assert (grid.get_attribute("data-layers"), grid.get_attribute("data-heads")) == ("30", "9")
     # a click in the model view opens that head in the heatmap and the views
     t1 = time.perf_counter()
-    grid.locator("td[data-layer='5'][data-head='2'] button").click()
+    grid.locator("[data-layer='5'][data-head='2']").click()
     page.wait_for_selector("[data-testid='al-live'][data-layer='5'][data-head='2']")
     page.wait_for_selector("[data-testid='al-views'][data-layer='5'][data-head='2']")
-    page.wait_for_selector("[data-testid='al-model-view'] td[data-layer='5'][data-head='2'][data-selected='1']")
+    page.wait_for_selector("[data-testid='al-model-view'] [data-layer='5'][data-head='2'][data-selected='1']")
     click = time.perf_counter() - t1
     hv = page.locator("[data-testid='al-head-view']")
     assert hv.get_attribute("data-heads") == ",".join(str(j) for j in range(9))

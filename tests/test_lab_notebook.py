@@ -290,6 +290,41 @@ def test_pictures_are_wide_enough_for_their_text_and_every_text_contrasts(n):
             assert svg.contrast(fill, bg) >= 4.5, (fill, bg)
 
 
+def test_a_small_heatmap_writes_every_weight_in_its_cell_even_tiny_ones():
+    """The live 4x4 heatmap (budget 520, 46-px cells) lost its numbers when one weight needed 8 decimals: every
+    weight is written as the tables write it (fmt.num), each in a font that fits its cell."""
+    w = np.array(
+        [
+            [1.0, 0.0, 0.0, 0.0],
+            [0.99999999, 1e-8, 0.0, 0.0],
+            [0.0000453979, 0.70710678, 0.2928648221, 0.0],
+            [0.25, 0.25, 0.25, 0.25],
+        ]
+    )
+    allowed = np.tril(np.ones((4, 4), dtype=bool))
+    labels = ("a", "b", "c", "d")
+    pic = svg.heatmap_svg(w, allowed, labels, labels, testid="al-live-heatmap", budget=520.0)
+    cells = re.findall(r'font-size="([\d.]+)"[^>]*data-bg="rgb\([^"]+\)">([^<]+)</text>', pic)
+    assert len(cells) == 10  # every allowed cell has its number
+    assert {s: float(f) for f, s in cells} == {
+        "1": 11.0,
+        "0.99999999": 6.6,
+        "0.00000001": 6.6,
+        "0.000045": 8.3,
+        "0.7071": 11.0,
+        "0.2929": 11.0,
+        "0.25": 11.0,
+    }
+    assert pic.count('data-kind="masked"') == 6
+    # cells too small for the longest number at 6 px: no numbers at all (never some cells with and some without)
+    n = 11
+    big = np.full((n, n), 1 / n)
+    big[0, :2] = (0.99999999, 1e-8)
+    names = tuple(f"t{i}" for i in range(n))
+    pic = svg.heatmap_svg(big, np.ones((n, n), dtype=bool), names, names, budget=420.0)
+    assert "0.0909" not in pic and "0.99999999" not in pic
+
+
 def _lab_strings() -> list[str]:
     """Every literal the lab passes to its translation function ``t``/``T`` (and the constants it passes)."""
     import ast
@@ -381,6 +416,39 @@ def test_live_thread_shows_a_load_error_with_its_install_hint(monkeypatch):
     assert stopped == []
 
 
+def test_live_status_shows_the_load_every_second_until_it_is_done(monkeypatch):
+    """Before a sentence is run: the page opened, the model loads (every second a new status with the note), then
+    one last status says it is loaded, in both languages; never the stale "loads when you press run"."""
+    import threading
+
+    from attnlab.lab import live
+
+    gate = threading.Event()
+
+    def slow(key):
+        gate.wait(10)
+        return "MODEL"
+
+    monkeypatch.setitem(live._LOADERS, "smollm2", live.Loader("smollm2", slow))
+    shown: list[str] = []
+
+    def show(h):
+        shown.append(h)
+        if len(shown) == 2:
+            gate.set()
+
+    live.show_status("smollm2", "en", "<p>note</p>", show, lambda: False)
+    assert all(h.endswith("<p>note</p>") for h in shown) and len(shown) >= 3
+    assert all('data-state="loading"' in h for h in shown[:2]) and 'data-state="ready"' in shown[-1]
+    assert "SmolLM2-135M: loaded in" in shown[-1]
+    monkeypatch.setitem(live._LOADERS, "smollm2", live.Loader("smollm2", slow))  # idle: not started yet
+    assert "starts loading when the page opens" in live.status_html("smollm2")
+    assert "页面一打开就开始加载" in live.status_html("smollm2", "zh")
+    stopped: list[str] = []
+    live.show_status("smollm2", "en", "<p>note</p>", stopped.append, lambda: True)  # the cell re-ran: nothing
+    assert stopped == []
+
+
 def test_live_views_of_a_result():
     from types import SimpleNamespace
 
@@ -397,8 +465,13 @@ def test_live_views_of_a_result():
     assert "·b" in page and "layer 1, head 2" in page
     assert page.count('data-kind="masked"') == n * (n - 1) // 2  # the causal mask of the heatmap
     assert "第 1 层" in live.live_html(r, 1, 2, "zh")
-    grid = live.model_view(r, [[f"<i>{li},{hj}</i>" for hj in range(h)] for li in range(L)], 1, 2)
-    assert 'data-layers="2" data-heads="3"' in grid and "data-layer='1' data-head='2' data-selected='1'" in grid
+    rows = live.model_view_rows(r, 1, 9, "zh")  # head 9 of 3: the last head outlined
+    assert [list(row) for row in rows] == [["", "h0", "h1", "h2"]] * 2 and rows[1][""] == "第 1 层"
+    assert rows[0][""].startswith("<style>.al-heads{") and rows[0][""].endswith("第 0 层")  # the sheet, once
+    assert "data-layer='1' data-head='2' data-selected='1'" in rows[1]["h2"]
+    assert sum("data-selected" in c for row in rows for c in row.values()) == 1
+    grid = live.model_view(r, "<table>T</table>")
+    assert 'data-layers="2" data-heads="3"' in grid and "<table>T</table>" in grid and "click a head" in grid
     att = np.zeros((L, h, 3))
     att[1, 2] = [0.2, 0.7, 0.1]  # the head shown above
     att[0] = [0.9, 0.05, 0.05]

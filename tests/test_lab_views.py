@@ -9,14 +9,16 @@
 
 from __future__ import annotations
 
+import base64
 import re
+import struct
 
 import numpy as np
 import pytest
 
 from attnlab.core.multihead import split_heads
 from attnlab.core.rope import apply_rope, rope_tables
-from attnlab.errors import OptionError
+from attnlab.errors import OptionError, ShapeError
 from attnlab.lab import views
 from attnlab.models.llama import llama_forward, rms_norm
 from attnlab.models.tokens import merge_bytes
@@ -128,14 +130,30 @@ def test_head_view_line_widths_are_the_weights(run):
 def test_thumbnails_and_model_view_table():
     rng = np.random.default_rng(1)
     w = rng.random((2, 3, 4, 4))
-    uris = views.head_thumbnails(w, np.tril(np.ones((4, 4), dtype=bool)))
-    assert len(uris) == 2 and len(uris[0]) == 3 and all(u.startswith("data:image/png;base64,") for r in uris for u in r)
-    page = views.model_view_html(
-        [[f"<b>{li}{hj}</b>" for hj in range(3)] for li in range(2)],
-        row_names=("a", "b"),
-        col_names=("h0", "h1", "h2"),
-        title="t",
-        selected=(1, 2),
-    )
-    assert 'data-layers="2" data-heads="3"' in page and "<b>12</b>" in page
-    assert page.count("data-selected") == 1 and "data-layer='1' data-head='2' data-selected='1'" in page
+    sheet = views.head_sheet(w, np.tril(np.ones((4, 4), dtype=bool)))
+    assert (sheet.layers, sheet.heads, sheet.tile) == (2, 3, 28)  # 7 px per cell of a 4x4 map
+    png = base64.b64decode(sheet.uri.removeprefix("data:image/png;base64,"))
+    assert png.startswith(b"\x89PNG") and struct.unpack(">II", png[16:24]) == (3 * 28, 2 * 28)  # width, height
+    tile = sheet.tile_html(1, 2, px=20)
+    assert "background-position:-40px -20px;background-size:60px 40px" in tile and 'aria-label="L1 h2"' in tile
+    assert 'class="al-heads"' in tile and f".al-heads{{background-image:url({sheet.uri});" in sheet.style_html()
+    with pytest.raises(ShapeError, match=r"layer, head: expected 0 <= layer < 2 and 0 <= head < 3, got \(2, 0\)"):
+        sheet.tile_html(2, 0)
+    cells = views.model_view_cells(sheet, selected=(1, 2))
+    assert len(cells) == 2 and len(cells[0]) == 3
+    assert cells[1][2].startswith("<span data-layer='1' data-head='2' data-selected='1'")
+    assert sum("data-selected" in c for r in cells for c in r) == 1 and "-40px -20px" in cells[1][2]
+    page = views.model_view_html("<table>T</table>", sheet, title="t")
+    assert page.count(sheet.uri) == 1 and sheet.style_html() in page
+    assert 'data-layers="2" data-heads="3"' in page and "<table>T</table>" in page
+
+
+def test_the_model_views_table_click_names_a_head():
+    from types import SimpleNamespace as Cell
+
+    from attnlab.lab.live import picked_head
+
+    assert picked_head([Cell(row="5", column="h2", value=None)], 9) == (5, 2)
+    assert picked_head([Cell(row="5", column="", value="layer 5")], 9) is None  # the row's name, not a head
+    assert picked_head([Cell(row="5", column="h9", value=None)], 9) is None
+    assert picked_head([], 9) is None and picked_head(None, 9) is None

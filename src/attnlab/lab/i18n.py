@@ -73,8 +73,9 @@ LIVE_INTRO = r"""
 Type a sentence and press **run**: SmolLM2-135M (a causal language model, 30 layers × 9 heads) runs it on attnlab's
 own NumPy Llama, from the installed GGUF file, offline; all-MiniLM-L6-v2 is a bidirectional encoder (every token
 reads every real token), run with two [PAD] positions so you can see the padding mask. Pick a layer and a head; the
-model view shows every head of every layer at once. The model loads once (about 5-10 s), then each sentence takes
-a second or two and is remembered.
+model view shows every head of every layer at once. The model starts loading in the background as soon as the page
+opens, once per server (a few seconds; the page stays usable meanwhile), then each sentence takes about a second and
+is remembered.
 
 *Then test what the weights mean: delete each token and measure how much the prediction changes. A token can get
 much weight and matter little, and the other way round.*
@@ -121,7 +122,8 @@ O = A V。在下面选一个文章条目（或直接修改矩阵），开关遮�
 
 输入一句话并按 **运行**：SmolLM2-135M（因果语言模型，30 层 × 9 个头）用 attnlab 自己的 NumPy Llama 离线运行已安装的 GGUF 文件；
 all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token），运行时附加两个 [PAD] 位置，让你看到填充遮罩。选择层和头；
-模型总览同时显示每一层的每一个头。模型只加载一次（约 5–10 秒），之后每句话一两秒，并会被记住。
+模型总览同时显示每一层的每一个头。页面一打开，模型就在后台开始加载，每个服务器只加载一次（几秒钟，其间页面照常可用），
+之后每句话约一秒，并会被记住。
 
 *然后检验权重的含义：逐个删除 token，测量预测变化多少。一个 token 可能得到很大权重却影响很小，反之亦然。*
 """,
@@ -180,7 +182,7 @@ all-MiniLM-L6-v2 是双向编码器（每个 token 读取所有真实 token）�
         # ---- live model
         "{model}: {n} tokens, forward pass {s} s; layer {layer}, head {head}.": "{model}：{n} 个 token，前向计算 {s} 秒；第 {layer} 层，第 {head} 个头。",
         "Rank correlation of weight and effect: {rho}. The token with the most weight ({a}) is {same} the one whose deletion changes the result most ({b}): a large weight says where the query reads, not what matters.": "权重与影响的秩相关：{rho}。得到最多权重的 token（{a}）{same}删除后结果变化最大的那个（{b}）：强权重说明查询从哪里读取，不说明什么重要。",
-        "{name}: not loaded yet; it loads when you press run (about 5-10 s).": "{name}：尚未加载；按“运行”时开始加载（约 5–10 秒）。",
+        "{name}: not loaded yet; it starts loading when the page opens, once per server.": "{name}：尚未加载；页面一打开就开始加载，每个服务器只加载一次。",
         "{name}: loading… {s} s (reading and dequantizing the weights, once per server)": "{name}：加载中… {s} 秒（读取并反量化权重，每个服务器只做一次）",
         "(cut to the first {n} tokens)": "（截取前 {n} 个 token）",
         "Bidirectional: every token reads every real token; the [PAD] keys are masked.": "双向：每个 token 读取所有真实 token；[PAD] 键被遮罩。",

@@ -42,15 +42,19 @@ __all__ = [
     "Loader",
     "ModelInfo",
     "cached",
+    "head_sheet",
     "intervention_html",
     "live_html",
     "loader",
     "model_view",
+    "model_view_rows",
+    "picked_head",
     "run",
     "run_intervention",
+    "show_live",
+    "show_status",
     "shown",
     "status_html",
-    "thumbnails",
     "tokens_note",
     "views_html",
 ]
@@ -311,11 +315,7 @@ def show_live(
     ``stopped()`` says the cell was re-run meanwhile (then nothing more is shown)."""
     from .logic import error_html
 
-    ld = loader(key)
-    ld.start()
-    while ld.status()[0] == "loading" and not stopped():
-        show(status_html(key, lang))
-        ld.wait_done(1.0)
+    show_status(key, lang, "", show, stopped)
     try:
         res = run(key, text)
     except Exception as err:  # shown in the page, never a traceback
@@ -324,6 +324,19 @@ def show_live(
         return
     if not stopped():
         show(live_html(res, layer, head, lang))
+
+
+def show_status(key: str, lang: str, note: str, show: Callable[[str], None], stopped: Callable[[], bool]) -> None:
+    """Start loading model ``key`` (no-op when loading or loaded) and ``show`` :func:`status_html` followed by
+    ``note`` (HTML) every second while it loads, and once more when it is loaded or failed; returns then, or as soon
+    as ``stopped()`` (the cell was re-run)."""
+    ld = loader(key)
+    ld.start()
+    while ld.status()[0] == "loading" and not stopped():
+        show(status_html(key, lang) + note)
+        ld.wait_done(1.0)
+    if note and not stopped():
+        show(status_html(key, lang) + note)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -335,7 +348,7 @@ def status_html(key: str, lang: str = "en") -> str:
     state, secs, err = loader(key).status()
     name = MODELS[key].name
     if state == "idle":
-        text = t(lang, "{name}: not loaded yet; it loads when you press run (about 5-10 s).", name=name)
+        text = t(lang, "{name}: not loaded yet; it starts loading when the page opens, once per server.", name=name)
     elif state == "loading":
         text = t(
             lang,
@@ -540,27 +553,53 @@ def _key_of(r: LiveResult) -> str:
     return next(k for k, info in MODELS.items() if info.name == r.model)
 
 
-def thumbnails(r: LiveResult) -> tuple[tuple[str, ...], ...]:
-    """Every head's map as a small PNG data URI, ``[L][h]`` (:func:`attnlab.lab.views.head_thumbnails` of the
-    shown weights), cached per sentence with the result."""
-    from .views import head_thumbnails
+def head_sheet(r: LiveResult) -> Any:
+    """Every head's map in one image (:func:`attnlab.lab.views.head_sheet` of the shown weights), cached per
+    sentence with the result."""
+    from .views import head_sheet as sheet_of
 
     w, ok, _ = shown(r)
-    return _cached("thumbnails", _key_of(r), r.text, lambda: head_thumbnails(w, ok)).result()
+    return _cached("sheet", _key_of(r), r.text, lambda: sheet_of(w, ok)).result()
 
 
-def model_view(r: LiveResult, cells: Any, layer: int, head: int, lang: str = "en") -> str:
-    """The model view: ``cells[layer][head]`` (the page's buttons, each showing its head's thumbnail) in a table of
-    layers × heads, the head shown above outlined (:func:`attnlab.lab.views.model_view_html`)."""
-    from .views import model_view_html
+def model_view_rows(r: LiveResult, layer: int, head: int, lang: str = "en") -> list[dict[str, str]]:
+    """The model view's table, one row per layer: ``{"": "layer i", "h0": cell, ...}`` (HTML), each cell the head's
+    square of :func:`head_sheet` (:func:`attnlab.lab.views.model_view_cells`), the head shown above outlined; the
+    first row's name holds the sheet's style (:meth:`attnlab.lab.views.HeadSheet.style_html`: inside the table, so
+    inside its shadow root)."""
+    from .views import model_view_cells
 
     L, h = r.weights.shape[:2]
+    sheet = head_sheet(r)
+    cells = model_view_cells(sheet, selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)))
+    return [
+        {
+            "": (sheet.style_html() if li == 0 else "") + html.escape(t(lang, "layer {i}", i=li)),
+            **{f"h{hj}": cells[li][hj] for hj in range(h)},
+        }
+        for li in range(L)
+    ]
+
+
+def picked_head(selection: Any, heads: int) -> tuple[int, int] | None:
+    """(layer, head) of the cell clicked in the model view's table: ``selection`` is the table's value, a list of
+    cells with ``row`` (the row's index, a str) and ``column`` (``"h2"``); None when no head cell is selected."""
+    for cell in selection or ():
+        col, row = str(getattr(cell, "column", "")), str(getattr(cell, "row", ""))
+        if col[:1] == "h" and col[1:].isdigit() and int(col[1:]) < heads and row.isdigit():
+            return int(row), int(col[1:])
+    return None
+
+
+def model_view(r: LiveResult, table: str, lang: str = "en") -> str:
+    """The model view around ``table`` (the page's marimo table of :func:`model_view_rows`, in which a click on a
+    head opens it): :func:`attnlab.lab.views.model_view_html`."""
+    from .views import model_view_html
+
     return model_view_html(
-        cells,
-        row_names=tuple(t(lang, "layer {i}", i=i) for i in range(L)),
-        col_names=tuple(f"h{j}" for j in range(h)),
+        table,
+        head_sheet(r),
         title=t(lang, "model view: every layer (rows) × head (columns); click a head to open it above (orange)"),
-        selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)),
     )
 
 

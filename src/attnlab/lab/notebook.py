@@ -283,7 +283,8 @@ def _(I, T, lang, mo):
 @app.cell
 def _(PR, mo):
     get_book, set_book = mo.state(PR.Book())
-    return get_book, set_book
+    get_results, set_results = mo.state({})  # the revealed questions' results, {question: html} (below)
+    return get_book, get_results, set_book, set_results
 
 
 @app.cell
@@ -313,9 +314,9 @@ def _(PR, T, lang, mo):
 
 
 @app.cell
-def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
-    # One cell shows every question with its result: hidden until its reveal switch is on; then the prediction is
-    # locked and the feedback and the result (or the request to predict) shown. A result is made only when shown.
+def _(I, L, T, asks, four_t, get_results, lang, set_results, state):
+    # The revealed questions' results on your inputs, made only for a revealed question and handed to the cell
+    # below only when they change: a slider move with no question revealed re-runs (and redraws) nothing there
     _bodies = {
         "shift": lambda: L.exp_shift(state, 10.0, lang)[1],
         "temperature": lambda: L.exp_temperature(state, 3.0, lang)[1],
@@ -324,9 +325,20 @@ def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
         "self100": lambda: "<p>" + T(lang, I.SELF_TEST_ANSWER) + "</p>" + L.exp_shift(state, 100.0, lang)[1],
         "selfbias": lambda: L.exp_bias(state, None, lang)[1],
     }
+    _results = {_qid: _body() for _qid, _body in _bodies.items() if asks.value[_qid]["show"]}
+    if _results != get_results():
+        set_results(_results)
+    return
+
+
+@app.cell
+def _(PR, T, asks, four_t, get_book, get_results, lang, mo, set_book):
+    # One cell shows every question with its result: hidden until its reveal switch is on; then the prediction is
+    # locked and the feedback and the result (or the request to predict) shown (the result from the cell above).
+    _results = get_results()
     _book = get_book()
     _blocks = []
-    for _qid, _body in _bodies.items():
+    for _qid in ("shift", "temperature", "value", "four", "self100", "selfbias"):
         _pred, _show = asks[_qid]["pred"], asks[_qid]["show"]
         _value = asks.value[_qid]
         _shown = [_pred, four_t, _show] if _qid == "four" else [_pred, _show]
@@ -335,7 +347,7 @@ def _(I, L, PR, T, asks, four_t, get_book, lang, mo, set_book, state):
         else:
             _book = PR.commit(_book, _qid, _value["pred"], True)
             _fb = PR.feedback_html(_book, _qid, _value["pred"], lang)
-            _shown.append(mo.Html(_fb + (_body() if _qid in _book.entries else "")))
+            _shown.append(mo.Html(_fb + (_results.get(_qid, "") if _qid in _book.entries else "")))
         _blocks.append(mo.vstack(_shown))
     if _book is not get_book():
         set_book(_book)
@@ -419,9 +431,16 @@ def _(LV, T, get_live_pick, lang, live_model, mo):
 def _(LV, T, lang, live_head, live_layer, live_model, live_text, mo):
     _key, _text, _layer, _head = live_model.value, live_text.value, live_layer.value, live_head.value
     if not _text:
-        mo.output.replace(
-            mo.Html(LV.status_html(_key, lang) + "<p>" + T(lang, "Type a sentence and press run.") + "</p>")
-        )
+        # the model starts loading as the page opens (once per server): its status, every second until it is loaded
+        _note = "<p>" + T(lang, "Type a sentence and press run.") + "</p>"
+        LV.loader(_key).start()
+        mo.output.replace(mo.Html(LV.status_html(_key, lang) + _note))
+
+        def _wait_load():
+            me = mo.current_thread()
+            LV.show_status(_key, lang, _note, lambda h: mo.output.replace(mo.Html(h)), lambda: me.should_exit)
+
+        mo.Thread(target=_wait_load, daemon=True).start()
     elif LV.cached("forward", _key, _text) is not None:
         mo.output.replace(mo.Html(LV.live_html(LV.cached("forward", _key, _text), _layer, _head, lang)))
     else:
@@ -466,37 +485,31 @@ def _(LV, live_model, live_text, mo, set_views_ready):
 
 
 @app.cell
-def _(LV, T, get_views_ready, lang, live_head, live_layer, live_model, live_text, mo, set_live_pick):
+def _(LV, get_views_ready, lang, live_head, live_layer, live_model, live_text, mo, set_live_pick):
     get_views_ready()  # re-run when a sentence's result arrives
     _key = live_model.value
     _r = LV.cached("forward", _key, live_text.value) if live_text.value else None
     live_pick = None
     _out = None
     if _r is not None:
-        _thumbs = LV.thumbnails(_r)
-        _L, _h = len(_thumbs), len(_thumbs[0])
-        live_pick = mo.ui.array(
+        # one table (a click on a head selects its cell), not a button per head: 270 buttons took seconds of the
+        # browser's time per sentence and slowed every control of the page
+        live_pick = mo.ui.table(
             [
-                mo.ui.button(
-                    value=None,
-                    on_click=lambda _v, li=li, hj=hj: set_live_pick((_key, li, hj)),
-                    label=f'<img src="{_thumbs[li][hj]}" alt="L{li} h{hj}" title="{T(lang, "layer {i}", i=li)}, h{hj}" '
-                    'width="20" height="20" '
-                    'style="image-rendering:pixelated;vertical-align:middle;width:20px;height:20px">',
-                )
-                for li in range(_L)
-                for hj in range(_h)
-            ]
+                {c: mo.Html(x) for c, x in row.items()}
+                for row in LV.model_view_rows(_r, live_layer.value, live_head.value, lang)
+            ],
+            selection="single-cell",
+            pagination=False,
+            show_column_summaries=False,
+            show_data_types=False,
+            show_download=False,
+            show_search=False,
+            on_change=lambda v, key=_key, h=LV.MODELS[_key].heads: (
+                None if LV.picked_head(v, h) is None else set_live_pick((key, *LV.picked_head(v, h)))
+            ),
         )
-        _out = mo.Html(
-            LV.model_view(
-                _r,
-                [[f"{live_pick[li * _h + hj]}" for hj in range(_h)] for li in range(_L)],
-                live_layer.value,
-                live_head.value,
-                lang,
-            )
-        )
+        _out = mo.Html(LV.model_view(_r, f"{live_pick}", lang))
     _out  # noqa: B018 (a marimo cell shows its last expression)
     return (live_pick,)
 
@@ -597,7 +610,7 @@ def _(LV, T, lang, live_head, live_intervene, live_layer, live_model, live_text,
     return
 
 
-# ---- class mode (attnlab lab --item N --class) and the live model's pre-load (attnlab.lab.classmode, bench_lab.py)
+# ---- class mode (attnlab lab --item N --class, attnlab.lab.classmode)
 @app.cell
 def _(T, lang, mo):
     from attnlab.lab import classmode as CM
@@ -613,14 +626,6 @@ def _(T, lang, mo):
 def _(class_on, class_pred, class_show):
     class_hidden = class_on and not (class_show.value and class_pred.value.strip())
     return (class_hidden,)
-
-
-@app.cell
-def _(LV, live_model):
-    # start loading the live model as soon as the page opens (in the background, once per server): the first
-    # heatmap after "run" then waits only for what is left of the load
-    LV.loader(live_model.value).start()
-    return
 
 
 if __name__ == "__main__":

@@ -164,12 +164,12 @@ def heatmap_svg(
     n_q, n_k = w.shape
     cell = _cell_size(max(n_q, n_k), budget)
     font = 11 if cell >= 24 else 9
-    # the numbers as the tables write them (attnlab.explain.fmt.num), in a font small enough for the longest
-    # (0.000045 in a 46-pixel cell: 8 px); none when even 7 px does not fit
-    cell_texts = [num(x) for x in w[ok & ~np.isnan(w)]] or ["0"]
-    longest = max(text_width(s, 11) for s in cell_texts)
-    value_font = min(11.0, 11.0 * (cell - 6) / longest)
-    show_numbers = cell >= 34 and value_font >= 7
+    # the numbers as the tables write them (attnlab.explain.fmt.num), each in the largest font up to 11 px that fits
+    # its cell (0.7071: 11 px, 0.000045: 8.3 px, the longest, 0.99999999: 6.6 px in a 46-pixel cell); in every
+    # cell or in none: none when the longest would need less than 6 px (cells under about 42 px)
+    numbers = {x: num(x) for x in w[ok & ~np.isnan(w)].tolist()}
+    fonts = {x: min(11.0, 11.0 * (cell - 6) / text_width(s, 11)) for x, s in numbers.items()}
+    show_numbers = min(fonts.values(), default=11.0) >= 6.0
     rl = [r[:10] for r in rows]
     cl = [c[:8] for c in cols]
     vertical = any(text_width(c, font) > cell - 4 for c in cl)
@@ -243,8 +243,8 @@ def heatmap_svg(
                     _text(
                         x + cell / 2,
                         y + cell / 2 + 4,
-                        num(v),
-                        size=round(value_font, 1),
+                        numbers[v],
+                        size=round(fonts[v], 1),
                         anchor="middle",
                         fill=ink_for(fill),
                         bg=fill,

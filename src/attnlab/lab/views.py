@@ -35,11 +35,13 @@ __all__ = [
     "MAX_LINE",
     "MIN_SHOWN",
     "BlockNumbers",
+    "HeadSheet",
     "NeuronPair",
     "block_numbers",
     "block_svg",
-    "head_thumbnails",
+    "head_sheet",
     "head_view_svg",
+    "model_view_cells",
     "model_view_html",
     "neuron_pair",
     "neuron_svg",
@@ -161,65 +163,83 @@ def head_view_svg(
 # model view
 
 
-def head_thumbnails(weights: Any, allowed: Any, *, size: int = 30) -> tuple[tuple[str, ...], ...]:
-    """Every head's map of ``weights [L, h, n, n]`` as a ``data:image/png`` URI (``[L][h]``), about ``size`` px
-    (blue ramp, masked cells grey, as :func:`attnlab.lab.svg.grid_svg`)."""
+@dataclass(frozen=True)
+class HeadSheet:
+    """Every head's map in one PNG, ``layers`` rows × ``heads`` columns of ``tile`` px squares (``uri``: a
+    ``data:image/png`` URI). The page holds it once, in :meth:`style_html`, and each head's cell shows its square
+    (:meth:`tile_html`): one image for 270 heads."""
+
+    uri: str
+    layers: int
+    heads: int
+    tile: int
+
+    def style_html(self) -> str:
+        """The ``<style>`` that gives every ``.al-heads`` element the sheet as its background: once in the page (in
+        the same shadow root as the squares), so the 66 KB image is parsed once, not once per head."""
+        return f"<style>.al-heads{{background-image:url({self.uri});image-rendering:pixelated}}</style>"
+
+    def tile_html(self, layer: int, head: int, *, px: int = 20, title: str = "", outline: str = "") -> str:
+        """A ``px``-square ``<span class="al-heads">`` showing head (``layer``, ``head``) of the sheet, with a 2 px
+        ``outline`` of that colour drawn inside it (none by default)."""
+        if not (0 <= layer < self.layers and 0 <= head < self.heads):
+            raise ShapeError(
+                f"layer, head: expected 0 <= layer < {self.layers} and 0 <= head < {self.heads}, got ({layer}, {head})"
+            )
+        return (
+            f'<span class="al-heads" role="img" aria-label="L{layer} h{head}" title="{html.escape(title)}" '
+            f"style='display:inline-block;vertical-align:middle;width:{px}px;height:{px}px;"
+            f"background-position:{-head * px}px {-layer * px}px;"
+            f"background-size:{self.heads * px}px {self.layers * px}px"
+            + (f";outline:2px solid {outline};outline-offset:-2px" if outline else "")
+            + "'></span>"
+        )
+
+
+def head_sheet(weights: Any, allowed: Any, *, size: int = 30) -> HeadSheet:
+    """Every head's map of ``weights [L, h, n, n]`` as one :class:`HeadSheet`, each tile about ``size`` px (blue
+    ramp, masked cells grey, as :func:`attnlab.lab.svg.grid_svg`)."""
     import base64
 
     w = np.asarray(weights)
     if w.ndim != 4:
         raise ShapeError(f"weights: expected [L, h, n, n], got shape {w.shape}")
     tiles = np.round(tile_rgb(w, allowed, size=size)).astype(np.uint8)  # [L, h, s, s, 3]
-    return tuple(
-        tuple(
-            "data:image/png;base64," + base64.b64encode(png_bytes(tiles[li, hj])).decode() for hj in range(w.shape[1])
-        )
-        for li in range(w.shape[0])
-    )
+    L, h, s = tiles.shape[:3]
+    sheet = tiles.transpose(0, 2, 1, 3, 4).reshape(L * s, h * s, 3)  # [L s, h s, 3]
+    return HeadSheet("data:image/png;base64," + base64.b64encode(png_bytes(sheet)).decode(), L, h, s)
 
 
-def model_view_html(
-    cells: Sequence[Sequence[str]],
-    *,
-    row_names: Sequence[str],
-    col_names: Sequence[str],
-    title: str,
-    selected: tuple[int, int] | None = None,
-    cell_px: tuple[int, int] = (40, 30),
-    testid: str = "al-model-view",
-) -> str:
-    """bertviz's model view as a table: ``cells[layer][head]`` (HTML: in the lab a button showing the head's
-    thumbnail, which opens that head), layers as rows, heads as columns, the ``selected`` cell outlined orange.
-    Each cell is clipped to ``cell_px`` (width, height): nothing of one cell can lie over (and catch the clicks
-    of) its neighbour."""
-    L, h = len(cells), len(cells[0]) if cells else 0
-    if len(row_names) != L or len(col_names) != h:
-        raise ShapeError(f"row_names, col_names: expected {L} and {h} names, got {len(row_names)} and {len(col_names)}")
-    td = "padding:1px;text-align:center"
-    out = [
-        f'<div data-testid="{testid}" data-layers="{L}" data-heads="{h}" style="overflow-x:auto;max-width:100%">',
-        f"<p style='font-weight:bold;margin:4px 0'>{html.escape(title)}</p>",
-        "<table style='border-collapse:separate;border-spacing:2px'><tr><th></th>",
-        *(f"<th style='font-size:11px;font-weight:normal'>{html.escape(c)}</th>" for c in col_names),
-        "</tr>",
-    ]
-    for li in range(L):
-        out.append(
-            f"<tr><th style='font-size:11px;font-weight:normal;text-align:right;padding-right:6px'>"
-            f"{html.escape(row_names[li])}</th>"
-        )
-        for hj in range(h):
+def model_view_cells(sheet: HeadSheet, *, selected: tuple[int, int] | None = None, px: int = 20) -> list[list[str]]:
+    """Each head's cell of the model view, ``[layer][head]``: its square of the ``sheet``
+    (:meth:`HeadSheet.tile_html`) in a ``<span data-layer data-head>``, the ``selected`` one outlined orange
+    (``data-selected='1'``)."""
+    out = []
+    for li in range(sheet.layers):
+        row = []
+        for hj in range(sheet.heads):
             sel = selected == (li, hj)
-            style = td + (";outline:3px solid #d94801" if sel else "")
             mark = " data-selected='1'" if sel else ""
-            out.append(
-                f"<td style='{style}' data-layer='{li}' data-head='{hj}'{mark}>"
-                f"<div style='overflow:hidden;height:{cell_px[1]}px;width:{cell_px[0]}px;display:flex;"
-                f"align-items:center;justify-content:center'>{cells[li][hj]}</div></td>"
+            row.append(
+                f"<span data-layer='{li}' data-head='{hj}'{mark}>"
+                + sheet.tile_html(li, hj, px=px, title=f"L{li} h{hj}", outline="#d94801" if sel else "")
+                + "</span>"
             )
-        out.append("</tr>")
-    out.append("</table></div>")
-    return "".join(out)
+        out.append(row)
+    return out
+
+
+def model_view_html(table: str, sheet: HeadSheet, *, title: str, testid: str = "al-model-view") -> str:
+    """bertviz's model view around ``table`` (HTML: in the lab one marimo table of :func:`model_view_cells`, layers
+    as rows and heads as columns, in which a click on a head opens it): the title, and the ``sheet``'s image as
+    the style its squares are cut from (for squares outside a shadow root). One table, not a button per head:
+    270 marimo buttons took
+    seconds of the browser's time for every sentence and slowed every other control of the page."""
+    return (
+        f'<div data-testid="{testid}" data-layers="{sheet.layers}" data-heads="{sheet.heads}" '
+        'style="overflow-x:auto;max-width:100%">'
+        f"{sheet.style_html()}<p style='font-weight:bold;margin:4px 0'>{html.escape(title)}</p>{table}</div>"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
