@@ -62,6 +62,7 @@ class Gradients:
     probe_functions = GRAD_PROBE_FUNCTIONS
     fixes = GRAD_FIXES
     default_align = "top_left"
+    softmax_words, unstable_code = "backward's softmax: its lse or P is recomputed without the row maximum", "grad-lse"
 
     def __init__(
         self,
@@ -124,6 +125,17 @@ class Gradients:
     def compare(self, out: Outcome) -> bool:
         """Compare one outcome's gradients with the golden (diagnosed when they differ)."""
         return self.compare_grads(out)
+
+    def gross_error(self, out: Outcome, rel: float) -> str:
+        """``""`` when every gradient of ``out`` is within its bound widened to ``rel`` of the golden's largest
+        entry; else what is wrong, in words (no diagnosis, no finding)."""
+        ret = out.returned
+        if not isinstance(ret, GradReturned):
+            return "no gradients returned"
+        case = cast(GradCase, out.case)
+        golden, bounds = self.expected(case, work=self.grad_work(case, ret))
+        wide = {n: max(b, rel * max(1.0, float(np.max(np.abs(golden[n]))))) for n, b in bounds.items()}
+        return "; ".join(wrong_parts(self.mismatch(ret.grads, golden, wide, case)))
 
     def findings(self) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
         """Bugs in a stable order, and the explained ones: ``grad-mismatch`` seen in a case where a named code is
@@ -336,15 +348,20 @@ class Gradients:
             ev += f", causal ({case.causal.replace('_', '-')})"
         if case.keep is not None:
             ev += f", dropout p={case.dropout_p:g}"
-        parts = []
-        for name, c in bad.items():
-            if c.max_error == math.inf:
-                parts.append(f"{name} has the wrong shape")
-            elif c.nonfinite:
-                parts.append(f"{name} has {c.nonfinite} non-finite value(s)")
-            else:
-                parts.append(f"max |{name} - golden| = {c.max_error:.3g} at {c.where} (tolerance {c.bound:.2g})")
-        return ev + "; " + "; ".join(parts)
+        return ev + "; " + "; ".join(wrong_parts(bad))
+
+
+def wrong_parts(bad: dict[str, Any]) -> list[str]:
+    """Each wrong gradient of ``bad`` (name -> Comparison) in words: its error and where, or what is wrong."""
+    parts = []
+    for name, c in bad.items():
+        if c.max_error == math.inf:
+            parts.append(f"{name} has the wrong shape")
+        elif c.nonfinite:
+            parts.append(f"{name} has {c.nonfinite} non-finite value(s)")
+        else:
+            parts.append(f"max |{name} - golden| = {c.max_error:.3g} at {c.where} (tolerance {c.bound:.2g})")
+    return parts
 
 
 def diagnose_grads(
