@@ -69,8 +69,7 @@ from .fixes import FIXES
 from .grad_hypotheses import reduce_kv
 from .report import CORE_GRAD_PROBES, GRAD_PROBES, Report
 from .runner import CallRequest, Case, loaded_frameworks
-from .spec import GRAD_CAPABILITIES
-from .spec import listed
+from .spec import GRAD_CAPABILITIES, listed
 from .tolerance import bound, expand_kv
 
 __all__ = [
@@ -309,9 +308,8 @@ class GradAdapter(Adapter):
     def structural_unsupported(self) -> dict[str, str]:
         out = super().structural_unsupported()
         if self.keep_arg is None or self.p_arg is None:
-            out["dropout"] = (
-                f"the function takes no {self.spec.dropout_arg or 'dropout_mask'}= and dropout_p="
-                + ("" if self.spec.dropout_arg else " (its keep mask's name: dropout_arg=)")
+            out["dropout"] = f"the function takes no {self.spec.dropout_arg or 'dropout_mask'}= and dropout_p=" + (
+                "" if self.spec.dropout_arg else " (its keep mask's name: dropout_arg=)"
             )
         if self.bias_arg is None:
             out["bias"] = "the function takes no bias="

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .adapters import round_to
+from .depends import wrong_entries
 from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
 from .gradient_oracle import (
     BACKWARD_CODES,
@@ -137,6 +138,28 @@ class Gradients:
         wide = {n: max(b, rel * max(1.0, float(np.max(np.abs(golden[n]))))) for n, b in bounds.items()}
         return "; ".join(wrong_parts(self.mismatch(ret.grads, golden, wide, case)))
 
+    def bounds(self, case: Case) -> dict[str, float]:
+        """Each gradient's bound for ``case`` under its dtype's rule (a reproduction's ``TOL``)."""
+        return cast(dict[str, float], self.expected(case)[1])
+
+    def first_wrong(self, out: Outcome, limit: int = 5) -> tuple[str, ...]:
+        """The first wrong entries of the gradients of ``out`` that break their bound, in words."""
+        ret = out.returned
+        if not out.ok or not isinstance(ret, GradReturned):
+            return ()
+        case = cast(GradCase, out.case)
+        golden, bounds = self.expected(case, work=self.grad_work(case, ret))
+        rows = self.s.allowed(case).any(axis=-1)
+        found: list[str] = []
+        for name in self.mismatch(ret.grads, golden, bounds, case):
+            a, e = ret.grads[name], golden[name]
+            if a.size != e.size:
+                found.append(f"{name} has shape {a.shape}, expected {e.shape}")
+                continue
+            r = rows if name == "dq" else np.ones(e.shape[:-1], bool)
+            found += [w.text for w in wrong_entries(a.reshape(e.shape), e, r, bounds[name], limit=limit, name=name)]
+        return tuple(found[:limit])
+
     def findings(self) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
         """Bugs in a stable order, and the explained ones: ``grad-mismatch`` seen in a case where a named code is
         seen too, and (``explained_by="reference-mismatch"``) any gradient code in a case whose forward output was
@@ -244,6 +267,7 @@ class Gradients:
             return False
         case = cast(GradCase, out.case)
         key = self.s.case_key or self.s.key(case)
+        self.s.examined = (self.s.case_key, out)  # a finding from here on is about this call
         ret = out.returned
         if out.mutated:  # seen in this case too: the gradients were computed from the written-over inputs
             self.s.bug(

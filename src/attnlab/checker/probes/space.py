@@ -244,20 +244,25 @@ def decode(s: Session) -> None:
         raise ProbeSkip("needs n_q != n_k (cross)")
     if "mask" not in s.caps and "causal" not in s.caps:
         raise ProbeSkip("needs mask or causal")
+    # a bool causal flag's alignment is the forward's business; the gradient side decodes causally when declared
+    causal = "causal" in s.caps and "causal-cross" in s.caps
+    causal = causal and (s.strategy.name == "outputs" or s.spec.causal_align is not None)
     if "mask" in s.caps and s.mask_form != "varlen":
         m = patterned_mask(s, g)
         if m is None:  # not reached: only packed sequences (varlen) have no pattern
             raise ProbeSkip("no key-padding pattern for this mask form")
         checked(s, s.make(g, s.primary, label="decode + mask", mask=m), "decode: key padding")
-        if "causal" in s.caps and "causal-cross" in s.caps:
+        if causal:
             g = replace(g, n_k=19)  # a new shape: a cache keyed by shape is seen by call-order, not here
             m = patterned_mask(s, g)
             if m is None:
                 raise ProbeSkip("no key-padding pattern for this mask form")
             case = s.make(g, s.primary, label="decode + mask + causal", mask=m, causal=True)
             checked(s, case, "decode: key padding + causal")
-    elif "causal" in s.caps and "causal-cross" in s.caps:
+    elif causal:
         checked(s, s.make(g, s.primary, label="decode + causal", causal=True), "decode: causal")
+    else:
+        raise ProbeSkip("needs mask, or causal with a declared causal_align")
 
 
 def matches(s: Session, out: Outcome) -> bool:
