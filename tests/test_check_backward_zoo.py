@@ -7,7 +7,11 @@ for hand-written backward passes (plain and flash signatures).
 
 from __future__ import annotations
 
+import functools
+import textwrap
+
 import pytest
+from zoo import one_step_smaller
 from zoo.backward_zoo import BROKEN, CORRECT, ENTRIES, fa2_backward, fa2_forward, np_jacobian_missing, run_check
 
 import attnlab
@@ -39,9 +43,19 @@ def test_every_backward_code_is_registered():
         assert known.get(code), code
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def _params(entries):
+    """Each entry in an xdist group of its own: its report is made once per worker and read by every test."""
+    return [pytest.param(e, id=e.name, marks=pytest.mark.xdist_group(f"bwd-zoo-{e.name}")) for e in entries]
+
+
+@functools.cache
+def _report(name):
+    return run_check(next(e for e in ENTRIES if e.name == name))
+
+
+@pytest.mark.parametrize("entry", _params(ENTRIES))
 def test_backward_zoo_entry_is_diagnosed_by_its_code(entry):
-    report = run_check(entry)
+    report = _report(entry.name)
     codes = set(report.codes)
     text = report.to_text()
     assert set(entry.expected) <= codes, text
@@ -78,3 +92,42 @@ def test_assert_attention_grads_correct_raises_on_a_broken_backward():
     assert_attention_grads_correct(CORRECT[0].fn)
     with pytest.raises(AssertionError, match="grad-jacobian"):
         assert_attention_grads_correct(np_jacobian_missing)
+
+
+def _fails(text):
+    """The AssertionError message of a reproduction script run on its own (in a fresh namespace), or None."""
+    try:
+        exec(compile(text, "<reproduction>", "exec"), {})
+    except AssertionError as err:
+        return str(err) or "AssertionError"
+    return None
+
+
+def _same_way(message, first):
+    """Whether a failure message is the same kind of failure as ``first``: the same exception raised, a wrong
+    gradient (any of them: a smaller case may show the same bug in another one), or the same property."""
+    if message is None:
+        return False
+    if first.startswith("fn raised"):
+        return message.split(":")[0] == first.split(":")[0]
+    wrong = ("max |d", "dq shape", "dk shape", "dv shape", "dbias shape")
+    if first.startswith(wrong):
+        return message.startswith(wrong)
+    return message.split(" ")[:2] == first.split(" ")[:2]
+
+
+@pytest.mark.parametrize("entry", _params(BROKEN))
+def test_backward_zoo_findings_are_shrunk_to_a_minimal_case_with_a_reproduction(entry):
+    """Issue 20 §3 for gradients: every finding of a broken backward carries its smallest failing case; its printed
+    reproduction, run on its own, fails; removing any batch element, head, query or key makes it pass."""
+    report = _report(entry.name)
+    for f in report.findings:
+        m = f.minimal
+        assert m is not None and m.shrunk and not m.bounded, (f.code, report.to_text())
+        assert textwrap.indent(m.reproduction, "    ").rstrip() in report.to_text()
+        assert m.as_dict()["reproduction"] == m.reproduction
+        first = _fails(m.reproduction)
+        assert first is not None, (f.code, m.reproduction)
+        for smaller in one_step_smaller(m.case, m.gqa):
+            message = _fails(m.script(smaller))
+            assert not _same_way(message, first), (f.code, smaller.shapes(), first, message, m.script(smaller))

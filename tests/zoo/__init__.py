@@ -32,7 +32,8 @@ def all_entries() -> list[Entry]:
 def one_step_smaller(case: Any, gqa: str = "interleave") -> list[Any]:
     """Every case one step smaller than the canonical ``case`` (``q [B, h, n_q, d_k]`` or ``[h, n_q, d_k]``): one
     batch element, one head (with GQA: one K/V head with its query group), one query or one key removed. Written
-    here, apart from attnlab.checker.shrink, so that a minimality test does not reuse the shrinker's own moves."""
+    here, apart from attnlab.checker.shrink, so that a minimality test does not reuse the shrinker's own moves. A
+    gradient case's ``d_out [..., h, n_q, d_v]``, ``keep`` and ``bias [..., h, n_q, n_k]`` lose the same entries."""
     from dataclasses import replace
 
     import numpy as np
@@ -40,30 +41,31 @@ def one_step_smaller(case: Any, gqa: str = "interleave") -> list[Any]:
     def drop(x: Any, axis: int, i: Any) -> Any:
         return None if x is None else np.delete(x, i, axis=axis)
 
+    def cut(case: Any, idx: Any, q_axis: int | None, mask_axis: int, **arrays: Any) -> Any:
+        """``case`` with ``arrays``; a gradient case's d_out cut along q's axis, its keep and bias the mask's."""
+        d_out = getattr(case, "d_out", None)
+        if d_out is not None and q_axis is not None:
+            arrays["d_out"] = drop(d_out, q_axis, idx)
+        for name in ("keep", "bias"):
+            if getattr(case, name, None) is not None:
+                arrays[name] = drop(getattr(case, name), mask_axis, idx)
+        return replace(case, **arrays)
+
     out = []
     if case.q.ndim == 4:
         for b in range(case.q.shape[0] if case.q.shape[0] > 1 else 0):
-            out.append(
-                replace(
-                    case, q=drop(case.q, 0, b), k=drop(case.k, 0, b), v=drop(case.v, 0, b), mask=drop(case.mask, 0, b)
-                )
-            )
+            q, k, v, m = (drop(x, 0, b) for x in (case.q, case.k, case.v, case.mask))
+            out.append(cut(case, b, 0, 0, q=q, k=k, v=v, mask=m))
     ax = case.q.ndim - 3
     h, h_kv = case.q.shape[ax], case.k.shape[ax]
     g = h // h_kv
     for j in range(h_kv if h_kv > 1 else 0):
         group = [j * g + r for r in range(g)] if gqa != "tile" else [j + r * h_kv for r in range(g)]
-        out.append(
-            replace(
-                case,
-                q=drop(case.q, ax, group),
-                k=drop(case.k, ax, j),
-                v=drop(case.v, ax, j),
-                mask=drop(case.mask, ax, group),
-            )
-        )
+        q, m = drop(case.q, ax, group), drop(case.mask, ax, group)
+        out.append(cut(case, group, ax, ax, q=q, k=drop(case.k, ax, j), v=drop(case.v, ax, j), mask=m))
     for i in range(case.q.shape[-2] if case.q.shape[-2] > 1 else 0):
-        out.append(replace(case, q=drop(case.q, -2, i), mask=drop(case.mask, -2, i)))
+        out.append(cut(case, i, -2, -2, q=drop(case.q, -2, i), mask=drop(case.mask, -2, i)))
     for j in range(case.k.shape[-2] if case.k.shape[-2] > 1 else 0):
-        out.append(replace(case, k=drop(case.k, -2, j), v=drop(case.v, -2, j), mask=drop(case.mask, -1, j)))
+        k, v = drop(case.k, -2, j), drop(case.v, -2, j)
+        out.append(cut(case, j, None, -1, k=k, v=v, mask=drop(case.mask, -1, j)))
     return out

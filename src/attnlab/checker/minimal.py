@@ -206,7 +206,8 @@ def predicate(code: str, first: Any, caller: Caller) -> tuple[Callable[[Case], b
     if code == "dtype":
         return (lambda c: (o := call(c)).ok and o.returned.out_dtype not in (None, c.dtype)), "dtype"
     if code == "output-type":
-        return (lambda c: (o := call(c)).ok and o.returned.wrong_type is not None), "output-type"
+        kind = "output-type" if grads is None else "gradients"  # a gradient of the wrong kind breaks the compare
+        return (lambda c: (o := call(c)).ok and o.returned.wrong_type is not None), kind
     if code == "mutates-input":
         return (lambda c: bool(call(c).mutated)), "mutates" if grads is None else "gradients-mutates"
     if grads is not None:  # every other gradient code: a gradient breaks its bound

@@ -189,7 +189,8 @@ def batch_moves(s: Session, case: Case, base: Outcome, passed_mask: np.ndarray |
 def broadcast_shapes(s: Session, g: Geom) -> list[tuple[int, ...]]:
     """The broadcast mask shapes the mask form accepts for 4-D geometry ``g`` (none for forms without one)."""
     b, h, n_q, n_k = g.b or 1, g.h, g.n_q, g.n_k
-    if g.b is None or getattr(s.backend.resolved, "mode", False):  # module mode builds its own masks
+    mode = str(getattr(s.backend.resolved, "mode", "") or "")
+    if g.b is None or (mode and not mode.startswith("backward")):  # module mode builds its own masks
         return []
     if s.mask_form == "full":
         return [(n_k,), (n_q, n_k), (b, 1, 1, n_k), (b, 1, n_q, n_k), (1, h, n_q, n_k)]
