@@ -308,8 +308,9 @@ class GradAdapter(Adapter):
     def structural_unsupported(self) -> dict[str, str]:
         out = super().structural_unsupported()
         if self.keep_arg is None or self.p_arg is None:
-            out["dropout"] = f"the function takes no {self.spec.dropout_arg or 'dropout_mask'}= and dropout_p=" + (
-                "" if self.spec.dropout_arg else " (its keep mask's name: dropout_arg=)"
+            named = self.spec.dropout_arg
+            out["dropout"] = f"the function takes no {named or 'dropout_mask'}= and dropout_p=" + (
+                "" if named else "; another name: dropout_arg="
             )
         if self.bias_arg is None:
             out["bias"] = "the function takes no bias="

@@ -360,12 +360,15 @@ def caller_of(session: Any) -> Caller:
         return out
 
     backend = session.backend
-    target = getattr(backend, "target", None) or getattr(getattr(backend, "adapter", None), "original", None)
+    adapter = getattr(backend, "adapter", None)
+    target = getattr(backend, "target", None) or getattr(adapter, "original", None)
+    # a flash backward's own forward: the worker's target names it, an in-process adapter holds it
+    forward = getattr(getattr(adapter, "forward", None), "original", None) or getattr(backend.spec, "forward", None)
     return Caller(
         call,
         session.expected,
         session.as_passed,
-        CallWords.of(backend.resolved, session.spec, target),
+        CallWords.of(backend.resolved, session.spec, target, forward),
         session.gqa_map,
         session.mask_form,
         getattr(session.spec, "masked_rows", "any"),

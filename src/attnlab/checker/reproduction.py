@@ -43,7 +43,8 @@ class CallWords:
     ``mask_form`` (``full``, ``batch``, ``key_padding``, ``valid_lens``, ``kv_cache``, ``varlen``); the causal,
     scale and GQA arguments' names; the GQA head mapping; ``returns`` (``output`` when the function returns the
     output alone); for the gradient side, ``backward`` (``plain``, ``flash`` or ``autograd``; ``""`` for a forward),
-    ``lse_units`` and the dropout keep mask's and the bias's argument names."""
+    ``lse_units``, the dropout keep mask's and the bias's argument names, and ``forward`` (code that binds ``fwd``,
+    a flash backward's own forward; ``""``: the golden ``out`` and ``lse`` are passed)."""
 
     target: str = "fn = ...  # the function checked"
     framework: str = "numpy"
@@ -62,11 +63,12 @@ class CallWords:
     lse_units: str = "nats"
     keep_arg: str = "dropout_mask"
     bias_arg: str = "bias"
+    forward: str = ""
 
     @classmethod
-    def of(cls, resolved: Any, spec: Any, target: Any) -> CallWords:
+    def of(cls, resolved: Any, spec: Any, target: Any, forward: Any = None) -> CallWords:
         """The words of an :class:`~attnlab.checker.adapters.Adapter`'s ``resolved`` names and ``spec``, for the
-        function named by ``target`` (a callable or a ``file.py:NAME`` string)."""
+        function named by ``target`` (a callable or a ``file.py:NAME`` string) and a flash backward's ``forward``."""
         mode = str(getattr(resolved, "mode", "") or "")
         return cls(
             target=target_code(target),
@@ -85,27 +87,39 @@ class CallWords:
             backward=mode.removeprefix("backward ").partition("+")[0] if mode.startswith("backward") else "",
             lse_units=getattr(spec, "lse_units", "nats"),
             keep_arg=getattr(spec, "dropout_arg", None) or "dropout_mask",
+            forward="" if forward is None else target_code(forward, "fwd"),
         )
 
 
-def target_code(target: Any) -> str:
-    """Python code that binds ``fn`` to the checked function: ``file.py:NAME`` through :func:`runpy.run_path`,
-    ``package.module:NAME`` and an importable callable through an import; anything else (a lambda, a function
-    defined in ``__main__`` or inside another) as a line to fill in."""
+def target_code(target: Any, name: str = "fn") -> str:
+    """Python code that binds ``name`` (``fn``) to the checked function: ``file.py:NAME`` through
+    :func:`runpy.run_path`, ``package.module:NAME`` and an importable callable through an import; anything else (a
+    lambda, a function defined in ``__main__`` or inside another, a name that holds another object) as a line to
+    fill in."""
     if isinstance(target, str) and ":" in target:
         where, _, attr = target.rpartition(":")
         head, _, rest = attr.partition(".")
         tail = "".join(f".{p}" for p in rest.split(".") if p)
         if where.endswith(".py") or "/" in where or "\\" in where:
-            return f"import runpy\n\nfn = runpy.run_path({where!r})[{head!r}]{tail}"
-        return f"from {where} import {head}\n\nfn = {head}{tail}"
+            return f"import runpy\n\n{name} = runpy.run_path({where!r})[{head!r}]{tail}"
+        return f"from {where} import {head}\n\n{name} = {head}{tail}"
     module = getattr(target, "__module__", None)
     qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
-    if module and qual and module != "__main__" and "<" not in qual:
+    if module and qual and module != "__main__" and "<" not in qual and _importable(target, module, qual):
         head, _, rest = qual.partition(".")
         tail = "".join(f".{p}" for p in rest.split(".") if p)
-        return f"from {module} import {head}\n\nfn = {head}{tail}"
-    return f"fn = ...  # the function checked ({module}.{qual}): import or define it here"
+        return f"from {module} import {head}\n\n{name} = {head}{tail}"
+    return f"{name} = ...  # the function checked ({module}.{qual}): import or define it here"
+
+
+def _importable(target: Any, module: str, qual: str) -> bool:
+    """Whether ``module``'s attribute path ``qual`` is ``target`` (a module not imported yet is taken at its word)."""
+    obj: Any = sys.modules.get(module)
+    if obj is None:
+        return True
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return obj is target or getattr(obj, "__func__", None) is getattr(target, "__func__", target)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -494,10 +508,26 @@ def _expected_lines(case: Case, words: CallWords, kind: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # the gradient side's script: the backward (or the forward's autograd) against attnlab's float64 backward
 
+#: A flash backward's call with the forward's ``o_in`` and ``l_in`` (a write into them is a mutation too).
+_SAVED = (
+    "    kept_f = [H(x).copy() for x in (o_in, l_in)]",
+    "    grads = fn(*args, o_in, l_in, dO, **kw)",
+    "    if call.mutated is not None:",
+    '        saved = zip(("out", "lse"), (o_in, l_in), kept_f)',
+    "        call.mutated += [n for n, a, b in saved if not np.array_equal(H(a), b, True)]",
+)
 #: How each kind of backward is called, after ``args`` (q, k, v) and ``dO`` are made: its lines in ``call``.
 _GRAD_CALLS = {
     "plain": ["    grads = fn(*args, dO, **kw)"],
-    "flash": ["    grads = fn(*args, T(L(out)), LSE(lse), dO, **kw)  # the golden out and lse, as the checker gave"],
+    "flash": [
+        "    o_in, l_in = T(L(out)), LSE(lse)  # the golden out and lse, as the checker gave them",
+        *_SAVED,
+    ],
+    "flash+forward": [
+        "    fkw = {n: x for n, x in kw.items() if n in inspect.signature(fwd).parameters}",
+        "    o_in, l_in = fwd(*args, **fkw)  # the function's own forward",
+        *_SAVED,
+    ],
     "torch": [
         "    leaves = [a.requires_grad_(True) for a in args] + ([kw[BIAS].requires_grad_(True)] if BIAS in kw else [])",
         "    res = fn(*args, **kw)",
@@ -578,7 +608,7 @@ def _grad_script(
     if case.causal:
         visible += f' & attnlab.masks.causal({n_q}, {n_k}, align="{case.causal}")'
     lines.append(f"rows = ({visible}).any(axis=-1)  # query rows with a key to attend")
-    if w.backward == "flash":
+    if w.backward == "flash" and not w.forward:
         weights = "np.asarray(trace.weights)" + (" * keep / (1 - p)" if case.keep is not None else "")
         v_heads = kv.split(", ")[1]
         lines += [
@@ -596,6 +626,8 @@ def _grad_script(
             f"def LSE(x):  # the lse as the checker passes it ({lse_dt})",
             f"    return E(np.asarray(x, dtype=np.{lse_dt}))",
         ]
+    if w.forward:
+        lines += ["import inspect", "", w.forward]
     lines += ["", *_grad_call(w, case, passed, flag, kind), ""]
     lines += [
         "try:",
@@ -636,13 +668,15 @@ def _grad_call(w: CallWords, case: Any, passed: Case, flag: bool | str, kind: st
         "    args = [T(L(x)) for x in (q, k, v)]",
         "    dO = T(L(d_out))",
     ]
-    if kind == "gradients-mutates":
-        lines.append("    kept = [H(a).copy() for a in (*args, dO)]")
+    mutates = kind == "gradients-mutates"
+    lines.append("    kept = [H(a).copy() for a in (*args, dO)]" if mutates else "    call.mutated = None")
+    if mutates:
+        lines.append("    call.mutated = []")
     how = w.backward if w.backward in ("plain", "flash") else ("jax" if w.framework == "jax" else "torch")
-    lines += _GRAD_CALLS[how]
-    if kind == "gradients-mutates":
+    lines += _GRAD_CALLS["flash+forward" if how == "flash" and w.forward else how]
+    if mutates:
         lines.append(
-            '    call.mutated = [n for n, a, b in zip(("q", "k", "v", "d_out"), (*args, dO), kept) '
+            '    call.mutated += [n for n, a, b in zip(("q", "k", "v", "d_out"), (*args, dO), kept) '
             "if not np.array_equal(H(a), b, True)]"
         )
     lines += [
