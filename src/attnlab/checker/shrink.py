@@ -215,7 +215,7 @@ def shrink(
 # building smaller cases
 
 
-def _take(case: Case, like_q: Callable[[np.ndarray], Any] | None = None, like_mask: Any = None, **arrays: Any) -> Case:
+def _take(case: Case, like_q: Any = None, like_mask: Any = None, /, **arrays: Any) -> Case:
     """``case`` with ``arrays`` replaced; a gradient case's ``d_out`` cut by ``like_q`` (as q is), its ``keep`` and
     ``bias`` by ``like_mask`` (as the mask is)."""
     for name, cut in (("d_out", like_q), ("keep", like_mask), ("bias", like_mask)):
