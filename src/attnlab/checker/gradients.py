@@ -63,7 +63,10 @@ class Gradients:
     probe_functions = GRAD_PROBE_FUNCTIONS
     fixes = GRAD_FIXES
     default_align = "top_left"
-    softmax_words, unstable_code = "backward's softmax: its lse or P is recomputed without the row maximum", "grad-lse"
+    softmax_words = "backward's softmax: its lse or P is recomputed without the row maximum"
+    #: gradients at logits of ~1000 carry q and k of ~20 through dS: a correct float32 kernel is off by ~1e-3 of the
+    #: largest entry, an overflowing one by all of it (zeros, inf or NaN)
+    unstable_code, unstable_rel = "grad-lse", 0.05
 
     def __init__(
         self,

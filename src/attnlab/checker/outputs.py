@@ -59,8 +59,9 @@ class Outputs:
     fixes = FIXES
     #: the alignment passed as ``causal_value="align"`` when a case has its causal part in a flag only
     default_align = "bottom_right"
-    #: what large logits break, and its code (the ``large-logits`` probe)
-    softmax_words, unstable_code = "softmax", "unstable-softmax"
+    #: what large logits break, its code, and the share of the largest reference entry an error there may reach
+    #: (the ``large-logits`` probe: rounding the inputs moves logits of ~1000 by ~1000·eps)
+    softmax_words, unstable_code, unstable_rel = "softmax", "unstable-softmax", 1e-3
 
     def __init__(self) -> None:
         self.s: Any = None
