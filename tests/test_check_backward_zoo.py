@@ -8,10 +8,9 @@ for hand-written backward passes (plain and flash signatures).
 from __future__ import annotations
 
 import functools
-import textwrap
 
 import pytest
-from zoo import one_step_smaller
+from zoo import assert_findings_minimal
 from zoo.backward_zoo import BROKEN, CORRECT, ENTRIES, fa2_backward, fa2_forward, np_jacobian_missing, run_check
 
 import attnlab
@@ -94,43 +93,8 @@ def test_assert_attention_grads_correct_raises_on_a_broken_backward():
         assert_attention_grads_correct(np_jacobian_missing)
 
 
-def _fails(text, fn):
-    """The AssertionError message of a reproduction script run on its own (in a fresh namespace), or None. A zoo
-    entry made by a factory cannot be imported by name: its script leaves ``fn = ...`` to fill in, done here."""
-    lines = text.splitlines()
-    lines = ["pass" if line.startswith("fn = ...") else line for line in lines]
-    try:
-        exec(compile("\n".join(lines), "<reproduction>", "exec"), {"fn": fn})
-    except AssertionError as err:
-        return str(err) or "AssertionError"
-    return None
-
-
-def _same_way(message, first):
-    """Whether a failure message is the same kind of failure as ``first``: the same exception raised, a wrong
-    gradient (any of them: a smaller case may show the same bug in another one), or the same property."""
-    if message is None:
-        return False
-    if first.startswith("fn raised"):
-        return message.split(":")[0] == first.split(":")[0]
-    wrong = ("max |d", "dq shape", "dk shape", "dv shape", "dbias shape")
-    if first.startswith(wrong):
-        return message.startswith(wrong)
-    return message.split(" ")[:2] == first.split(" ")[:2]
-
-
 @pytest.mark.parametrize("entry", _params(BROKEN))
 def test_backward_zoo_findings_are_shrunk_to_a_minimal_case_with_a_reproduction(entry):
     """Issue 20 §3 for gradients: every finding of a broken backward carries its smallest failing case; its printed
     reproduction, run on its own, fails; removing any batch element, head, query or key makes it pass."""
-    report = _report(entry.name)
-    for f in report.findings:
-        m = f.minimal
-        assert m is not None and m.shrunk and not m.bounded, (f.code, report.to_text())
-        assert textwrap.indent(m.reproduction, "    ").rstrip() in report.to_text()
-        assert m.as_dict()["reproduction"] == m.reproduction
-        first = _fails(m.reproduction, entry.fn)
-        assert first is not None, (f.code, m.reproduction)
-        for smaller in one_step_smaller(m.case, m.gqa):
-            message = _fails(m.script(smaller), entry.fn)
-            assert not _same_way(message, first), (f.code, smaller.shapes(), first, message, m.script(smaller))
+    assert_findings_minimal(_report(entry.name), entry.fn)

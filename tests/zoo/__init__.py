@@ -69,3 +69,53 @@ def one_step_smaller(case: Any, gqa: str = "interleave") -> list[Any]:
         k, v = drop(case.k, -2, j), drop(case.v, -2, j)
         out.append(cut(case, j, None, -1, k=k, v=v, mask=drop(case.mask, -1, j)))
     return out
+
+
+def reproduction_fails(text: str, fn: Any = None) -> str | None:
+    """The AssertionError message of a reproduction script run on its own (in a fresh namespace), or None. ``fn``:
+    the function, for a script that leaves ``fn = ...`` to fill in (a zoo entry made by a factory has no importable
+    name)."""
+    lines = ["pass" if fn is not None and line.startswith("fn = ...") else line for line in text.splitlines()]
+    try:
+        exec(compile("\n".join(lines), "<reproduction>", "exec"), {} if fn is None else {"fn": fn})
+    except AssertionError as err:
+        return str(err) or "AssertionError"
+    return None
+
+
+def same_failure(message: str | None, first: str) -> bool:
+    """Whether a reproduction's failure ``message`` is the same kind of failure as ``first``: the same exception
+    raised, a wrong output (or gradient: any of them, a smaller case may show the bug in another one), or the same
+    property."""
+    if message is None:
+        return False
+    if first.startswith("fn raised"):
+        return message.split(":")[0] == first.split(":")[0]
+    wrong = ("max |out - expected|", "output shape", "max |d", "dq shape", "dk shape", "dv shape", "dbias shape")
+    if first.startswith(wrong):
+        return message.startswith(wrong)
+    return message.split(" ")[:2] == first.split(" ")[:2]
+
+
+def assert_findings_minimal(report: Any, fn: Any = None) -> None:
+    """Issue 20 §3 on one report: every finding carries its smallest failing case (a ``timeout`` is shown as seen);
+    its printed reproduction, run on its own, fails (up to 3 tries: noise); every case one step smaller
+    (:func:`one_step_smaller`) passes or fails another way. ``fn``: as :func:`reproduction_fails`."""
+    import textwrap
+
+    for f in report.findings:
+        m = f.minimal
+        if f.code == "timeout":  # a hanging call is not shrunk (each call may take the whole time limit)
+            assert m is not None and not m.shrunk and "time limit" in m.reason
+            continue
+        assert m is not None and m.shrunk and not m.bounded, (f.code, report.to_text())
+        assert textwrap.indent(m.reproduction, "    ").rstrip() in report.to_text()
+        assert m.as_dict()["reproduction"] == m.reproduction
+        tries = (reproduction_fails(m.reproduction, fn) for _ in range(3))
+        first = next((t for t in tries if t is not None), None)
+        assert first is not None, (f.code, m.reproduction)
+        if f.code == "nondeterministic":  # a smaller case may agree twice by chance: minimality is not testable
+            continue
+        for smaller in one_step_smaller(m.case, m.gqa):
+            message = reproduction_fails(m.script(smaller), fn)
+            assert not same_failure(message, first), (f.code, smaller.shapes(), first, message)
