@@ -397,4 +397,83 @@ def dropout_twice(q, k, v, d_out, mask=None, dropout_mask=None, dropout_p=0.0):
     return (ds @ k * sc).astype(q.dtype), (np.swapaxes(ds, -1, -2) @ q * sc).astype(q.dtype), dv.astype(q.dtype)
 
 
-__all__ = ["analytic", "flash", "flash_forward", "plain", "plain_dropout", "tiled_backward", "tiled_forward"]
+# ----------------------------------------------------------------------------------------------------------------
+# backwards whose bug shows only in the gradient side's wider case space (issue 20 §2)
+
+
+def _softmax_bwd(q, k, v, d_out, mask=None, scale=None, bias=None, keep=None, p_drop=0.0, *, naive_lse=False, d_k=None):
+    """The plain §9 backward over any leading axes; ``naive_lse``: lse = log(sum(exp(s))), no max subtracted;
+    ``d_k``: the head dim the scale is computed from. Returns (dq, dk, dv, ds)."""
+    dt = q.dtype
+    q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, d_out))
+    sc = 1.0 / math.sqrt(q.shape[-1] if d_k is None else d_k) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * sc
+    if bias is not None:
+        s = s + np.asarray(bias, dtype=np.float64)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        if naive_lse:
+            lse = np.log(np.exp(s).sum(axis=-1, keepdims=True))
+        else:
+            m = s.max(axis=-1, keepdims=True)
+            m = np.where(np.isfinite(m), m, 0.0)
+            lse = m + np.log(np.exp(s - m).sum(axis=-1, keepdims=True))
+        p = np.where(np.isfinite(lse), np.exp(s - lse), 0.0)
+    drop = 1.0 if keep is None else keep / (1.0 - p_drop)
+    dv = np.swapaxes(p * drop, -1, -2) @ do
+    dp = (do @ np.swapaxes(v, -1, -2)) * drop
+    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    grads = (ds @ k * sc, np.swapaxes(ds, -1, -2) @ q * sc, dv, ds)
+    return tuple(g.astype(dt) for g in grads)
+
+
+def lse_without_max(q, k, v, d_out, mask=None, scale=None):
+    """Recomputes lse as log(sum(exp(s))) without subtracting the row maximum: overflows at large logits."""
+    return _softmax_bwd(q, k, v, d_out, mask, scale, naive_lse=True)[:3]
+
+
+def rank3_head_dim(q, k, v, d_out, mask=None, scale=None):
+    """Reads d_k from a fixed axis (``q.shape[3]`` for [B, h, n, d], ``q.shape[1]`` otherwise): right on 4-D
+    inputs, the sequence length on 3-D ``[h, n, d]`` ones."""
+    d_k = q.shape[3] if q.ndim == 4 else q.shape[1]
+    return _softmax_bwd(q, k, v, d_out, mask, scale, d_k=d_k)[:3]
+
+
+def bias_grad_missing(q, k, v, d_out, mask=None, scale=None, bias=None):
+    """Uses the bias in the recomputed scores but returns zeros for its gradient (d_bias never computed)."""
+    dq, dk, dv, ds = _softmax_bwd(q, k, v, d_out, mask, scale, bias)
+    return (dq, dk, dv) if bias is None else (dq, dk, dv, np.zeros_like(ds))
+
+
+def keep_ignored(q, k, v, d_out, mask=None, scale=None, keep=None, dropout_p=0.0):
+    """Takes its dropout keep mask as ``keep=`` (declare ``dropout_arg="keep"``) and ignores it in the backward."""
+    return _softmax_bwd(q, k, v, d_out, mask, scale)[:3]
+
+
+def keep_correct(q, k, v, d_out, mask=None, scale=None, keep=None, dropout_p=0.0):
+    """The right backward with its dropout keep mask under the name ``keep=``."""
+    return _softmax_bwd(q, k, v, d_out, mask, scale, keep=keep, p_drop=dropout_p)[:3]
+
+
+def bias_correct(q, k, v, d_out, mask=None, scale=None, bias=None):
+    """The right backward with a bias (d_bias = dS, returned fourth)."""
+    dq, dk, dv, ds = _softmax_bwd(q, k, v, d_out, mask, scale, bias)
+    return (dq, dk, dv) if bias is None else (dq, dk, dv, ds)
+
+
+__all__ = [
+    "analytic",
+    "bias_correct",
+    "bias_grad_missing",
+    "flash",
+    "flash_forward",
+    "keep_correct",
+    "keep_ignored",
+    "lse_without_max",
+    "plain",
+    "plain_dropout",
+    "rank3_head_dim",
+    "tiled_backward",
+    "tiled_forward",
+]

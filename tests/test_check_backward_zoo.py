@@ -7,7 +7,10 @@ for hand-written backward passes (plain and flash signatures).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
+from zoo import assert_findings_minimal
 from zoo.backward_zoo import BROKEN, CORRECT, ENTRIES, fa2_backward, fa2_forward, np_jacobian_missing, run_check
 
 import attnlab
@@ -39,9 +42,19 @@ def test_every_backward_code_is_registered():
         assert known.get(code), code
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def _params(entries):
+    """Each entry in an xdist group of its own: its report is made once per worker and read by every test."""
+    return [pytest.param(e, id=e.name, marks=pytest.mark.xdist_group(f"bwd-zoo-{e.name}")) for e in entries]
+
+
+@functools.cache
+def _report(name):
+    return run_check(next(e for e in ENTRIES if e.name == name))
+
+
+@pytest.mark.parametrize("entry", _params(ENTRIES))
 def test_backward_zoo_entry_is_diagnosed_by_its_code(entry):
-    report = run_check(entry)
+    report = _report(entry.name)
     codes = set(report.codes)
     text = report.to_text()
     assert set(entry.expected) <= codes, text
@@ -78,3 +91,10 @@ def test_assert_attention_grads_correct_raises_on_a_broken_backward():
     assert_attention_grads_correct(CORRECT[0].fn)
     with pytest.raises(AssertionError, match="grad-jacobian"):
         assert_attention_grads_correct(np_jacobian_missing)
+
+
+@pytest.mark.parametrize("entry", _params(BROKEN))
+def test_backward_zoo_findings_are_shrunk_to_a_minimal_case_with_a_reproduction(entry):
+    """Issue 20 §3 for gradients: every finding of a broken backward carries its smallest failing case; its printed
+    reproduction, run on its own, fails; removing any batch element, head, query or key makes it pass."""
+    assert_findings_minimal(_report(entry.name), entry.fn)

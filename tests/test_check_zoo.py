@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import functools
-import textwrap
 
 import numpy as np
 import pytest
-from zoo import all_entries, one_step_smaller
+from zoo import all_entries, assert_findings_minimal
 
 from attnlab import attention_trace
 from attnlab.checker import CODES, check
@@ -88,44 +87,8 @@ def test_reduced_battery_still_names_the_bug():
     assert check(mask_inverted, probes=("reference",)).codes == ("mask-inverted",)
 
 
-def _fails(text):
-    """The AssertionError message of a reproduction script run on its own (in a fresh namespace), or None."""
-    try:
-        exec(compile(text, "<reproduction>", "exec"), {})
-    except AssertionError as err:
-        return str(err) or "AssertionError"
-    return None
-
-
-def _same_way(message, first):
-    """Whether a failure message is the same kind of failure as ``first`` (the same exception raised, or a wrong
-    output, or the same property)."""
-    if message is None:
-        return False
-    if first.startswith("fn raised"):
-        return message.split(":")[0] == first.split(":")[0]
-    if first.startswith(("max |out - expected|", "output shape")):
-        return message.startswith(("max |out - expected|", "output shape"))
-    return message.split(" ")[:2] == first.split(" ")[:2]
-
-
 @pytest.mark.parametrize("entry", _params(BROKEN))
 def test_broken_entry_is_shrunk_to_a_minimal_case_with_a_reproduction(entry):
     """Acceptance (issue 20 §3): every finding of a broken entry carries its smallest failing case; its printed
     reproduction, run on its own, fails; removing any batch element, head, query or key makes it pass."""
-    report = _report(entry.name)
-    for f in report.findings:
-        m = f.minimal
-        if f.code == "timeout":  # a hanging call is not shrunk (each call may take the whole time limit)
-            assert m is not None and not m.shrunk and "time limit" in m.reason
-            continue
-        assert m is not None and m.shrunk and not m.bounded, (f.code, report.to_text())
-        assert textwrap.indent(m.reproduction, "    ").rstrip() in report.to_text()
-        assert m.as_dict()["reproduction"] == m.reproduction
-        first = _fails(m.reproduction) or _fails(m.reproduction) or _fails(m.reproduction)  # noise: up to 3 tries
-        assert first is not None, (f.code, m.reproduction)
-        if f.code == "nondeterministic":  # a smaller case may agree twice by chance: minimality is not testable
-            continue
-        for smaller in one_step_smaller(m.case, m.gqa):
-            message = _fails(m.script(smaller))
-            assert not _same_way(message, first), (f.code, smaller.shapes(), first, message)
+    assert_findings_minimal(_report(entry.name))

@@ -40,11 +40,13 @@ class WrongEntry:
     index: tuple[int, ...]
     got: float
     expected: float
+    name: str = "out"  #: what is wrong: the output, or a gradient (``dq``, ``dk``, ...)
 
     @property
     def text(self) -> str:
         """``out[0, 1, 2, 0] = 0.513 (expected 0.4821)``."""
-        return f"out[{', '.join(str(i) for i in self.index)}] = {self.got:.6g} (expected {self.expected:.6g})"
+        where = ", ".join(str(i) for i in self.index)
+        return f"{self.name}[{where}] = {self.got:.6g} (expected {self.expected:.6g})"
 
 
 @dataclass(frozen=True)
@@ -83,15 +85,15 @@ def _reference(case: Case, allowed: np.ndarray, gqa: str) -> np.ndarray:
 
 
 def wrong_entries(
-    out: np.ndarray, expected: np.ndarray, rows: np.ndarray, tol: float, *, limit: int = 5
+    out: np.ndarray, expected: np.ndarray, rows: np.ndarray, tol: float, *, limit: int = 5, name: str = "out"
 ) -> tuple[WrongEntry, ...]:
     """The first ``limit`` entries of ``out`` (in index order) farther than ``tol`` from ``expected``, on the query
-    rows where ``rows [..., n_q]`` is True (a NaN or inf is wrong)."""
+    rows where ``rows [..., n_q]`` is True (a NaN or inf is wrong); ``name``: what ``out`` is."""
     sel = np.broadcast_to(np.asarray(rows)[..., None], out.shape)
     with np.errstate(invalid="ignore"):
         bad = sel & ~(np.abs(out - expected) <= tol)
     return tuple(
-        WrongEntry(tuple(int(i) for i in idx), float(out[tuple(idx)]), float(expected[tuple(idx)]))
+        WrongEntry(tuple(int(i) for i in idx), float(out[tuple(idx)]), float(expected[tuple(idx)]), name)
         for idx in np.argwhere(bad)[:limit]
     )
 
@@ -335,7 +337,8 @@ def _experiments(case: Case) -> list[tuple[Case, str, str]]:
         )
     m = case.mask
     if m is not None and case.causal is None and (~m).any():
-        flipped = replace(case, k=case.k[..., ::-1, :], v=case.v[..., ::-1, :], mask=m[..., ::-1])
+        with_keys = {n: x[..., ::-1] for n in ("keep", "bias") if (x := getattr(case, n, None)) is not None}
+        flipped = replace(case, k=case.k[..., ::-1, :], v=case.v[..., ::-1, :], mask=m[..., ::-1], **with_keys)
         out.append(
             (
                 flipped,

@@ -277,6 +277,7 @@ def with_backward(report: Report, forward: Session, fn: Any, spec: Spec, reuse: 
     findings in cases where the forward output is already wrong are explained by the output findings. ``reuse``:
     the output session's worker, which serves the gradient session too."""
     backward = spec.backward
+    extra = tuple(u for u in spec.unsupported if u in GRAD_CAPABILITIES)  # declared for the gradient side
     if spec.framework == "auto" and report.framework in ("numpy", "torch", "jax"):
         spec = replace(spec, framework=report.framework)  # what the output session found the calls run in
     if backward is True:
@@ -288,12 +289,12 @@ def with_backward(report: Report, forward: Session, fn: Any, spec: Spec, reuse: 
         checked = report.codes[0] if report.codes else True
         g = run_gradients(
             fn, spec, kind="autograd", name=spec.name or report.target, align=forward.align_seen,
-            forward_checked=checked, reuse=reuse,
+            forward_checked=checked, reuse=reuse, extra_unsupported=extra,
         )  # fmt: skip
     else:
         if not isinstance(backward, str) and not callable(backward):
             raise UsageError(f"backward: expected True or a backward callable, got {type(backward).__name__}")
-        g = run_gradients(backward, spec, kind="backward", forward=fn, reuse=reuse)
+        g = run_gradients(backward, spec, kind="backward", forward=fn, reuse=reuse, extra_unsupported=extra)
     return merge(report, g)
 
 

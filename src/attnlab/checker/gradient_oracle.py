@@ -69,7 +69,7 @@ from .fixes import FIXES
 from .grad_hypotheses import reduce_kv
 from .report import CORE_GRAD_PROBES, GRAD_PROBES, Report
 from .runner import CallRequest, Case, loaded_frameworks
-from .spec import listed
+from .spec import GRAD_CAPABILITIES, listed
 from .tolerance import bound, expand_kv
 
 __all__ = [
@@ -160,8 +160,6 @@ _BIAS_NAMES = ("bias", "attn_bias")
 _FLASH_NAMES = ("lse", "logsumexp", "softmax_lse", "out", "o", "output")
 #: The gradients a call returns, in order.
 GRADS = ("dq", "dk", "dv", "dbias")
-#: Capabilities only the gradient battery has (declared with unsupported=..., reported as not tested).
-GRAD_CAPABILITIES = ("dropout", "bias")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -298,7 +296,7 @@ class GradAdapter(Adapter):
             name = _first(params, names)
             return None if name is None or (fparams is not None and name not in fparams) else name
 
-        self.keep_arg = both(_KEEP_NAMES)
+        self.keep_arg = both((spec.dropout_arg,) if spec.dropout_arg else _KEEP_NAMES)
         self.p_arg = both(_P_NAMES)
         self.bias_arg = both(_BIAS_NAMES)
         self.pending: dict[str, Any] = {}
@@ -309,9 +307,11 @@ class GradAdapter(Adapter):
 
     def structural_unsupported(self) -> dict[str, str]:
         out = super().structural_unsupported()
-        out["rank"] = "the gradient battery calls with 4-D inputs [B, h, n, d]"
         if self.keep_arg is None or self.p_arg is None:
-            out["dropout"] = "the function takes no dropout_mask= and dropout_p="
+            named = self.spec.dropout_arg
+            out["dropout"] = f"the function takes no {named or 'dropout_mask'}= and dropout_p=" + (
+                "" if named else "; another name: dropout_arg="
+            )
         if self.bias_arg is None:
             out["bias"] = "the function takes no bias="
         out.update(self.extra_unsupported)
@@ -604,19 +604,19 @@ def _load(target: Any) -> Any:
         raise UsageError(str(err)) from None
 
 
-def spec_from_options(*, unsupported: Any = (), ranks: Any = (4,), **options: Any) -> Spec:
+def spec_from_options(*, unsupported: Any = (), **options: Any) -> Spec:
     """A :class:`~attnlab.checker.Spec` from :func:`attnlab.check`'s keyword options (list options as iterables or
     comma-separated strings, as everywhere); the gradient-only capabilities of ``unsupported`` are left out."""
     unsup = frozenset(u for u in listed(unsupported) if u not in GRAD_CAPABILITIES)
     try:
-        return Spec(unsupported=unsup, ranks=ranks, **options)
+        return Spec(unsupported=unsup, **options)
     except TypeError as err:
         raise UsageError(f"options: {err}") from None
 
 
 def grad_spec(spec: Spec) -> Spec:
-    """``spec`` as the gradient probes call the function: 4-D inputs, and a full mask for the sequence forms."""
-    return replace(spec, ranks=(4,), mask_form="full" if spec.mask_form in ("varlen", "kv_cache") else spec.mask_form)
+    """``spec`` as the gradient probes call the function: a full mask for the sequence forms."""
+    return replace(spec, mask_form="full" if spec.mask_form in ("varlen", "kv_cache") else spec.mask_form)
 
 
 def merge(forward: Report, grads: Report) -> Report:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from .adapters import round_to
+from .depends import wrong_entries
 from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
 from .gradient_oracle import (
     BACKWARD_CODES,
@@ -62,6 +63,10 @@ class Gradients:
     probe_functions = GRAD_PROBE_FUNCTIONS
     fixes = GRAD_FIXES
     default_align = "top_left"
+    softmax_words = "backward's softmax: its lse or P is recomputed without the row maximum"
+    #: gradients at logits of ~1000 carry q and k of ~20 through dS: a correct float32 kernel is off by ~1e-3 of the
+    #: largest entry, an overflowing one by all of it (zeros, inf or NaN)
+    unstable_code, unstable_rel = "grad-lse", 0.05
 
     def __init__(
         self,
@@ -124,6 +129,39 @@ class Gradients:
     def compare(self, out: Outcome) -> bool:
         """Compare one outcome's gradients with the golden (diagnosed when they differ)."""
         return self.compare_grads(out)
+
+    def gross_error(self, out: Outcome, rel: float) -> str:
+        """``""`` when every gradient of ``out`` is within its bound widened to ``rel`` of the golden's largest
+        entry; else what is wrong, in words (no diagnosis, no finding)."""
+        ret = out.returned
+        if not isinstance(ret, GradReturned):
+            return "no gradients returned"
+        case = cast(GradCase, out.case)
+        golden, bounds = self.expected(case, work=self.grad_work(case, ret))
+        wide = {n: max(b, rel * max(1.0, float(np.max(np.abs(golden[n]))))) for n, b in bounds.items()}
+        return "; ".join(wrong_parts(self.mismatch(ret.grads, golden, wide, case)))
+
+    def bounds(self, case: Case) -> dict[str, float]:
+        """Each gradient's bound for ``case`` under its dtype's rule (a reproduction's ``TOL``)."""
+        return cast(dict[str, float], self.expected(case)[1])
+
+    def first_wrong(self, out: Outcome, limit: int = 5) -> tuple[str, ...]:
+        """The first wrong entries of the gradients of ``out`` that break their bound, in words."""
+        ret = out.returned
+        if not out.ok or not isinstance(ret, GradReturned):
+            return ()
+        case = cast(GradCase, out.case)
+        golden, bounds = self.expected(case, work=self.grad_work(case, ret))
+        rows = self.s.allowed(case).any(axis=-1)
+        found: list[str] = []
+        for name in self.mismatch(ret.grads, golden, bounds, case):
+            a, e = ret.grads[name], golden[name]
+            if a.size != e.size:
+                found.append(f"{name} has shape {a.shape}, expected {e.shape}")
+                continue
+            r = rows if name == "dq" else np.ones(e.shape[:-1], bool)
+            found += [w.text for w in wrong_entries(a.reshape(e.shape), e, r, bounds[name], limit=limit, name=name)]
+        return tuple(found[:limit])
 
     def findings(self) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
         """Bugs in a stable order, and the explained ones: ``grad-mismatch`` seen in a case where a named code is
@@ -232,6 +270,7 @@ class Gradients:
             return False
         case = cast(GradCase, out.case)
         key = self.s.case_key or self.s.key(case)
+        self.s.examined = (self.s.case_key, out)  # a finding from here on is about this call
         ret = out.returned
         if out.mutated:  # seen in this case too: the gradients were computed from the written-over inputs
             self.s.bug(
@@ -336,15 +375,20 @@ class Gradients:
             ev += f", causal ({case.causal.replace('_', '-')})"
         if case.keep is not None:
             ev += f", dropout p={case.dropout_p:g}"
-        parts = []
-        for name, c in bad.items():
-            if c.max_error == math.inf:
-                parts.append(f"{name} has the wrong shape")
-            elif c.nonfinite:
-                parts.append(f"{name} has {c.nonfinite} non-finite value(s)")
-            else:
-                parts.append(f"max |{name} - golden| = {c.max_error:.3g} at {c.where} (tolerance {c.bound:.2g})")
-        return ev + "; " + "; ".join(parts)
+        return ev + "; " + "; ".join(wrong_parts(bad))
+
+
+def wrong_parts(bad: dict[str, Any]) -> list[str]:
+    """Each wrong gradient of ``bad`` (name -> Comparison) in words: its error and where, or what is wrong."""
+    parts = []
+    for name, c in bad.items():
+        if c.max_error == math.inf:
+            parts.append(f"{name} has the wrong shape")
+        elif c.nonfinite:
+            parts.append(f"{name} has {c.nonfinite} non-finite value(s)")
+        else:
+            parts.append(f"max |{name} - golden| = {c.max_error:.3g} at {c.where} (tolerance {c.bound:.2g})")
+    return parts
 
 
 def diagnose_grads(

@@ -58,7 +58,8 @@ class Caller:
     rows)``: the float64 reference ``[..., h, n_q, d_v]``, the tolerance rule's bound and the compared rows
     ``[..., h, n_q]``; ``passed(case) -> (case as passed, causal argument)``; ``words``: the call in the adapter's
     words; ``gqa``: the head mapping; ``form``: the mask form; ``masked_rows``: the declared policy;
-    ``keep_mask_entries``: the mask holds a per-sequence causal rule (single entries are never changed).
+    ``keep_mask_entries``: the mask holds a per-sequence causal rule (single entries are never changed);
+    ``grads``: in a gradient session, its strategy: a call is wrong when a gradient breaks its bound.
     """
 
     call: Callable[[Case], Any]
@@ -69,6 +70,8 @@ class Caller:
     form: str = "full"
     masked_rows: str = "any"
     work: Callable[[str], str] = str  #: the dtype whose tolerance rule applies to a case of a dtype
+    #: a gradient session's strategy (:class:`~attnlab.checker.gradients.Gradients`), which judges the calls
+    grads: Any = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class Minimal:
     flag: bool | str = False
     earlier: bool = False
     title: str = ""
+    #: a gradient case's bound per gradient (the gradient strategy's), for :meth:`script`
+    bounds: Callable[[Case], dict[str, float]] | None = field(default=None, repr=False, compare=False)
 
     def script(self, case: Case) -> str:
         """The reproduction of ``case`` called as this finding's case was (the same words, causal argument, kind
@@ -113,6 +118,10 @@ class Minimal:
         """
         allowed = allowed_of(case)
         passed = replace(case, mask=allowed, causal=None, flag=False) if self.in_mask else case
+        if self.bounds is not None:
+            return reproduction(
+                case, self.words, tol=self.bounds(case), passed=passed, flag=self.flag, title=self.title, kind=self.kind
+            )
         golden = golden_output(case.q, case.k, case.v, case.mask, scale=case.scale, causal=case.causal, gqa=self.gqa)
         naive = naive_output(case.q, case.k, case.v, allowed, dtype=self.work, scale=case.scale, gqa=self.gqa)
         return reproduction(
@@ -186,17 +195,23 @@ def predicate(code: str, first: Any, caller: Caller) -> tuple[Callable[[Case], b
     """The predicate "still fails" of finding ``code`` (see the module doc) and the reproduction's kind, given
     ``first``, the outcome of the call that showed it; ``(None, reason)`` when the code is not shrunk."""
     call = caller.call
+    grads = caller.grads
     if code == "timeout":
         return None, "each call may take the whole time limit"
     if code == "crash":
         same = _same_error(first)
-        return (lambda c: same(call(c))), "output"
+        return (lambda c: same(call(c))), "output" if grads is None else "gradients"
+    if code == "dtype" and grads is not None:
+        return (lambda c: (o := call(c)).ok and bool(set(o.returned.dtypes.values()) - {c.dtype})), "gradients-dtype"
     if code == "dtype":
         return (lambda c: (o := call(c)).ok and o.returned.out_dtype not in (None, c.dtype)), "dtype"
     if code == "output-type":
-        return (lambda c: (o := call(c)).ok and o.returned.wrong_type is not None), "output-type"
+        kind = "output-type" if grads is None else "gradients"  # a gradient of the wrong kind breaks the compare
+        return (lambda c: (o := call(c)).ok and o.returned.wrong_type is not None), kind
     if code == "mutates-input":
-        return (lambda c: bool(call(c).mutated)), "mutates"
+        return (lambda c: bool(call(c).mutated)), "mutates" if grads is None else "gradients-mutates"
+    if grads is not None:  # every other gradient code: a gradient breaks its bound
+        return (lambda c: (o := call(c)).ok and bool(grads.gross_error(o, 0.0))), "gradients"
     if code == "nondeterministic":
 
         def differs(c: Case) -> bool:  # two of three repeated calls differ from the first: not by chance
@@ -296,12 +311,15 @@ def minimal_case(
     small = shrunk.case
     reason = "" if shrunk.failed else "the failure does not show on one call of this case alone"
     out = caller.call(small)
-    golden, tol, rows = caller.expected(small)
-    got = out.out if out.ok and out.out is not None and out.out.shape == golden.shape else None
+    if caller.grads is not None:  # the gradients: the first wrong entries of each wrong one
+        got, tol, first_wrong = None, None, caller.grads.first_wrong(out)
+    else:
+        golden, tol, rows = caller.expected(small)
+        got = out.out if out.ok and out.out is not None and out.out.shape == golden.shape else None
+        first_wrong = () if got is None else tuple(w.text for w in wrong_entries(got, golden, rows, tol))
     dep: Depends | None = None
     if shrunk.failed:
         dep = depends(shrunk, fails, out=got, gqa=caller.gqa, tol=tol, valid=valid)
-    first_wrong = () if got is None else tuple(w.text for w in wrong_entries(got, golden, rows, tol))
     passed, flag = caller.passed(small)
     made = Minimal(
         small.shapes(),
@@ -323,6 +341,7 @@ def minimal_case(
         flag=flag,
         earlier=dep is not None and any("an earlier call" in n for n in dep.needs),
         title=title,
+        bounds=None if caller.grads is None else caller.grads.bounds,
     )
     return replace(made, reproduction=made.script(small))
 
@@ -332,31 +351,36 @@ def caller_of(session: Any) -> Caller:
     runner, as the session passes a case, with no finding recorded."""
 
     def call(case: Case) -> Any:
+        d_out = getattr(case, "d_out", None)
+        if d_out is not None and d_out.shape != (*case.q.shape[:-1], case.v.shape[-1]):
+            raise ValueError("d_out does not fit the case")  # a variant made for outputs: not this failure's
         passed, flag = session.as_passed(case)
         out = session.runner.call(passed, causal_flag=flag, gqa=case.gqa)
         out.case = case
         return out
 
     backend = session.backend
-    target = getattr(backend, "target", None) or getattr(getattr(backend, "adapter", None), "original", None)
+    adapter = getattr(backend, "adapter", None)
+    target = getattr(backend, "target", None) or getattr(adapter, "original", None)
+    # a flash backward's own forward: the worker's target names it, an in-process adapter holds it
+    forward = getattr(getattr(adapter, "forward", None), "original", None) or getattr(backend.spec, "forward", None)
     return Caller(
         call,
         session.expected,
         session.as_passed,
-        CallWords.of(backend.resolved, session.spec, target),
+        CallWords.of(backend.resolved, session.spec, target, forward),
         session.gqa_map,
         session.mask_form,
         getattr(session.spec, "masked_rows", "any"),
         session.work_dtype,
+        None if session.strategy.name == "outputs" else session.strategy,
     )
 
 
 def shrink_findings(session: Any) -> None:
     """Shrink the first failing case of every finding a :class:`~attnlab.checker.session.Session` reports (its
-    ``failing`` calls) into its ``minimal`` entries: output sessions only; once the runner has stopped (a timeout,
-    the worker gone), each is shown as seen."""
-    if session.strategy.name != "outputs":
-        return
+    ``failing`` calls) into its ``minimal`` entries, outputs and gradients alike; once the runner has stopped (a
+    timeout, the worker gone), each is shown as seen."""
     bugs, _ = session.strategy.findings()
     caller = None
     for f in bugs:

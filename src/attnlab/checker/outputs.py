@@ -19,7 +19,7 @@ from .fixes import FIXES, LEAKS, NOT_DIAGNOSES, PERTURBATION, SPECIFIC
 from .probes import PROBE_FUNCTIONS
 from .report import CORE_PROBES, Finding, Unsupported
 from .runner import CallRequest, Case, Outcome
-from .tolerance import bound, golden_output, naive_output
+from .tolerance import bound, compare, golden_output, naive_output
 
 if TYPE_CHECKING:
     from .session import Observation, Session
@@ -59,6 +59,9 @@ class Outputs:
     fixes = FIXES
     #: the alignment passed as ``causal_value="align"`` when a case has its causal part in a flag only
     default_align = "bottom_right"
+    #: what large logits break, its code, and the share of the largest reference entry an error there may reach
+    #: (the ``large-logits`` probe: rounding the inputs moves logits of ~1000 by ~1000·eps)
+    softmax_words, unstable_code, unstable_rel = "softmax", "unstable-softmax", 1e-3
 
     def __init__(self) -> None:
         self.s: Any = None
@@ -122,6 +125,17 @@ class Outputs:
     def compare(self, out: Outcome) -> bool:
         """Compare one outcome with the reference; on a mismatch diagnose it. Returns True when it matches."""
         return compare_case(self.s, out)
+
+    def gross_error(self, out: Outcome, rel: float) -> str:
+        """``""`` when ``out`` is within the reference's bound widened to ``rel`` of its largest entry; else what
+        is wrong, in words (no diagnosis, no finding)."""
+        golden, tol, rows = self.expected(out.case)
+        cmp = compare(out.out, golden, max(tol, rel * max(1.0, float(np.max(np.abs(golden))))), rows)
+        if cmp.ok:
+            return ""
+        if cmp.nonfinite:
+            return f"{cmp.nonfinite} non-finite outputs"
+        return f"max |out - reference| = {cmp.max_error:.3g} (tolerance {cmp.bound:.2g})"
 
     def findings(self) -> tuple[tuple[Finding, ...], tuple[Finding, ...]]:
         """Bugs in a stable order, and the explained ones (each with ``explained_by``).

@@ -158,6 +158,9 @@ def refusal(s: Session, cap: str, e: CallError | None) -> bool:
         return False
     if e.not_implemented or e.library:
         return True
+    if cap == "rank" and s.strategy.name == "gradients":
+        return True  # a backward written for [B, h, n, d] alone (as most are): its 3-D inputs are not tested
+
     if not {"ValueError", "TypeError", "RuntimeError"} & set(e.bases):
         return False  # AttributeError, NameError, IndexError, AssertionError...: a bug, whatever it says
     if re.search(_MISUSED_OP, e.message, flags=re.IGNORECASE):

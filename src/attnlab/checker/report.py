@@ -92,7 +92,16 @@ PROBES = (
 #: The probes that must run (for what the function supports) before a report may say OK.
 CORE_PROBES = ("reference", "causal", "padding", "masked-rows")
 #: Every gradient probe (``probes=`` of :func:`~attnlab.checker.check_backward` selects some), in order.
-GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows", "grad-batch", "grad-dropout")
+GRAD_PROBES = (
+    "grad-reference",
+    "grad-masked-keys",
+    "grad-masked-rows",
+    "grad-large-logits",
+    "grad-mask-space",
+    "grad-decode",
+    "grad-batch",
+    "grad-dropout",
+)
 #: The gradient probes that must run (for what the function supports) before a report may say OK.
 CORE_GRAD_PROBES = ("grad-reference", "grad-masked-keys", "grad-masked-rows")
 

@@ -30,7 +30,7 @@ from .. import masks as _masks
 from .interfaces import CONVENTIONS
 from .runner import Case
 
-__all__ = ["KINDS", "CallWords", "reproduction", "target_code"]
+__all__ = ["GRAD_KINDS", "KINDS", "CallWords", "reproduction", "target_code"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ class CallWords:
     is the fourth positional argument), ``convention`` (``allow``, ``block``, ``keep``, ``additive``) and
     ``mask_form`` (``full``, ``batch``, ``key_padding``, ``valid_lens``, ``kv_cache``, ``varlen``); the causal,
     scale and GQA arguments' names; the GQA head mapping; ``returns`` (``output`` when the function returns the
-    output alone)."""
+    output alone); for the gradient side, ``backward`` (``plain``, ``flash`` or ``autograd``; ``""`` for a forward),
+    ``lse_units``, the dropout keep mask's and the bias's argument names, and ``forward`` (code that binds ``fwd``,
+    a flash backward's own forward; ``""``: the golden ``out`` and ``lse`` are passed)."""
 
     target: str = "fn = ...  # the function checked"
     framework: str = "numpy"
@@ -57,11 +59,17 @@ class CallWords:
     gqa_arg: str | None = None
     gqa_map: str = "interleave"
     returns: str = "auto"
+    backward: str = ""
+    lse_units: str = "nats"
+    keep_arg: str = "dropout_mask"
+    bias_arg: str = "bias"
+    forward: str = ""
 
     @classmethod
-    def of(cls, resolved: Any, spec: Any, target: Any) -> CallWords:
+    def of(cls, resolved: Any, spec: Any, target: Any, forward: Any = None) -> CallWords:
         """The words of an :class:`~attnlab.checker.adapters.Adapter`'s ``resolved`` names and ``spec``, for the
-        function named by ``target`` (a callable or a ``file.py:NAME`` string)."""
+        function named by ``target`` (a callable or a ``file.py:NAME`` string) and a flash backward's ``forward``."""
+        mode = str(getattr(resolved, "mode", "") or "")
         return cls(
             target=target_code(target),
             framework=resolved.framework,
@@ -76,27 +84,42 @@ class CallWords:
             gqa_arg=resolved.gqa_arg,
             gqa_map=getattr(spec, "gqa_mapping", "interleave"),
             returns=spec.returns,
+            backward=mode.removeprefix("backward ").partition("+")[0] if mode.startswith("backward") else "",
+            lse_units=getattr(spec, "lse_units", "nats"),
+            keep_arg=getattr(spec, "dropout_arg", None) or "dropout_mask",
+            forward="" if forward is None else target_code(forward, "fwd"),
         )
 
 
-def target_code(target: Any) -> str:
-    """Python code that binds ``fn`` to the checked function: ``file.py:NAME`` through :func:`runpy.run_path`,
-    ``package.module:NAME`` and an importable callable through an import; anything else (a lambda, a function
-    defined in ``__main__`` or inside another) as a line to fill in."""
+def target_code(target: Any, name: str = "fn") -> str:
+    """Python code that binds ``name`` (``fn``) to the checked function: ``file.py:NAME`` through
+    :func:`runpy.run_path`, ``package.module:NAME`` and an importable callable through an import; anything else (a
+    lambda, a function defined in ``__main__`` or inside another, a name that holds another object) as a line to
+    fill in."""
     if isinstance(target, str) and ":" in target:
         where, _, attr = target.rpartition(":")
         head, _, rest = attr.partition(".")
         tail = "".join(f".{p}" for p in rest.split(".") if p)
         if where.endswith(".py") or "/" in where or "\\" in where:
-            return f"import runpy\n\nfn = runpy.run_path({where!r})[{head!r}]{tail}"
-        return f"from {where} import {head}\n\nfn = {head}{tail}"
+            return f"import runpy\n\n{name} = runpy.run_path({where!r})[{head!r}]{tail}"
+        return f"from {where} import {head}\n\n{name} = {head}{tail}"
     module = getattr(target, "__module__", None)
     qual = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
-    if module and qual and module != "__main__" and "<" not in qual:
+    if module and qual and module != "__main__" and "<" not in qual and _importable(target, module, qual):
         head, _, rest = qual.partition(".")
         tail = "".join(f".{p}" for p in rest.split(".") if p)
-        return f"from {module} import {head}\n\nfn = {head}{tail}"
-    return f"fn = ...  # the function checked ({module}.{qual}): import or define it here"
+        return f"from {module} import {head}\n\n{name} = {head}{tail}"
+    return f"{name} = ...  # the function checked ({module}.{qual}): import or define it here"
+
+
+def _importable(target: Any, module: str, qual: str) -> bool:
+    """Whether ``module``'s attribute path ``qual`` is ``target`` (a module not imported yet is taken at its word)."""
+    obj: Any = sys.modules.get(module)
+    if obj is None:
+        return True
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+    return obj is target or getattr(obj, "__func__", None) is getattr(target, "__func__", target)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -346,15 +369,17 @@ _ENDINGS: dict[str, Callable[[Case, float], list[str]]] = {
     "masked-rows-uniform": _masked_rows("uniform"),
 }
 
+#: The kinds of failure a gradient case's reproduction can show.
+GRAD_KINDS = ("gradients", "gradients-dtype", "gradients-mutates")
 #: The kinds of failure a reproduction can show (the ``kind`` argument of :func:`reproduction`).
-KINDS = tuple(_ENDINGS)
+KINDS = (*_ENDINGS, *GRAD_KINDS)
 
 
 def reproduction(
     case: Case,
     words: CallWords,
     *,
-    tol: float,
+    tol: float | dict[str, float],
     passed: Case | None = None,
     flag: bool | str = False,
     earlier_call: bool = False,
@@ -367,7 +392,8 @@ def reproduction(
         case: the (minimal) case: ``q [..., h, n_q, d_k]``, ``k``/``v [..., h_kv, n_k, *]``, ``mask [..., h, n_q,
             n_k]`` (True = may attend) or None, its causal alignment and scale.
         words: how the function is called (:class:`CallWords`).
-        tol: the largest acceptable ``|out - expected|`` (the checker's bound for this case).
+        tol: the largest acceptable ``|out - expected|`` (the checker's bound for this case); for the gradient
+            kinds, each gradient's (``{"dq": ..., "dk": ..., "dv": ...[, "dbias": ...]}``).
         passed: ``case`` as the function was given it (the causal part folded into the mask; default ``case``).
         flag: the value given to the causal argument (False: none).
         earlier_call: make one call with other values of the same shapes first (the failure needs it).
@@ -375,15 +401,22 @@ def reproduction(
         kind: what the script asserts (:data:`KINDS`): ``output`` (equal to the reference within ``tol``; a raise
             fails too), ``dtype`` (the output dtype is the input's), ``output-type`` (an array of the function's
             library), ``mutates`` (no input written), ``nondeterministic`` (nine identical calls agree),
-            ``masked-rows-nan`` / ``-zeros`` / ``-uniform`` (fully masked rows: finite, zeros, V's average).
+            ``masked-rows-nan`` / ``-zeros`` / ``-uniform`` (fully masked rows: finite, zeros, V's average);
+            for a gradient case (``d_out``, and ``keep`` / ``bias`` when given), ``gradients`` (each gradient equal
+            to attnlab's float64 backward within its bound; a raise fails too), ``gradients-dtype`` (each in its
+            input's dtype), ``gradients-mutates`` (no input written).
     """
-    if kind not in _ENDINGS:
-        raise ValueError(f"kind: expected one of {', '.join(_ENDINGS)}, got {kind!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
     passed = passed or case
     shape_note = f"q {list(case.q.shape)}, k {list(case.k.shape)}, v {list(case.v.shape)}, {case.dtype}"
     lines = [f"# {title or 'A failing case found by attnlab check'}", f"# {shape_note}", "import numpy as np", ""]
     lines += ["import attnlab", "", words.target, "", *_framework_lines(words, case.dtype), ""]
     lines += _input_lines(case, passed)
+    if kind in GRAD_KINDS:
+        assert isinstance(tol, dict)  # a bound per gradient
+        return "\n".join(lines + _grad_script(case, words, tol, passed, flag, kind)) + "\n"
+    assert not isinstance(tol, dict)  # one bound for the output
     lines += _expected_lines(case, words, kind)
     lines += _call_lines(words, passed, flag, passed.mask is not None, kind)
     lines.append("")
@@ -470,3 +503,190 @@ def _expected_lines(case: Case, words: CallWords, kind: str) -> list[str]:
     else:
         lines.append("rows = np.ones(expected.shape[:-1], bool)")
     return [*lines, ""]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the gradient side's script: the backward (or the forward's autograd) against attnlab's float64 backward
+
+#: A flash backward's call with the forward's ``o_in`` and ``l_in`` (a write into them is a mutation too).
+_SAVED = (
+    "    kept_f = [H(x).copy() for x in (o_in, l_in)]",
+    "    grads = fn(*args, o_in, l_in, dO, **kw)",
+    "    if call.mutated is not None:",
+    '        saved = zip(("out", "lse"), (o_in, l_in), kept_f)',
+    "        call.mutated += [n for n, a, b in saved if not np.array_equal(H(a), b, True)]",
+)
+#: How each kind of backward is called, after ``args`` (q, k, v) and ``dO`` are made: its lines in ``call``.
+_GRAD_CALLS = {
+    "plain": ["    grads = fn(*args, dO, **kw)"],
+    "flash": [
+        "    o_in, l_in = T(L(out)), LSE(lse)  # the golden out and lse, as the checker gave them",
+        *_SAVED,
+    ],
+    "flash+forward": [
+        "    fkw = {n: x for n, x in kw.items() if n in inspect.signature(fwd).parameters}",
+        "    o_in, l_in = fwd(*args, **fkw)  # the function's own forward",
+        *_SAVED,
+    ],
+    "torch": [
+        "    leaves = [a.requires_grad_(True) for a in args] + ([kw[BIAS].requires_grad_(True)] if BIAS in kw else [])",
+        "    res = fn(*args, **kw)",
+        "    res = res[0] if isinstance(res, (tuple, list)) else getattr(res, 'output', res)",
+        "    grads = torch.autograd.grad(res, leaves, dO, allow_unused=True)",
+        "    grads = [torch.zeros_like(x) if g is None else g for g, x in zip(grads, leaves)]",
+    ],
+    "jax": [
+        "    import jax",
+        "",
+        "    def f(*leaves):",
+        "        res = fn(*leaves[:3], **dict(kw, **({BIAS: leaves[3]} if BIAS in kw else {})))",
+        "        return res[0] if isinstance(res, (tuple, list)) else getattr(res, 'output', res)",
+        "",
+        "    res, vjp = jax.vjp(f, *args, *([kw[BIAS]] if BIAS in kw else []))",
+        "    grads = vjp(dO.astype(res.dtype))",
+    ],
+}
+
+_GRAD_COMPARE = [
+    "for name, tol in TOL.items():",
+    "    got, want = grads[name], expected[name]",
+    "    if name == 'dbias' and got.shape != want.shape and got.size == want.size:",
+    "        got = got.reshape(want.shape)",
+    '    assert got.shape == want.shape, f"{name} shape {got.shape}, expected {want.shape}"',
+    "    sel = np.broadcast_to(rows[..., None], got.shape) if name == 'dq' else np.ones(got.shape, bool)",
+    "    with np.errstate(invalid='ignore'):",
+    "        err = np.where(sel, np.abs(got - want), 0.0)",
+    "    err = np.where(sel & ~np.isfinite(got), np.inf, err)",
+    "    worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(err)), err.shape))",
+    "    assert err.max() <= tol, (",
+    '        f"max |{name} - expected| = {err.max():.3g} > {tol:.3g} at {list(worst)}; "',
+    '        f"{name}{list(worst)} = {got[worst]:.6g} (expected {want[worst]:.6g})"',
+    "    )",
+]
+
+
+def _grad_script(
+    case: Any, w: CallWords, tol: dict[str, float], passed: Case, flag: bool | str, kind: str
+) -> list[str]:
+    """The rest of a gradient case's script after its inputs: ``d_out`` (and keep, bias), attnlab's float64
+    gradients, the call of the backward as the checker made it, and the assert of ``kind``."""
+    n_q, n_k = case.q.shape[-2], case.k.shape[-2]
+    kv, fold = "k, v", "x"
+    if case.gqa:
+        g, h_kv = case.q.shape[-3] // case.k.shape[-3], case.k.shape[-3]
+        tile = w.gqa_map == "tile"
+        kv = "kv_heads(k), kv_heads(v)"
+        rep = f"np.tile(x, (1,) * (x.ndim - 3) + ({g}, 1, 1))" if tile else f"np.repeat(x, {g}, axis=-3)"
+        split = f"({g}, {h_kv})" if tile else f"({h_kv}, {g})"
+        fold = f"x.reshape(*x.shape[:-3], *{split}, *x.shape[-2:]).sum(axis={-4 if tile else -3})"
+        lines = [f"kv_heads = lambda x: {rep}  # noqa: E731 (GQA: K/V heads to q's, {w.gqa_map})"]
+    else:
+        lines = []
+    lines += [f"d_out = {_literal(case.d_out)}  # [..., h, n_q, d_v], the upstream gradient"]
+    drop = ""
+    if case.keep is not None:
+        lines += [f"keep = {_literal(case.keep)}  # [..., h, n_q, n_k], the dropout keep mask (True = kept)"]
+        lines += [f"p = {case.dropout_p!r}"]
+        drop = ", dropout=attnlab.Dropout(p, keep)"
+    bias = "None"
+    if case.bias is not None:
+        lines += [f"bias = {_literal(case.bias)}  # [..., h, n_q, n_k]"]
+        bias = "bias"
+    causal = f'"{case.causal}"' if case.causal else "False"
+    scale = "" if case.scale is None else f", scale={case.scale!r}"
+    lines += [
+        "from attnlab.core import attention_trace",
+        "",
+        f'trace = attention_trace(q, {kv}, allowed, causal={causal}{scale}, bias={bias}, masked_rows="zero")',
+        f"g = attnlab.attention_backward(trace, d_out{drop})",
+        f"fold = lambda x: {fold}  # noqa: E731 (K/V gradients summed over each group's query heads)",
+        'expected = {"dq": np.asarray(g.dq), "dk": fold(np.asarray(g.dk)), "dv": fold(np.asarray(g.dv))}',
+    ]
+    if case.bias is not None:
+        lines.append('expected["dbias"] = np.asarray(g.dbias)')
+    visible = "np.ones(q.shape[:-1] + (k.shape[-2],), bool)" if case.mask is None else "allowed"
+    if case.causal:
+        visible += f' & attnlab.masks.causal({n_q}, {n_k}, align="{case.causal}")'
+    lines.append(f"rows = ({visible}).any(axis=-1)  # query rows with a key to attend")
+    if w.backward == "flash" and not w.forward:
+        weights = "np.asarray(trace.weights)" + (" * keep / (1 - p)" if case.keep is not None else "")
+        v_heads = kv.split(", ")[1]
+        lines += [
+            f"out = H(T({weights} @ {v_heads}))  # the forward's output, rounded to {case.dtype}",
+            "lg = np.asarray(trace.logits)",
+            "with np.errstate(divide='ignore', invalid='ignore'):",
+            "    m = np.max(lg, axis=-1, keepdims=True)",
+            "    m = np.where(np.isfinite(m), m, 0.0)",
+            "    lse = (m + np.log(np.sum(np.exp(lg - m), axis=-1, keepdims=True)))[..., 0]  # [..., h, n_q], nats",
+        ]
+        if w.lse_units == "log2":
+            lines.append("lse = lse / np.log(2)  # the backward takes log2 units")
+        lse_dt = "float64" if case.dtype == "float64" else "float32"
+        lines += [
+            f"def LSE(x):  # the lse as the checker passes it ({lse_dt})",
+            f"    return E(np.asarray(x, dtype=np.{lse_dt}))",
+        ]
+    if w.forward:
+        lines += ["import inspect", "", w.forward]
+    lines += ["", *_grad_call(w, case, passed, flag, kind), ""]
+    lines += [
+        "try:",
+        "    grads = call(q, k, v)",
+        "except Exception as err:  # a crash is a failure too",
+        '    raise AssertionError(f"fn raised {type(err).__name__}: {err}") from err',
+    ]
+    if kind == "gradients-dtype":
+        want = case.dtype
+        return [*lines, f'assert all(d == "{want}" for d in call.dtypes.values()), f"gradient dtypes {{call.dtypes}}"']
+    if kind == "gradients-mutates":
+        return [*lines, 'assert not call.mutated, f"fn wrote into its inputs {call.mutated}"']
+    return [*lines, f"TOL = {tol!r}  # the checker's bound for each gradient in this case", *_GRAD_COMPARE]
+
+
+def _grad_call(w: CallWords, case: Any, passed: Case, flag: bool | str, kind: str) -> list[str]:
+    """``call(q, k, v)``: the backward called as the checker called it, its gradients as float64 NumPy."""
+    lay = "np.swapaxes(x, -2, -3)" if w.layout == "bnhd" else "x"
+    lines = ["def call(q, k, v):", '    """fn called as the checker called it; its gradients, as float64 NumPy."""']
+    lines.append(f"    L = lambda x: {lay}  # noqa: E731 (layout {w.layout})")
+    kwargs = []
+    if passed.mask is not None and w.mask_arg:
+        lines += _mask_argument(w, case.dtype)
+        kwargs.append(f"{w.mask_arg}=m")
+    if flag and w.causal_arg:
+        kwargs.append(f"{w.causal_arg}={flag!r}")
+    if case.scale is not None and w.scale_arg:
+        kwargs.append(f"{w.scale_arg}={case.scale!r}")
+    if case.gqa and w.gqa_arg:
+        kwargs.append(f"{w.gqa_arg}=True")
+    if case.keep is not None:
+        kwargs += [f"{w.keep_arg}=E(keep)", "dropout_p=p"]
+    if case.bias is not None:
+        kwargs.append(f"{w.bias_arg}=T(bias)")
+    lines += [
+        f"    kw = dict({', '.join(kwargs)})",
+        f"    BIAS = {w.bias_arg!r}",
+        "    args = [T(L(x)) for x in (q, k, v)]",
+        "    dO = T(L(d_out))",
+    ]
+    mutates = kind == "gradients-mutates"
+    lines.append("    kept = [H(a).copy() for a in (*args, dO)]" if mutates else "    call.mutated = None")
+    if mutates:
+        lines.append("    call.mutated = []")
+    how = w.backward if w.backward in ("plain", "flash") else ("jax" if w.framework == "jax" else "torch")
+    lines += _GRAD_CALLS["flash+forward" if how == "flash" and w.forward else how]
+    if mutates:
+        lines.append(
+            '    call.mutated += [n for n, a, b in zip(("q", "k", "v", "d_out"), (*args, dO), kept) '
+            "if not np.array_equal(H(a), b, True)]"
+        )
+    lines += [
+        "    if isinstance(grads, dict):  # {'dq': ..., 'dk': ..., 'dv': ...}",
+        "        grads = [grads[n] for n in ('dq', 'dk', 'dv', 'dbias') if grads.get(n) is not None]",
+        "    if hasattr(grads, 'dq'):  # a result object",
+        "        extra = [x for x in [getattr(grads, 'dbias', None)] if x is not None]",
+        "        grads = [grads.dq, grads.dk, grads.dv, *extra]",
+        "    names = ('dq', 'dk', 'dv', 'dbias')",
+        '    call.dtypes = {n: str(x.dtype).replace("torch.", "") for n, x in zip(names, grads)}',
+        "    return {n: H(x) if n == 'dbias' else L(H(x)) for n, x in zip(names, grads)}",
+    ]
+    return lines

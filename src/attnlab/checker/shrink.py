@@ -16,8 +16,12 @@ each one that still fails, until no single one does:
    set to True (in halving blocks); a candidate the function's mask form cannot express (``valid(mask)``) is
    skipped without a call;
 5. shrink the head dims ``d_k`` and ``d_v`` (drop columns);
-6. simplify values: q, k, v rounded to integers, then entries set to 0 (in halving blocks). Integers are exact in
-   every dtype the checker uses.
+6. simplify values: q, k, v (and a gradient case's ``d_out``) rounded to integers, then entries set to 0 (in
+   halving blocks). Integers are exact in every dtype the checker uses.
+
+A gradient case (:class:`~attnlab.checker.gradient_oracle.GradCase`) is shrunk by the same steps: its upstream
+gradient ``d_out [..., h, n_q, d_v]`` loses what q (and v's columns) lose, its dropout keep mask and bias
+``[..., h, n_q, n_k]`` what the mask loses.
 
 Bounds: at most ``max_calls`` predicate calls (:data:`MAX_CALLS`, 300) and ``seconds`` of wall time
 (:data:`SECONDS`, 20 s), whichever comes first; :attr:`Shrunk.bounded` says that a bound stopped it (the case is
@@ -211,7 +215,13 @@ def shrink(
 # building smaller cases
 
 
-def _take(case: Case, **arrays: Any) -> Case:
+def _take(case: Case, like_q: Any = None, like_mask: Any = None, /, **arrays: Any) -> Case:
+    """``case`` with ``arrays`` replaced; a gradient case's ``d_out`` cut by ``like_q`` (as q is), its ``keep`` and
+    ``bias`` by ``like_mask`` (as the mask is)."""
+    for name, cut in (("d_out", like_q), ("keep", like_mask), ("bias", like_mask)):
+        x = getattr(case, name, None)
+        if x is not None and cut is not None:
+            arrays[name] = cut(x)
     return replace(case, **arrays)
 
 
@@ -272,7 +282,10 @@ def _batch(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
         return case
 
     def cut(c: Case, idx: np.ndarray) -> Case:
-        return _take(c, q=_keep(c.q, 0, idx), k=_keep(c.k, 0, idx), v=_keep(c.v, 0, idx), mask=_keep(c.mask, 0, idx))
+        def on(x: Any) -> Any:
+            return _keep(x, 0, idx)
+
+        return _take(c, on, on, q=on(c.q), k=on(c.k), v=on(c.v), mask=on(c.mask))
 
     return _shrink_axis(case, search, lambda c: c.q.shape[0], cut, "batch element")
 
@@ -292,7 +305,13 @@ def _heads(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
     def cut_kv(c: Case, kv: np.ndarray) -> Case:
         hq = np.sort(query_heads(kv, c.k.shape[-3], c.q.shape[-3] // c.k.shape[-3]))
         return _take(
-            c, q=np.take(c.q, hq, ax), k=np.take(c.k, kv, ax), v=np.take(c.v, kv, ax), mask=_keep(c.mask, ax, hq)
+            c,
+            lambda x: np.take(x, hq, ax),
+            lambda x: _keep(x, ax, hq),
+            q=np.take(c.q, hq, ax),
+            k=np.take(c.k, kv, ax),
+            v=np.take(c.v, kv, ax),
+            mask=_keep(c.mask, ax, hq),
         )
 
     if h_kv > 1:
@@ -306,7 +325,8 @@ def _heads(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
         for r in range(g - 1, -1, -1):
             keep = [x for x in range(h) if (x % g if gqa != "tile" else x // h_kv) != r]
             idx = np.array(keep, dtype=np.intp)
-            new = _take(case, q=np.take(case.q, idx, ax), mask=_keep(case.mask, ax, idx))
+            on_q, on_m = (lambda x, i=idx: np.take(x, i, ax)), (lambda x, i=idx: _keep(x, ax, i))
+            new = _take(case, on_q, on_m, q=on_q(case.q), mask=on_m(case.mask))
             if search.attempt(new, f"query head {r} of every group removed"):
                 case = new
                 break
@@ -323,14 +343,16 @@ def _causal(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
 
 def _queries(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
     def cut(c: Case, idx: np.ndarray) -> Case:
-        return _take(c, q=np.take(c.q, idx, -2), mask=_keep(c.mask, -2, idx))
+        on_q, on_m = (lambda x: np.take(x, idx, -2)), (lambda x: _keep(x, -2, idx))
+        return _take(c, on_q, on_m, q=on_q(c.q), mask=on_m(c.mask))
 
     return _shrink_axis(case, search, lambda c: c.q.shape[-2], cut, "query")
 
 
 def _keys(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
     def cut(c: Case, idx: np.ndarray) -> Case:
-        return _take(c, k=np.take(c.k, idx, -2), v=np.take(c.v, idx, -2), mask=_keep(c.mask, -1, idx))
+        on_m = lambda x: _keep(x, -1, idx)  # noqa: E731
+        return _take(c, None, on_m, k=np.take(c.k, idx, -2), v=np.take(c.v, idx, -2), mask=on_m(c.mask))
 
     return _shrink_axis(case, search, lambda c: c.k.shape[-2], cut, "key")
 
@@ -376,16 +398,19 @@ def _dims(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
     case = _shrink_axis(
         case, search, lambda c: c.q.shape[-1], lambda c, i: _take(c, q=c.q[..., i], k=c.k[..., i]), "d_k column"
     )
-    return _shrink_axis(case, search, lambda c: c.v.shape[-1], lambda c, i: _take(c, v=c.v[..., i]), "d_v column")
+    return _shrink_axis(
+        case, search, lambda c: c.v.shape[-1], lambda c, i: _take(c, lambda x: x[..., i], v=c.v[..., i]), "d_v column"
+    )
 
 
 def _values(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
-    for name in ("v", "k", "q"):
+    names = ("v", "k", "q") + (("d_out",) if getattr(case, "d_out", None) is not None else ())
+    for name in names:
         x = getattr(case, name)
         rounded = np.round(x)
         if not np.array_equal(rounded, x) and search.attempt(_take(case, **{name: rounded}), f"{name} rounded"):
             case = _take(case, **{name: rounded})
-    for name in ("v", "k", "q"):
+    for name in names:
         case = _zero_out(case, name, search)
     return case
 

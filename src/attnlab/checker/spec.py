@@ -93,6 +93,8 @@ CAPABILITIES = (
     "gqa",
     "causal-cross",
 )
+#: Capabilities only the gradient side needs (a backward's dropout keep mask and bias), declared the same way.
+GRAD_CAPABILITIES = ("dropout", "bias")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -311,14 +313,20 @@ class Spec:
     )
     unsupported: frozenset[str] = option(
         frozenset(),
-        f"capabilities declared unsupported, not tested (some of {', '.join(CAPABILITIES)}).",
+        f"capabilities declared unsupported, not tested (some of {', '.join((*CAPABILITIES, *GRAD_CAPABILITIES))}).",
         "names",
-        choices=CAPABILITIES,
+        choices=(*CAPABILITIES, *GRAD_CAPABILITIES),
         metavar="CAPABILITY,...",
     )
     mask_arg: str | None = option(None, "the mask parameter's name, when ``signature=auto`` guesses wrong.", "text")
     causal_arg: str | None = option(None, "the causal flag parameter's name.", "text")
     scale_arg: str | None = option(None, "the scale parameter's name.", "text")
+    dropout_arg: str | None = option(
+        None,
+        "the gradient side's dropout keep-mask parameter's name (default: ``dropout_mask`` or ``keep_mask``); it is "
+        "passed with ``dropout_p=``.",
+        "text",
+    )
     gqa_mapping: str = option(
         "interleave",
         "with ``gqa``: which K/V head query head i uses: ``interleave`` ``i // (h / h_kv)`` (repeat_interleave, "

@@ -76,6 +76,7 @@ def grad_reference(s: Session) -> None:
             s.crash(out)
             continue
         results.append((out.case, s.grads.compare_grads(out), s.case_key))
+        s.base_ok[out.case.dtype] = s.base_ok.get(out.case.dtype, True) and results[-1][1]
     # a feature whose cases alone fail, with nothing named: the backward's handling of that feature is wrong
     for code, has, text in (
         ("grad-causal", lambda c: c.causal is not None, "the backward's causal masking"),

@@ -147,7 +147,10 @@ def checked(s: Session, case: Case, key: str, passed_mask: np.ndarray | None = N
         if passed_mask is None:
             s.crash(out)
         return out
-    if not s.compare(out) and not named(s, key):
+    ok = s.compare(out)
+    if s.strategy.name != "outputs":  # the experiments below move outputs; the gradients' are grad-batch's
+        return out
+    if not ok and not named(s, key):
         batch_moves(s, case, out, passed_mask)
     blocked_leak(s, case, out, passed_mask)
     return out
@@ -186,7 +189,8 @@ def batch_moves(s: Session, case: Case, base: Outcome, passed_mask: np.ndarray |
 def broadcast_shapes(s: Session, g: Geom) -> list[tuple[int, ...]]:
     """The broadcast mask shapes the mask form accepts for 4-D geometry ``g`` (none for forms without one)."""
     b, h, n_q, n_k = g.b or 1, g.h, g.n_q, g.n_k
-    if g.b is None or getattr(s.backend.resolved, "mode", False):  # module mode builds its own masks
+    mode = str(getattr(s.backend.resolved, "mode", "") or "")
+    if g.b is None or (mode and not mode.startswith("backward")):  # module mode builds its own masks
         return []
     if s.mask_form == "full":
         return [(n_k,), (n_q, n_k), (b, 1, 1, n_k), (b, 1, n_q, n_k), (1, h, n_q, n_k)]
@@ -195,6 +199,7 @@ def broadcast_shapes(s: Session, g: Geom) -> list[tuple[int, ...]]:
     return []
 
 
+@probe("grad-mask-space")
 @probe("mask-space")
 def mask_space(s: Session) -> None:
     """The ``mask-space`` probe: padding anywhere, per batch element and head, broadcast (see the module)."""
@@ -230,6 +235,7 @@ def mask_space(s: Session) -> None:
         )
 
 
+@probe("grad-decode")
 @probe("decode")
 def decode(s: Session) -> None:
     """The ``decode`` probe: one query with key padding, then with padding and causal (see the module)."""
@@ -239,20 +245,25 @@ def decode(s: Session) -> None:
         raise ProbeSkip("needs n_q != n_k (cross)")
     if "mask" not in s.caps and "causal" not in s.caps:
         raise ProbeSkip("needs mask or causal")
+    # a bool causal flag's alignment is the forward's business; the gradient side decodes causally when declared
+    causal = "causal" in s.caps and "causal-cross" in s.caps
+    causal = causal and (s.strategy.name == "outputs" or s.spec.causal_align is not None)
     if "mask" in s.caps and s.mask_form != "varlen":
         m = patterned_mask(s, g)
         if m is None:  # not reached: only packed sequences (varlen) have no pattern
             raise ProbeSkip("no key-padding pattern for this mask form")
         checked(s, s.make(g, s.primary, label="decode + mask", mask=m), "decode: key padding")
-        if "causal" in s.caps and "causal-cross" in s.caps:
+        if causal:
             g = replace(g, n_k=19)  # a new shape: a cache keyed by shape is seen by call-order, not here
             m = patterned_mask(s, g)
             if m is None:
                 raise ProbeSkip("no key-padding pattern for this mask form")
             case = s.make(g, s.primary, label="decode + mask + causal", mask=m, causal=True)
             checked(s, case, "decode: key padding + causal")
-    elif "causal" in s.caps and "causal-cross" in s.caps:
+    elif causal:
         checked(s, s.make(g, s.primary, label="decode + causal", causal=True), "decode: causal")
+    else:
+        raise ProbeSkip("needs mask, or causal with a declared causal_align")
 
 
 def matches(s: Session, out: Outcome) -> bool:
