@@ -104,11 +104,32 @@ def _heads_back(x: Any, h: int) -> Any:
 
 
 def _forward(m: Any, h: int, *args: Any, **kwargs: Any) -> Any:
-    """Call the stand-in layer ``m`` without autograd (on hidden states ``[B, n, d_model]`` whose feeds return the
-    checker's q, k, v) and return its output, ``[B, n, h*d]`` or the first entry of a tuple, as ``[B, h, n, d]``."""
-    with _torch().no_grad():
-        out = m(*args, **kwargs)
+    """Call the stand-in layer ``m`` (on hidden states ``[B, n, d_model]`` whose feeds return the checker's q, k, v)
+    and return its output, ``[B, n, h*d]`` or the first entry of a tuple, as ``[B, h, n, d]``. Autograd stays on:
+    the output carries the graph back to the checker's q, k, v (``backward=True`` differentiates through the
+    layer); the layer's own weights are frozen (:func:`_frozen`), so no weight gradient is computed."""
+    out = m(*args, **kwargs)
     return _heads_back(out[0] if isinstance(out, tuple) else out, h)
+
+
+def _own_defaults(forward: Callable[..., Any], passed: tuple[str, ...]) -> str:
+    """The keyword defaults a call of ``forward`` leaves to the layer (those not in ``passed``, None left out), as
+    ``"need_weights=True, average_attn_weights=True"``: module mode calls a layer as users do and says how."""
+    try:
+        params = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return "its signature cannot be read"
+    shown = [
+        f"{p.name}={p.default!r}"
+        for p in params
+        if p.default is not p.empty and p.default is not None and p.name not in passed
+    ]
+    return ", ".join(shown) or "no keyword defaults"
+
+
+def _frozen(m: Any) -> Any:
+    """``m`` with ``requires_grad`` off on its parameters (identity projections: only q, k, v are differentiated)."""
+    return m.requires_grad_(False)
 
 
 def _additive(torch: Any, mask: Any, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -157,7 +178,7 @@ def _mha(layer: Any) -> ModuleMode:
             if m.in_proj_bias is not None:
                 m.in_proj_bias.zero_()
                 m.out_proj.bias.zero_()
-        return m.train(layer.training)
+        return _frozen(m.train(layer.training))
 
     cache = _Cache(build)
 
@@ -168,15 +189,15 @@ def _mha(layer: Any) -> ModuleMode:
         if not m.batch_first:
             xs = [x.transpose(0, 1) for x in xs]
         blocked = None if mask is None else (~mask.expand(b, h, n_q, k.shape[-2])).reshape(b * h, n_q, -1)
-        with torch.no_grad():
-            out, _ = m(*xs, attn_mask=blocked, need_weights=False)
+        out, _ = m(*xs, attn_mask=blocked)  # the layer's defaults, as users call it (need_weights=True)
         if not m.batch_first:
             out = out.transpose(0, 1)
         return _heads_back(out, h)
 
     return ModuleMode(
         attention,
-        "torch.nn.MultiheadAttention: identity in_proj and out_proj, attn_mask True = blocked [B*h, n_q, n_k]",
+        "torch.nn.MultiheadAttention: identity in_proj and out_proj, attn_mask True = blocked [B*h, n_q, n_k]; "
+        f"called with its own defaults ({_own_defaults(layer.forward, ('attn_mask',))})",
         {"dv": _ONE_D, "gqa": "nn.MultiheadAttention has one set of heads", "rank": _RANK},
     )
 
@@ -195,7 +216,7 @@ def _hf_rotary(layer: Any) -> ModuleMode:
         for norm in ("q_norm", "k_norm"):
             if hasattr(m, norm):
                 setattr(m, norm, nn.Identity())
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -228,7 +249,7 @@ def _hf_bert(layer: Any) -> ModuleMode:
         kwargs = {"is_causal": layer.is_causal} if "is_causal" in inspect.signature(type(layer)).parameters else {}
         m = type(layer)(cfg, **kwargs)
         m.query, m.key, m.value = feed(), feed(), feed()
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -260,7 +281,7 @@ def _timm(layer: Any) -> ModuleMode:
         for name in ("q_norm", "k_norm", "norm"):
             if hasattr(m, name):
                 setattr(m, name, nn.Identity())
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -305,7 +326,7 @@ def _nanogpt(layer: Any) -> ModuleMode:
                 "bias", torch.tril(torch.ones(cfg.block_size, cfg.block_size)).view(1, 1, *[cfg.block_size] * 2)
             )
         m.c_attn, m.c_proj = feed(), nn.Identity()
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -387,7 +408,7 @@ def _hf_named(layer: Any, names: tuple[str, ...], packing: str, params: set[str]
         for n in names[:-1]:
             setattr(m, n, feed())
         setattr(m, names[-1], nn.Identity())
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 

@@ -126,6 +126,8 @@ def grad_masked_rows(s: Session) -> None:
     nonfinite = [n for n, x in ret.grads.items() if not np.all(np.isfinite(x))]
     if nonfinite:
         if policy != "nan":
+            if s.grads.seen.row_policy == "nan":  # the forward's own NaN row, differentiated: its masked-row-nan
+                s.grads.nan_rows.add(s.case_key)
             s.bug(
                 "grad-masked-row",
                 f"fully masked rows give NaN/inf gradients ({', '.join(nonfinite)})",
@@ -140,7 +142,8 @@ def grad_masked_rows(s: Session) -> None:
     _, bounds = s.expected(case)
     a, b = ret.grads, again.returned.grads
     problems = row_problems(s, case, rows, a, b, bounds)
-    if problems and s.spec.mask_convention == "additive" and policy_additive(s, case, d2, rows, a, b, bounds):
+    uniform_forward = s.spec.mask_convention == "additive" or s.grads.seen.row_policy == "uniform"
+    if problems and uniform_forward and policy_additive(s, case, d2, rows, a, b, bounds):
         return
     if problems and rows_leak(s, case, replace(case, d_out=d2), a, b, bounds):
         s.bug(
@@ -199,9 +202,10 @@ def policy_additive(
     b: dict[str, np.ndarray],
     bounds: dict[str, float],
 ) -> bool:
-    """An additive ``finfo.min`` mask: a fully masked row is ``softmax(s + c)``, uniform in floating point, and
-    autograd of such a forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches
-    dQ, dK and dV. That is the policy of additive masks (a note), not a bug of the backward."""
+    """An additive ``finfo.min`` mask (declared, or the mask a forward whose fully masked rows came back uniform
+    turns it into): a fully masked row is ``softmax(s + c)``, uniform in floating point, and autograd of such a
+    forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches dQ, dK and dV. That is
+    the policy of additive masks (a note), not a bug of the backward."""
     assert case.mask is not None  # an additive mask convention: the case has a mask
     m = np.array(np.broadcast_to(case.mask, (*rows.shape, case.k.shape[-2])))
     m[rows] = True

@@ -47,6 +47,7 @@ def masked_rows(s: Session) -> None:
     out = s.call(case)
     ev = f"case {case.label}: {case.shapes()}; {where} may attend to no key"
     if out.error is not None:
+        s.row_policy_seen = "raise"
         if getattr(s.spec, "masked_rows", "any") not in ("any", "raise"):
             s.bug(
                 "masked-row-policy",
@@ -66,6 +67,8 @@ def masked_rows(s: Session) -> None:
     row = out.out[sel]
     rows = s.allowed(case).any(axis=-1)
     policy = getattr(s.spec, "masked_rows", "any")
+    if not np.all(np.isfinite(row)):
+        s.row_policy_seen = "nan"
     if not np.all(np.isfinite(row)) and policy == "nan":
         s.note("masked-row", "a fully masked row comes back as NaN, as declared (masked_rows='nan')", ev)
     elif not np.all(np.isfinite(row)):
@@ -91,8 +94,9 @@ def masked_rows(s: Session) -> None:
 
 
 def finite_row(s: Session, case: Case, row: np.ndarray, sel: Any, ev: str) -> None:
-    """A finite fully masked ``row``: zeros or the uniform average of V (a note), else values that are neither;
-    a bug when the declared ``masked_rows`` policy says otherwise."""
+    """A finite fully masked ``row``: zeros or the uniform average of V (a note, as ``masked_rows="any"``
+    accepts); values that are neither, or a behaviour the declared ``masked_rows`` policy does not allow, are a
+    ``masked-row-policy`` bug."""
     policy = getattr(s.spec, "masked_rows", "any")
     tol = FLOORS[s.work_dtype(case.dtype)] * 8
     vexp = s.expand(case.q, case.v)
@@ -104,10 +108,13 @@ def finite_row(s: Session, case: Case, row: np.ndarray, sel: Any, ev: str) -> No
     else:
         kind = "values that are neither zeros nor a uniform average (it attends as if that row were unmasked)"
     seen = "zeros" if kind.startswith("zeros") else "uniform" if kind.startswith("the uniform") else "other"
-    if policy not in ("any", seen):
+    s.row_policy_seen = seen
+    if seen == "other" or policy not in ("any", seen):
+        allows = "an error, zeros or the uniform average of V" if policy == "any" else None
         s.bug(
             "masked-row-policy",
-            f"a fully masked row comes back as {kind}; the declared policy is masked_rows='{policy}'",
+            f"a fully masked row comes back as {kind}; the declared policy is masked_rows='{policy}'"
+            + (f", which allows {allows}" if allows else ""),
             ev,
         )
     else:
