@@ -15,7 +15,8 @@ Families (:func:`module_mode` detects them by class and attributes):
 * ``torch.nn.MultiheadAttention``: boolean ``attn_mask`` (True = blocked) ``[B*h, n_q, n_k]``; cross-attention.
 * Hugging Face attention with rotary ``position_embeddings`` (``LlamaAttention``, Mistral, Qwen2...): additive
   4-D mask, GQA (``num_key_value_heads``), eager or sdpa per ``config._attn_implementation``.
-* Hugging Face BERT-style self-attention (``BertSelfAttention``: ``query``/``key``/``value``).
+* Hugging Face BERT-style self-attention (``BertSelfAttention``: ``query``/``key``/``value``), and the block
+  around it (``BertAttention``: ``self`` then ``output``, whose dense and LayerNorm become identities).
 * Hugging Face layers taking ``hidden_states`` with named projections and no rotary embeddings: separate
   ``q_proj``/``k_proj``/``v_proj`` with ``out_proj`` (BART, Whisper, OPT, M2M100...) or ``o_proj``, T5's
   ``q``/``k``/``v``/``o``, GPT-2's fused ``c_attn`` (``[q | k | v]`` along the features) with ``c_proj``, GPT-NeoX's
@@ -238,17 +239,25 @@ def _hf_rotary(layer: Any) -> ModuleMode:
     )
 
 
-def _hf_bert(layer: Any) -> ModuleMode:
+def _hf_bert(layer: Any, block: bool = False) -> ModuleMode:
+    """BERT-style self-attention; ``block``: the layer is the attention block around it (``BertAttention``: the
+    self-attention as ``layer.self``, then ``layer.output``'s dense, dropout and LayerNorm over the residual),
+    checked with that output's dense and LayerNorm identities and zero hidden states (the residual adds 0)."""
     torch = _torch()
+    nn = torch.nn
     feed = _feed_class()
-    config = layer.config
+    core = layer.self if block else layer
+    config = core.config
 
     def build(h: int, d: int, dtype: Any) -> Any:
         cfg = copy.deepcopy(config)
         cfg.num_attention_heads, cfg.hidden_size = h, h * d
-        kwargs = {"is_causal": layer.is_causal} if "is_causal" in inspect.signature(type(layer)).parameters else {}
+        kwargs = {"is_causal": core.is_causal} if "is_causal" in inspect.signature(type(layer)).parameters else {}
         m = type(layer)(cfg, **kwargs)
-        m.query, m.key, m.value = feed(), feed(), feed()
+        a = m.self if block else m
+        a.query, a.key, a.value = feed(), feed(), feed()
+        if block:
+            m.output.dense, m.output.LayerNorm = nn.Identity(), nn.Identity()
         return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
@@ -256,17 +265,24 @@ def _hf_bert(layer: Any) -> ModuleMode:
     def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
         b, h, n, d = q.shape
         m = cache.get(h, d, q.dtype)
-        m.query.value, m.key.value, m.value.value = (_heads_first(x) for x in (q, k, v))
+        a = m.self if block else m
+        a.query.value, a.key.value, a.value.value = (_heads_first(x) for x in (q, k, v))
         am = _additive(torch, mask, (b, 1, n, n), q.dtype)
         return _forward(m, h, q.new_zeros(b, n, h * d), attention_mask=am)
 
     impl = getattr(config, "_attn_implementation", None) or "eager"
-    return ModuleMode(
-        attention,
-        f"Hugging Face {type(layer).__name__} ({impl}): query/key/value return the checker's q, k, v, a 4-D "
-        "additive attention_mask",
-        _self_attention_limits("BERT-style attention has one set of heads"),
-    )
+    family = f"Hugging Face {type(layer).__name__} ({impl}): "
+    if block:
+        family += f"self ({type(core).__name__}): "
+    family += "query/key/value return the checker's q, k, v, a 4-D additive attention_mask"
+    if block:
+        family += "; output.dense and output.LayerNorm identity, hidden states 0 (the residual adds nothing)"
+    return ModuleMode(attention, family, _self_attention_limits("BERT-style attention has one set of heads"))
+
+
+def _is_bert_self(m: Any) -> bool:
+    """Whether ``m`` is a BERT-style self-attention module (``query``/``key``/``value`` and a ``config``)."""
+    return all(hasattr(m, n) for n in ("query", "key", "value", "config"))
 
 
 def _timm(layer: Any) -> ModuleMode:
@@ -538,8 +554,11 @@ def module_mode(layer: Any) -> ModuleMode | None:
         params = set()
     if has("q_proj", "k_proj", "v_proj", "o_proj", "config") and "position_embeddings" in params:
         return _hf_rotary(layer)
-    if has("query", "key", "value", "config") and "hidden_states" in params:
+    if _is_bert_self(layer) and "hidden_states" in params:
         return _hf_bert(layer)
+    output = getattr(layer, "output", None)
+    if _is_bert_self(getattr(layer, "self", None)) and all(hasattr(output, n) for n in ("dense", "LayerNorm")):
+        return _hf_bert(layer, block=True)  # BertAttention, RobertaAttention...: self-attention + output block
     named = _hf_projections(layer, params)
     if named is not None:
         return _hf_named(layer, *named, params)
