@@ -89,6 +89,9 @@ class Session:
         #: what the function did with a fully masked row (the masked-rows probe): "raise", "nan", "zeros",
         #: "uniform" or "other"; the gradient session of the same check holds its backward to it
         self.row_policy_seen: str | None = None
+        #: cases whose fully masked row attended to every key (as a finite fill makes it): a ``finite-fill``
+        #: found elsewhere explains their ``masked-row-policy``
+        self.unmasked_rows: set[str] = set()
         self.returns_weights = False
         self.base_ok: dict[str, bool] = {}
         self.gqa_map = getattr(spec, "gqa_mapping", "interleave")
