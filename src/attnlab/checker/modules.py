@@ -190,7 +190,7 @@ def _mha(layer: Any) -> ModuleMode:
         if not m.batch_first:
             xs = [x.transpose(0, 1) for x in xs]
         blocked = None if mask is None else (~mask.expand(b, h, n_q, k.shape[-2])).reshape(b * h, n_q, -1)
-        out, _ = m(*xs, attn_mask=blocked)  # the layer's defaults, as users call it (need_weights=True)
+        out, _ = m(*xs, attn_mask=blocked, need_weights=False)
         if not m.batch_first:
             out = out.transpose(0, 1)
         return _heads_back(out, h)
@@ -198,7 +198,9 @@ def _mha(layer: Any) -> ModuleMode:
     return ModuleMode(
         attention,
         "torch.nn.MultiheadAttention: identity in_proj and out_proj, attn_mask True = blocked [B*h, n_q, n_k]; "
-        f"called with its own defaults ({_own_defaults(layer.forward, ('attn_mask',))})",
+        "called with need_weights=False (the SDPA path; its other defaults: "
+        f"{_own_defaults(layer.forward, ('attn_mask', 'need_weights'))}); with need_weights=True, its default, a fully "
+        "masked row is NaN (pytorch/pytorch#41508)",
         {"dv": _ONE_D, "gqa": "nn.MultiheadAttention has one set of heads", "rank": _RANK},
     )
 

@@ -197,8 +197,11 @@ class Session:
         """``g`` within what the function does not support: declared (``unsupported=``), structural (module mode's
         self-attention layer, no ``gqa=True``) or refused on every preflight attempt: n_q = n_k without ``cross``,
         d_v = d_k without ``dv``, as many K/V heads as query heads without ``gqa``. A probe's case, of the outputs
-        or the gradients, never asks for such a capability (a clean refusal there is not a crash)."""
-        declared = {*self.spec.unsupported, *self.backend.structural, *self.unsupported}
+        or the gradients, never asks for such a capability (a clean refusal there is not a crash). A refused
+        ``cross`` is not squared away: a backward with a transposed P refuses n_q != n_k by a shape error, and
+        its probes' rectangular cases are where that shows as the same crash, not as extra codes."""
+        refused = {c for c in self.unsupported if c in ("dv", "gqa")}  # n_q != n_k refused: see below
+        declared = {*self.spec.unsupported, *self.backend.structural, *refused}
         if "cross" in declared and g.n_q != g.n_k:
             g = replace(g, n_q=max(g.n_q, g.n_k), n_k=max(g.n_q, g.n_k))
         if "dv" in declared and g.d_v != g.d_k:

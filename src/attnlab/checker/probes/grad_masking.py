@@ -23,7 +23,6 @@ __all__ = [
     "additive_fits",
     "grad_masked_keys",
     "grad_masked_rows",
-    "policy_additive",
     "row_problems",
     "rows_leak",
     "same",
@@ -151,7 +150,15 @@ def grad_masked_rows(s: Session) -> None:
     a, b = ret.grads, again.returned.grads
     problems = row_problems(s, case, rows, a, b, bounds)
     uniform_forward = s.spec.mask_convention == "additive" or s.grads.seen.row_policy == "uniform"
-    if problems and uniform_forward and policy_additive(s, case, d2, rows, a, b, bounds):
+    if problems and uniform_forward and additive_fits(s, case, d2, rows, a, b, bounds):
+        s.note(
+            "masked-row-additive",
+            "fully masked rows pass gradient: an additive finfo.min mask makes them uniform (s + c rounds to c), "
+            "and the softmax Jacobian at those uniform weights sends their d_out to dQ, dK and dV",
+            f"case {case.label}: {case.shapes()}; their d_out moves dQ, dK and dV as for unmasked rows",
+            "give fully masked rows zero gradient (a boolean mask, or zero them explicitly) if masked keys must "
+            "not learn from them",
+        )
         return
     n_k = case.k.shape[-2]
     if problems and uniform_forward and additive_fits(s, case, d2, rows, a, b, bounds, factor=n_k):
@@ -211,32 +218,6 @@ def row_problems(
     return problems
 
 
-def policy_additive(
-    s: Session,
-    case: GradCase,
-    d2: np.ndarray,
-    rows: np.ndarray,
-    a: dict[str, np.ndarray],
-    b: dict[str, np.ndarray],
-    bounds: dict[str, float],
-) -> bool:
-    """An additive ``finfo.min`` mask (declared, or the mask a forward whose fully masked rows came back uniform
-    turns it into): a fully masked row is ``softmax(s + c)``, uniform in floating point, and autograd of such a
-    forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches dQ, dK and dV. That is
-    the policy of additive masks (a note), not a bug of the backward."""
-    if not additive_fits(s, case, d2, rows, a, b, bounds):
-        return False
-    s.note(
-        "masked-row-additive",
-        "fully masked rows pass gradient: an additive finfo.min mask makes them uniform (s + c rounds to c), "
-        "and the softmax Jacobian at those uniform weights sends their d_out to dQ, dK and dV",
-        f"case {case.label}: {case.shapes()}; their d_out moves dQ, dK and dV as for unmasked rows",
-        "give fully masked rows zero gradient (a boolean mask, or zero them explicitly) if masked keys must "
-        "not learn from them",
-    )
-    return True
-
-
 def additive_fits(
     s: Session,
     case: GradCase,
@@ -249,8 +230,13 @@ def additive_fits(
     factor: float = 1.0,
 ) -> bool:
     """Whether the masked ``rows``' d_out moves the gradients (``a`` - ``b``, the second call with their d_out
-    zeroed as in ``d2``) by ``factor`` times what the softmax Jacobian at uniform weights gives (see
-    :func:`policy_additive`; ``factor = n_k``: weights 1 on every key, an lse that lost log(n_k))."""
+    zeroed as in ``d2``) by ``factor`` times what the softmax Jacobian at uniform weights gives.
+
+    An additive ``finfo.min`` mask (declared, or the mask a forward whose fully masked rows came back uniform
+    turns it into): a fully masked row is ``softmax(s + c)``, uniform in floating point, and autograd of such a
+    forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches dQ, dK and dV: the
+    policy of additive masks (a note), not a bug of the backward. ``factor = n_k``: weights 1 on every key, a
+    backward whose lse lost log(n_k) (a bug)."""
     assert case.mask is not None  # a masked-rows case has a mask
     m = np.array(np.broadcast_to(case.mask, (*rows.shape, case.k.shape[-2])))
     m[rows] = True
