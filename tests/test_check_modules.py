@@ -3,6 +3,7 @@ user code (module mode for layers taking hidden states); contracts a user can de
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from zoo import numpy_zoo as npz
@@ -251,6 +252,28 @@ def test_masked_row_policy_contract():
     assert check(npz.finfo_min_fill, masked_rows="uniform").ok
     assert check(npz.masked_row_nan, masked_rows="nan").ok
     assert "masked-row-nan" in check(npz.masked_row_nan).codes
+
+
+def test_masked_rows_any_accepts_zeros_uniform_or_an_error_but_not_an_arbitrary_row():
+    def row_unmasked(q, k, v, mask=None):
+        """Correct, except a row with no allowed key attends to every key (as if it had no mask)."""
+        if mask is not None:
+            mask = np.where(mask.any(axis=-1, keepdims=True), mask, True)
+        return npz.correct(q, k, v, mask)
+
+    def row_of_ones(q, k, v, mask=None):
+        out = npz.correct(q, k, v, mask)
+        return out if mask is None else np.where(mask.any(axis=-1)[..., None], out, 1.0)
+
+    for fn, became in ((row_unmasked, "neither zeros nor a uniform average"), (row_of_ones, "neither zeros")):
+        r = check(fn, probes=("reference", "masked-rows"))  # masked_rows="any", the default
+        assert r.codes == ("masked-row-policy",), r.to_text()
+        assert (
+            became in r.findings[0].message and "which allows an error, zeros or the uniform" in r.findings[0].message
+        )
+    for fn in (npz.correct, npz.finfo_min_fill):  # zeros, the uniform average: documented, a note
+        r = check(fn, probes=("reference", "masked-rows"))
+        assert r.findings == () and "masked-row" in {n.code for n in r.notes}, r.to_text()
 
 
 def test_ranks_contract_never_calls_with_3d():

@@ -33,7 +33,7 @@ from .gradient_oracle import (
     merge,
     spec_from_options,
 )
-from .gradients import Gradients
+from .gradients import ForwardSeen, Gradients
 from .isolation import WorkerBackend, available
 from .outputs import Outputs
 from .report import CORE_PROBES, PROBES, Finding, ProbeResult, Report, Unsupported
@@ -273,7 +273,8 @@ def layout_hint(report: Report, spec: Spec, start: Callable[[Spec], Any]) -> Fin
 def with_backward(report: Report, forward: Session, fn: Any, spec: Spec, reuse: Any) -> Report:
     """The output ``report`` extended by the gradient session: ``spec.backward`` is True (autograd through ``fn``)
     or a backward callable / target string (checked with ``fn`` as its forward when it takes the forward's lse).
-    The causal alignment of a bool flag is the one the output session saw (``forward.align_seen``); gradient
+    What the output session saw the forward do (its causal alignment, fully-masked-row policy and compute
+    precision: :class:`~attnlab.checker.gradients.ForwardSeen`) holds for the gradients too; gradient
     findings in cases where the forward output is already wrong are explained by the output findings. ``reuse``:
     the output session's worker, which serves the gradient session too."""
     backward = spec.backward
@@ -288,8 +289,8 @@ def with_backward(report: Report, forward: Session, fn: Any, spec: Spec, reuse: 
             )
         checked = report.codes[0] if report.codes else True
         g = run_gradients(
-            fn, spec, kind="autograd", name=spec.name or report.target, align=forward.align_seen,
-            forward_checked=checked, reuse=reuse, extra_unsupported=extra,
+            fn, spec, kind="autograd", name=spec.name or report.target, forward_checked=checked, reuse=reuse,
+            seen=ForwardSeen(forward.align_seen, forward.row_policy_seen, forward.lower_seen), extra_unsupported=extra,
         )  # fmt: skip
     else:
         if not isinstance(backward, str) and not callable(backward):
@@ -310,7 +311,7 @@ def run_gradients(
     forward: Any = None,
     probes: Any = None,
     name: str | None = None,
-    align: str | None = None,
+    seen: ForwardSeen | None = None,
     extra_unsupported: tuple[str, ...] = (),
     forward_checked: bool | str = False,
     reuse: Any = None,
@@ -319,8 +320,9 @@ def run_gradients(
 
     ``fn`` (and ``forward``) may be target strings ``"file.py:NAME"``: the function is then imported and called in
     a worker process (``reuse``: the output session's, when there is one), killed on a timeout; a callable runs in
-    this process. ``align``: the causal alignment of ``causal=True`` when n_q != n_k and none is declared (default
-    top-left); ``extra_unsupported``: gradient-only capabilities declared unsupported (``"dropout"``, ``"bias"``);
+    this process. ``seen``: what the output session of the same check saw the forward do (its causal alignment,
+    fully-masked-row policy and compute precision: :class:`~attnlab.checker.gradients.ForwardSeen`);
+    ``extra_unsupported``: gradient-only capabilities declared unsupported (``"dropout"``, ``"bias"``);
     ``forward_checked``: the output session ran on the same function (see
     :class:`~attnlab.checker.gradients.Gradients`).
     """
@@ -353,9 +355,7 @@ def run_gradients(
 
     def strategy(backend: Any) -> Gradients:
         k, _, f = backend.resolved.mode.removeprefix("backward ").partition("+") if backend.resolved else (kind, "", "")
-        return Gradients(
-            lse_units=lse_units, kind=k, with_forward=bool(f), align=align, forward_checked=forward_checked
-        )
+        return Gradients(lse_units=lse_units, kind=k, with_forward=bool(f), seen=seen, forward_checked=forward_checked)
 
     order = ("numpy", "torch", "jax")
     run = run_detected(start, spec, strategy, selected, None, order, lambda b: b.resolved.detected)

@@ -11,7 +11,7 @@ preflight, the calls and the report are those of :func:`attnlab.check`: only wha
 from __future__ import annotations
 
 import math
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -39,7 +39,7 @@ from .tolerance import bound, compare, golden_output, naive_output
 if TYPE_CHECKING:
     from .session import Observation, Session
 
-__all__ = ["DIAGNOSED_CASES", "Gradients", "diagnose_grads"]
+__all__ = ["DIAGNOSED_CASES", "ForwardSeen", "Gradients", "diagnose_grads"]
 
 #: Mismatching cases diagnosed (the hypotheses are recomputed for each), at most.
 DIAGNOSED_CASES = 16
@@ -48,14 +48,30 @@ _ORDER = [*BACKWARD_CODES, "reference-mismatch", "crash", "timeout", "dtype", "m
 _GENERIC = ("grad-mismatch",)
 
 
+@dataclass(frozen=True)
+class ForwardSeen:
+    """What the output session of the same check saw the forward do, which its gradients are held to.
+
+    ``align``: the causal alignment of a bool flag when n_q != n_k and none is declared (``align_seen``);
+    ``row_policy``: what a fully masked row came back as (``row_policy_seen``: ``"uniform"`` lets the gradients
+    of such a row be those of a softmax at uniform weights, ``"nan"`` makes NaN gradients there the forward's
+    ``masked-row-nan``, not a second bug); ``lower``: the lower precision float64 inputs were computed in
+    (``lower_seen``, e.g. a softmax upcast to float32 only), so float64 gradients are judged under its rule.
+    """
+
+    align: str | None = None
+    row_policy: str | None = None
+    lower: str | None = None
+
+
 class Gradients:
     """Compare the function's gradients with attnlab's analytic float64 backward (see the module doc).
 
     ``kind``: ``autograd`` (the function is a forward, differentiated by its library), ``plain`` or ``flash``;
-    ``with_forward``: a flash backward checked with its own forward; ``align``: the causal alignment of a bool
-    flag when n_q != n_k and none is declared (the forward session's ``align_seen``; default top-left);
-    ``forward_checked``: the forward was checked in the same run (its first finding's code, or True), so a wrong
-    forward output is its finding and explains the gradient findings of that case.
+    ``with_forward``: a flash backward checked with its own forward; ``seen``: what the forward was seen to do in
+    the same check (:class:`ForwardSeen`; the alignment defaults to top-left); ``forward_checked``: the forward
+    was checked in the same run (its first finding's code, or True), so a wrong forward output is its finding and
+    explains the gradient findings of that case.
     """
 
     name = "gradients"
@@ -74,11 +90,12 @@ class Gradients:
         lse_units: str = "nats",
         kind: str = "plain",
         with_forward: bool = False,
-        align: str | None = None,
+        seen: ForwardSeen | None = None,
         forward_checked: bool | str = False,
     ):
         self.s: Any = None
-        self.align = align
+        self.seen = seen or ForwardSeen()
+        self.nan_rows: set[str] = set()  # cases whose NaN gradients are the forward's NaN fully masked rows
         self.kind = kind
         self.has_forward = kind == "autograd" or with_forward
         self.golden_lse = kind in ("flash", "backward") and not with_forward
@@ -92,9 +109,12 @@ class Gradients:
 
     def bind(self, session: Session) -> None:
         """Attach this strategy to ``session``: causal=True with n_q != n_k is top-left unless declared (or, through
-        autograd, what the forward was seen to do)."""
+        autograd, what the forward was seen to do); a lower compute precision the forward was seen to use is the
+        gradients' too (unless ``compute_dtype`` is declared)."""
         self.s = session
-        session.align = session.spec.causal_align or self.align or "top_left"
+        session.align = session.spec.causal_align or self.seen.align or "top_left"
+        if session.compute == "auto" and self.seen.lower is not None:
+            session.lower_seen = self.seen.lower
 
     def prepare(self, case: Case) -> GradCase:
         """``case`` with a random ``d_out`` (a gradient case is called as it is)."""
@@ -182,6 +202,8 @@ class Gradients:
                 return "grad-batch-leak"
             if o.case in self.forward_wrong and code in BACKWARD_CODES and "forward" not in o.case:
                 return self.forward_code
+            if code == "grad-masked-row" and o.case in self.nan_rows:
+                return "masked-row-nan"
             return None
 
         return explain(self.s.obs, explainer, _ORDER)

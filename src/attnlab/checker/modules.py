@@ -15,7 +15,8 @@ Families (:func:`module_mode` detects them by class and attributes):
 * ``torch.nn.MultiheadAttention``: boolean ``attn_mask`` (True = blocked) ``[B*h, n_q, n_k]``; cross-attention.
 * Hugging Face attention with rotary ``position_embeddings`` (``LlamaAttention``, Mistral, Qwen2...): additive
   4-D mask, GQA (``num_key_value_heads``), eager or sdpa per ``config._attn_implementation``.
-* Hugging Face BERT-style self-attention (``BertSelfAttention``: ``query``/``key``/``value``).
+* Hugging Face BERT-style self-attention (``BertSelfAttention``: ``query``/``key``/``value``), and the block
+  around it (``BertAttention``: ``self`` then ``output``, whose dense and LayerNorm become identities).
 * Hugging Face layers taking ``hidden_states`` with named projections and no rotary embeddings: separate
   ``q_proj``/``k_proj``/``v_proj`` with ``out_proj`` (BART, Whisper, OPT, M2M100...) or ``o_proj``, T5's
   ``q``/``k``/``v``/``o``, GPT-2's fused ``c_attn`` (``[q | k | v]`` along the features) with ``c_proj``, GPT-NeoX's
@@ -104,11 +105,32 @@ def _heads_back(x: Any, h: int) -> Any:
 
 
 def _forward(m: Any, h: int, *args: Any, **kwargs: Any) -> Any:
-    """Call the stand-in layer ``m`` without autograd (on hidden states ``[B, n, d_model]`` whose feeds return the
-    checker's q, k, v) and return its output, ``[B, n, h*d]`` or the first entry of a tuple, as ``[B, h, n, d]``."""
-    with _torch().no_grad():
-        out = m(*args, **kwargs)
+    """Call the stand-in layer ``m`` (on hidden states ``[B, n, d_model]`` whose feeds return the checker's q, k, v)
+    and return its output, ``[B, n, h*d]`` or the first entry of a tuple, as ``[B, h, n, d]``. Autograd stays on:
+    the output carries the graph back to the checker's q, k, v (``backward=True`` differentiates through the
+    layer); the layer's own weights are frozen (:func:`_frozen`), so no weight gradient is computed."""
+    out = m(*args, **kwargs)
     return _heads_back(out[0] if isinstance(out, tuple) else out, h)
+
+
+def _own_defaults(forward: Callable[..., Any], passed: tuple[str, ...]) -> str:
+    """The keyword defaults a call of ``forward`` leaves to the layer (those not in ``passed``, None left out), as
+    ``"need_weights=True, average_attn_weights=True"``: module mode calls a layer as users do and says how."""
+    try:
+        params = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return "its signature cannot be read"
+    shown = [
+        f"{p.name}={p.default!r}"
+        for p in params
+        if p.default is not p.empty and p.default is not None and p.name not in passed
+    ]
+    return ", ".join(shown) or "no keyword defaults"
+
+
+def _frozen(m: Any) -> Any:
+    """``m`` with ``requires_grad`` off on its parameters (identity projections: only q, k, v are differentiated)."""
+    return m.requires_grad_(False)
 
 
 def _additive(torch: Any, mask: Any, shape: tuple[int, ...], dtype: Any) -> Any:
@@ -157,7 +179,7 @@ def _mha(layer: Any) -> ModuleMode:
             if m.in_proj_bias is not None:
                 m.in_proj_bias.zero_()
                 m.out_proj.bias.zero_()
-        return m.train(layer.training)
+        return _frozen(m.train(layer.training))
 
     cache = _Cache(build)
 
@@ -168,15 +190,17 @@ def _mha(layer: Any) -> ModuleMode:
         if not m.batch_first:
             xs = [x.transpose(0, 1) for x in xs]
         blocked = None if mask is None else (~mask.expand(b, h, n_q, k.shape[-2])).reshape(b * h, n_q, -1)
-        with torch.no_grad():
-            out, _ = m(*xs, attn_mask=blocked, need_weights=False)
+        out, _ = m(*xs, attn_mask=blocked, need_weights=False)
         if not m.batch_first:
             out = out.transpose(0, 1)
         return _heads_back(out, h)
 
     return ModuleMode(
         attention,
-        "torch.nn.MultiheadAttention: identity in_proj and out_proj, attn_mask True = blocked [B*h, n_q, n_k]",
+        "torch.nn.MultiheadAttention: identity in_proj and out_proj, attn_mask True = blocked [B*h, n_q, n_k]; "
+        "called with need_weights=False (the SDPA path; its other defaults: "
+        f"{_own_defaults(layer.forward, ('attn_mask', 'need_weights'))}); with need_weights=True, its default, a fully "
+        "masked row is NaN (pytorch/pytorch#41508)",
         {"dv": _ONE_D, "gqa": "nn.MultiheadAttention has one set of heads", "rank": _RANK},
     )
 
@@ -195,7 +219,7 @@ def _hf_rotary(layer: Any) -> ModuleMode:
         for norm in ("q_norm", "k_norm"):
             if hasattr(m, norm):
                 setattr(m, norm, nn.Identity())
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -217,35 +241,50 @@ def _hf_rotary(layer: Any) -> ModuleMode:
     )
 
 
-def _hf_bert(layer: Any) -> ModuleMode:
+def _hf_bert(layer: Any, block: bool = False) -> ModuleMode:
+    """BERT-style self-attention; ``block``: the layer is the attention block around it (``BertAttention``: the
+    self-attention as ``layer.self``, then ``layer.output``'s dense, dropout and LayerNorm over the residual),
+    checked with that output's dense and LayerNorm identities and zero hidden states (the residual adds 0)."""
     torch = _torch()
+    nn = torch.nn
     feed = _feed_class()
-    config = layer.config
+    core = layer.self if block else layer
+    config = core.config
 
     def build(h: int, d: int, dtype: Any) -> Any:
         cfg = copy.deepcopy(config)
         cfg.num_attention_heads, cfg.hidden_size = h, h * d
-        kwargs = {"is_causal": layer.is_causal} if "is_causal" in inspect.signature(type(layer)).parameters else {}
+        kwargs = {"is_causal": core.is_causal} if "is_causal" in inspect.signature(type(layer)).parameters else {}
         m = type(layer)(cfg, **kwargs)
-        m.query, m.key, m.value = feed(), feed(), feed()
-        return m.to(dtype).train(layer.training)
+        a = m.self if block else m
+        a.query, a.key, a.value = feed(), feed(), feed()
+        if block:
+            m.output.dense, m.output.LayerNorm = nn.Identity(), nn.Identity()
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
     def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Any:
         b, h, n, d = q.shape
         m = cache.get(h, d, q.dtype)
-        m.query.value, m.key.value, m.value.value = (_heads_first(x) for x in (q, k, v))
+        a = m.self if block else m
+        a.query.value, a.key.value, a.value.value = (_heads_first(x) for x in (q, k, v))
         am = _additive(torch, mask, (b, 1, n, n), q.dtype)
         return _forward(m, h, q.new_zeros(b, n, h * d), attention_mask=am)
 
     impl = getattr(config, "_attn_implementation", None) or "eager"
-    return ModuleMode(
-        attention,
-        f"Hugging Face {type(layer).__name__} ({impl}): query/key/value return the checker's q, k, v, a 4-D "
-        "additive attention_mask",
-        _self_attention_limits("BERT-style attention has one set of heads"),
-    )
+    family = f"Hugging Face {type(layer).__name__} ({impl}): "
+    if block:
+        family += f"self ({type(core).__name__}): "
+    family += "query/key/value return the checker's q, k, v, a 4-D additive attention_mask"
+    if block:
+        family += "; output.dense and output.LayerNorm identity, hidden states 0 (the residual adds nothing)"
+    return ModuleMode(attention, family, _self_attention_limits("BERT-style attention has one set of heads"))
+
+
+def _is_bert_self(m: Any) -> bool:
+    """Whether ``m`` is a BERT-style self-attention module (``query``/``key``/``value`` and a ``config``)."""
+    return all(hasattr(m, n) for n in ("query", "key", "value", "config"))
 
 
 def _timm(layer: Any) -> ModuleMode:
@@ -260,7 +299,7 @@ def _timm(layer: Any) -> ModuleMode:
         for name in ("q_norm", "k_norm", "norm"):
             if hasattr(m, name):
                 setattr(m, name, nn.Identity())
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -305,7 +344,7 @@ def _nanogpt(layer: Any) -> ModuleMode:
                 "bias", torch.tril(torch.ones(cfg.block_size, cfg.block_size)).view(1, 1, *[cfg.block_size] * 2)
             )
         m.c_attn, m.c_proj = feed(), nn.Identity()
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -387,7 +426,7 @@ def _hf_named(layer: Any, names: tuple[str, ...], packing: str, params: set[str]
         for n in names[:-1]:
             setattr(m, n, feed())
         setattr(m, names[-1], nn.Identity())
-        return m.to(dtype).train(layer.training)
+        return _frozen(m.to(dtype).train(layer.training))
 
     cache = _Cache(build)
 
@@ -517,8 +556,11 @@ def module_mode(layer: Any) -> ModuleMode | None:
         params = set()
     if has("q_proj", "k_proj", "v_proj", "o_proj", "config") and "position_embeddings" in params:
         return _hf_rotary(layer)
-    if has("query", "key", "value", "config") and "hidden_states" in params:
+    if _is_bert_self(layer) and "hidden_states" in params:
         return _hf_bert(layer)
+    output = getattr(layer, "output", None)
+    if _is_bert_self(getattr(layer, "self", None)) and all(hasattr(output, n) for n in ("dense", "LayerNorm")):
+        return _hf_bert(layer, block=True)  # BertAttention, RobertaAttention...: self-attention + output block
     named = _hf_projections(layer, params)
     if named is not None:
         return _hf_named(layer, *named, params)

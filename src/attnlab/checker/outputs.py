@@ -144,9 +144,12 @@ class Outputs:
         ``reference-mismatch`` by any diagnosis, the leaks and ``not-normalized`` by ``softmax-axis``,
         ``mask-after-softmax`` or ``mask-inverted``. The one exception: once the function is seen to be
         ``nondeterministic`` (in any case), the perturbation leaks are explained by it everywhere, since noise
-        makes a perturbation experiment unable to tell a leak from chance.
+        makes a perturbation experiment unable to tell a leak from chance. And a fully masked row that attends to
+        every key (``masked-row-policy``) is explained by a ``finite-fill`` seen in any case: ``s + c`` has the
+        softmax of ``s`` for any finite ``c``.
         """
         noisy = any(o.finding.code == "nondeterministic" for o in self.s.obs)
+        finite_fill = any(o.finding.code == "finite-fill" for o in self.s.obs)
 
         def explainer(o: Observation, seen: set[str]) -> str | None:
             code = o.finding.code
@@ -157,6 +160,9 @@ class Outputs:
                 for c in SPECIFIC:
                     if c in seen:
                         return c
+            if code == "masked-row-policy" and finite_fill and o.case in self.s.unmasked_rows:
+                # a fully masked row that attends to every key is what the finite fill found elsewhere does to it
+                return "finite-fill"
             if code in PERTURBATION and noisy:
                 # the one exception to "within the same case": noise invalidates the perturbation experiment
                 # itself, and a repeated call can match bitwise by chance (dropout on a single key)

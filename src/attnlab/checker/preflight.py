@@ -43,10 +43,11 @@ _INTERNAL_SHAPE = (
 #: A library op called with arguments it cannot take: a bug in the function, whatever argument it names.
 _MISUSED_OP = r"received an invalid combination of arguments|has no attribute|is not defined"
 _REFUSAL_WORDS = {
-    "float64": r"float64|double|\bf64\b|dtype",
-    "float32": r"float32|\bsingle\b|'float'|\bf32\b|dtype",
-    "float16": r"float16|\bhalf\b|\bf16\b|dtype",
-    "bfloat16": r"bfloat16|\bbf16\b|dtype",
+    # f16, bf16...: also inside an XLA precision name ("The precision 'F16_F16_F32' is not supported")
+    "float64": r"float64|double|(?<![a-z0-9])f64(?![0-9])|dtype",
+    "float32": r"float32|\bsingle\b|'float'|(?<![a-z0-9])f32(?![0-9])|dtype",
+    "float16": r"float16|\bhalf\b|(?<![a-z0-9])f16(?![0-9])|dtype",
+    "bfloat16": r"bfloat16|(?<![a-z0-9])bf16(?![0-9])|dtype",
     "mask": r"\bmask(s|ing)?\b|\battn_mask\b|\bkey_padding_mask\b",  # not masked_fill / masked_softmax
     "causal": r"causal",
     "scale": r"scale",
@@ -108,7 +109,10 @@ def classify(s: Session, cap: str, outs: list[Outcome], *, is_dtype: bool = Fals
             supported(s, cap, [with_mask], is_dtype)
             return
     if len(errs) == len(outs) and all(refusal(s, cap, o.error) for o in errs):
-        s.unsupported[cap] = f"refused on every attempt: {errs[0].error_text.splitlines()[0][:200]}"
+        e = errs[0].error
+        assert e is not None  # errs raised
+        why = "".join(f" ({w[:200]})" for w in e.warned if re.search(_REFUSAL_WORDS[cap], w, flags=re.IGNORECASE))
+        s.unsupported[cap] = f"refused on every attempt: {errs[0].error_text.splitlines()[0][:200]}{why[:300]}"
         return
     if len(errs) + len(bad) < len(outs):  # it works on some inputs of this capability: keep testing it
         for o in errs:
@@ -152,7 +156,8 @@ def supported(s: Session, cap: str, outs: list[Outcome], is_dtype: bool) -> None
 
 def refusal(s: Session, cap: str, e: CallError | None) -> bool:
     """A clean refusal: NotImplementedError, the library refusing the input, or a ValueError, TypeError or
-    RuntimeError whose message names ``cap`` (its argument, dtype or shape)."""
+    RuntimeError whose message, or a warning the call gave before it (``CallError.warned``), names ``cap`` (its
+    argument, dtype or shape)."""
     assert e is not None  # called for outcomes that raised
     if e.died or e.type_name in ("SystemExit", "KeyboardInterrupt", "WorkerExit"):
         return False
@@ -172,7 +177,7 @@ def refusal(s: Session, cap: str, e: CallError | None) -> bool:
     words = _REFUSAL_WORDS[cap] + (f"|\\b{re.escape(names[cap])}\\b" if names.get(cap) else "")
     if cap in _SHAPE_CAPS:  # a shape written out names it: "expects [B, h, n, d]", "(1, 5, 2, 6)"
         words += r"|\[[\w\s,.]*\]|\(\d+(?:,\s*\d+)+\)"
-    return re.search(words, e.message, flags=re.IGNORECASE) is not None
+    return any(re.search(words, text, flags=re.IGNORECASE) for text in (e.message, *e.warned))
 
 
 def raised(e: CallError | None) -> str:

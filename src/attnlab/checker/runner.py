@@ -25,7 +25,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -85,7 +85,8 @@ class CallError:
     ``exit_status`` is ``SystemExit``'s code, or the worker's exit status when it ended during the call;
     ``signal`` names the signal that killed the worker; ``library`` marks an error of the array library while
     building the arguments (e.g. a dtype it lacks), before the function was called; ``bases`` are the names of
-    the exception's classes (its MRO).
+    the exception's classes (its MRO); ``warned`` the first lines of the warnings the call gave before raising
+    (PyTorch's SDPA warns why no kernel can take the inputs, then raises "No available kernel").
     """
 
     type_name: str
@@ -97,6 +98,7 @@ class CallError:
     died: bool = False
     library: bool = False
     bases: tuple[str, ...] = ()
+    warned: tuple[str, ...] = ()  #: the warnings the call gave before it raised (a library saying why it refuses)
 
     @property
     def text(self) -> str:
@@ -215,13 +217,13 @@ def execute_call(adapter: Adapter, req: CallRequest) -> CallResult:
         return CallResult(error=CallError.from_exception(err, library=True))
     t0 = time.perf_counter()
     try:
-        with warnings.catch_warnings():  # the user's warnings (overflow, NaN) are evidence, not errors
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as warned:  # the user's warnings are evidence, not errors
+            warnings.simplefilter("always")
             value = adapter.fn(*args, **kwargs)
     except BaseException as err:  # user code may raise anything, even SystemExit or KeyboardInterrupt
-        return CallResult(
-            error=CallError.from_exception(err, tb=traceback.format_exc(limit=-3)), seconds=time.perf_counter() - t0
-        )
+        error = CallError.from_exception(err, tb=traceback.format_exc(limit=-3))
+        lines = dict.fromkeys(str(w.message).splitlines()[0][:300] for w in warned[-8:] if str(w.message).strip())
+        return CallResult(error=replace(error, warned=tuple(lines)), seconds=time.perf_counter() - t0)
     seconds = time.perf_counter() - t0
     try:
         returned = adapter.interpret(value)

@@ -86,6 +86,12 @@ class Session:
         self.grid: list[Outcome] = []
         self.align: str | None = spec.causal_align
         self.align_seen: str | None = None
+        #: what the function did with a fully masked row (the masked-rows probe): "raise", "nan", "zeros",
+        #: "uniform" or "other"; the gradient session of the same check holds its backward to it
+        self.row_policy_seen: str | None = None
+        #: cases whose fully masked row attended to every key (as a finite fill makes it): a ``finite-fill``
+        #: found elsewhere explains their ``masked-row-policy``
+        self.unmasked_rows: set[str] = set()
         self.returns_weights = False
         self.base_ok: dict[str, bool] = {}
         self.gqa_map = getattr(spec, "gqa_mapping", "interleave")
@@ -188,10 +194,14 @@ class Session:
         return Case(q, k, v, dtype=dtype, mask=m, causal=given, scale=scale, label=label)
 
     def fit(self, g: Geom) -> Geom:
-        """``g`` within what the function is declared not to support (``unsupported=``): n_q = n_k without
-        ``cross``, d_v = d_k without ``dv``, as many K/V heads as query heads without ``gqa``. A probe's case never
-        asks for a declared-unsupported capability (a clean refusal there is not a crash)."""
-        declared = self.spec.unsupported
+        """``g`` within what the function does not support: declared (``unsupported=``), structural (module mode's
+        self-attention layer, no ``gqa=True``) or refused on every preflight attempt: n_q = n_k without ``cross``,
+        d_v = d_k without ``dv``, as many K/V heads as query heads without ``gqa``. A probe's case, of the outputs
+        or the gradients, never asks for such a capability (a clean refusal there is not a crash). A refused
+        ``cross`` is not squared away: a backward with a transposed P refuses n_q != n_k by a shape error, and
+        its probes' rectangular cases are where that shows as the same crash, not as extra codes."""
+        refused = {c for c in self.unsupported if c in ("dv", "gqa")}  # n_q != n_k refused: see below
+        declared = {*self.spec.unsupported, *self.backend.structural, *refused}
         if "cross" in declared and g.n_q != g.n_k:
             g = replace(g, n_q=max(g.n_q, g.n_k), n_k=max(g.n_q, g.n_k))
         if "dv" in declared and g.d_v != g.d_k:

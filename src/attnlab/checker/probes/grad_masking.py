@@ -19,7 +19,14 @@ from .common import grad_pairs, report_leak
 if TYPE_CHECKING:
     from ..session import Session
 
-__all__ = ["grad_masked_keys", "grad_masked_rows", "policy_additive", "row_problems", "rows_leak", "same"]
+__all__ = [
+    "additive_fits",
+    "grad_masked_keys",
+    "grad_masked_rows",
+    "row_problems",
+    "rows_leak",
+    "same",
+]
 
 
 @probe("grad-masked-keys")
@@ -126,6 +133,8 @@ def grad_masked_rows(s: Session) -> None:
     nonfinite = [n for n, x in ret.grads.items() if not np.all(np.isfinite(x))]
     if nonfinite:
         if policy != "nan":
+            if s.grads.seen.row_policy == "nan":  # the forward's own NaN row, differentiated: its masked-row-nan
+                s.grads.nan_rows.add(s.case_key)
             s.bug(
                 "grad-masked-row",
                 f"fully masked rows give NaN/inf gradients ({', '.join(nonfinite)})",
@@ -140,7 +149,26 @@ def grad_masked_rows(s: Session) -> None:
     _, bounds = s.expected(case)
     a, b = ret.grads, again.returned.grads
     problems = row_problems(s, case, rows, a, b, bounds)
-    if problems and s.spec.mask_convention == "additive" and policy_additive(s, case, d2, rows, a, b, bounds):
+    uniform_forward = s.spec.mask_convention == "additive" or s.grads.seen.row_policy == "uniform"
+    if problems and uniform_forward and additive_fits(s, case, d2, rows, a, b, bounds):
+        s.note(
+            "masked-row-additive",
+            "fully masked rows pass gradient: an additive finfo.min mask makes them uniform (s + c rounds to c), "
+            "and the softmax Jacobian at those uniform weights sends their d_out to dQ, dK and dV",
+            f"case {case.label}: {case.shapes()}; their d_out moves dQ, dK and dV as for unmasked rows",
+            "give fully masked rows zero gradient (a boolean mask, or zero them explicitly) if masked keys must "
+            "not learn from them",
+        )
+        return
+    n_k = case.k.shape[-2]
+    if problems and uniform_forward and additive_fits(s, case, d2, rows, a, b, bounds, factor=n_k):
+        s.bug(
+            "grad-masked-row",
+            f"the gradients of fully masked rows are {n_k} (n_k) times those of the forward's uniform weights: the "
+            "backward recomputes P = exp(s - lse) with an lse that lost log(n_k) to rounding (a finfo.min fill "
+            "makes s + log(n_k) round to s), so P = 1 on every key instead of 1/n_k",
+            f"case {case.label}: {case.shapes()}; {where}; " + "; ".join(problems),
+        )
         return
     if problems and rows_leak(s, case, replace(case, d_out=d2), a, b, bounds):
         s.bug(
@@ -190,7 +218,7 @@ def row_problems(
     return problems
 
 
-def policy_additive(
+def additive_fits(
     s: Session,
     case: GradCase,
     d2: np.ndarray,
@@ -198,11 +226,18 @@ def policy_additive(
     a: dict[str, np.ndarray],
     b: dict[str, np.ndarray],
     bounds: dict[str, float],
+    *,
+    factor: float = 1.0,
 ) -> bool:
-    """An additive ``finfo.min`` mask: a fully masked row is ``softmax(s + c)``, uniform in floating point, and
-    autograd of such a forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches
-    dQ, dK and dV. That is the policy of additive masks (a note), not a bug of the backward."""
-    assert case.mask is not None  # an additive mask convention: the case has a mask
+    """Whether the masked ``rows``' d_out moves the gradients (``a`` - ``b``, the second call with their d_out
+    zeroed as in ``d2``) by ``factor`` times what the softmax Jacobian at uniform weights gives.
+
+    An additive ``finfo.min`` mask (declared, or the mask a forward whose fully masked rows came back uniform
+    turns it into): a fully masked row is ``softmax(s + c)``, uniform in floating point, and autograd of such a
+    forward takes the softmax Jacobian at those uniform weights, so the row's d_out reaches dQ, dK and dV: the
+    policy of additive masks (a note), not a bug of the backward. ``factor = n_k``: weights 1 on every key, a
+    backward whose lse lost log(n_k) (a bug)."""
+    assert case.mask is not None  # a masked-rows case has a mask
     m = np.array(np.broadcast_to(case.mask, (*rows.shape, case.k.shape[-2])))
     m[rows] = True
     # those rows' weights are uniform (s + c rounds to c) and the Jacobian is taken there: a bias of -s on them
@@ -215,16 +250,8 @@ def policy_additive(
         assert want1 is not None and want2 is not None  # golden_grads always computes dq, dk and dv
         if x is None or y is None or x.shape != want1.shape:
             continue
-        if float(np.max(np.abs((x - y) - (want1 - want2)))) > bounds[name]:
+        if float(np.max(np.abs((x - y) - factor * (want1 - want2)))) > bounds[name] * factor:
             return False
-    s.note(
-        "masked-row-additive",
-        "fully masked rows pass gradient: an additive finfo.min mask makes them uniform (s + c rounds to c), "
-        "and the softmax Jacobian at those uniform weights sends their d_out to dQ, dK and dV",
-        f"case {case.label}: {case.shapes()}; their d_out moves dQ, dK and dV as for unmasked rows",
-        "give fully masked rows zero gradient (a boolean mask, or zero them explicitly) if masked keys must "
-        "not learn from them",
-    )
     return True
 
 

@@ -47,6 +47,7 @@ def masked_rows(s: Session) -> None:
     out = s.call(case)
     ev = f"case {case.label}: {case.shapes()}; {where} may attend to no key"
     if out.error is not None:
+        s.row_policy_seen = "raise"
         if getattr(s.spec, "masked_rows", "any") not in ("any", "raise"):
             s.bug(
                 "masked-row-policy",
@@ -66,6 +67,8 @@ def masked_rows(s: Session) -> None:
     row = out.out[sel]
     rows = s.allowed(case).any(axis=-1)
     policy = getattr(s.spec, "masked_rows", "any")
+    if not np.all(np.isfinite(row)):
+        s.row_policy_seen = "nan"
     if not np.all(np.isfinite(row)) and policy == "nan":
         s.note("masked-row", "a fully masked row comes back as NaN, as declared (masked_rows='nan')", ev)
     elif not np.all(np.isfinite(row)):
@@ -74,10 +77,10 @@ def masked_rows(s: Session) -> None:
             "a query row whose keys are all masked comes back as NaN/inf",
             ev + f"; that output row holds {row.ravel()[~np.isfinite(row.ravel())][0]}",
         )
-    else:
-        finite_row(s, case, row, sel, ev)
     golden, tol_g, _ = s.expected(case)
     cmp = compare(out.out, golden, tol_g, rows)
+    if np.all(np.isfinite(row)):
+        finite_row(s, case, row, sel, ev, others_right=cmp.ok)
     if not cmp.ok:  # the other rows are wrong: name why, in this case
         diagnose(s, case, out.out, cmp, rows)
     if not cmp.ok and cmp.nonfinite:
@@ -90,9 +93,11 @@ def masked_rows(s: Session) -> None:
         masked_row_in_other_dtypes(s, case, sel, where)
 
 
-def finite_row(s: Session, case: Case, row: np.ndarray, sel: Any, ev: str) -> None:
-    """A finite fully masked ``row``: zeros or the uniform average of V (a note), else values that are neither;
-    a bug when the declared ``masked_rows`` policy says otherwise."""
+def finite_row(s: Session, case: Case, row: np.ndarray, sel: Any, ev: str, *, others_right: bool) -> None:
+    """A finite fully masked ``row``: zeros or the uniform average of V (a note, as ``masked_rows="any"``
+    accepts); values that are neither, or a behaviour the declared ``masked_rows`` policy does not allow, are a
+    ``masked-row-policy`` bug. Under ``"any"``, values that are neither while the case's other rows are wrong too
+    are that bug's (diagnosed from those rows), not a second one."""
     policy = getattr(s.spec, "masked_rows", "any")
     tol = FLOORS[s.work_dtype(case.dtype)] * 8
     vexp = s.expand(case.q, case.v)
@@ -102,12 +107,24 @@ def finite_row(s: Session, case: Case, row: np.ndarray, sel: Any, ev: str) -> No
     elif np.all(np.abs(row - uniform) <= tol * max(1.0, np.max(np.abs(uniform))) * 10):
         kind = "the uniform average of V (as a finfo.min additive mask gives)"
     else:
-        kind = "values that are neither zeros nor a uniform average (it attends as if that row were unmasked)"
+        kind = "values that are neither zeros nor a uniform average"
+        assert case.mask is not None  # the masked-rows case has a mask
+        m = case.mask.copy()
+        m[sel] = True
+        unmasked, tol_u, _ = s.expected(replace(case, mask=m))
+        if np.all(np.abs(row - unmasked[sel]) <= tol_u):
+            kind += " (it attends to every key, as if that row were unmasked: what any finite fill gives)"
+            s.unmasked_rows.add(s.case_key or "")
     seen = "zeros" if kind.startswith("zeros") else "uniform" if kind.startswith("the uniform") else "other"
-    if policy not in ("any", seen):
+    s.row_policy_seen = seen
+    if policy == "any" and seen == "other" and not others_right:
+        return  # the case is wrong beyond this row: the diagnosis of the other rows names it
+    if seen == "other" or policy not in ("any", seen):
+        allows = "an error, zeros or the uniform average of V" if policy == "any" else None
         s.bug(
             "masked-row-policy",
-            f"a fully masked row comes back as {kind}; the declared policy is masked_rows='{policy}'",
+            f"a fully masked row comes back as {kind}; the declared policy is masked_rows='{policy}'"
+            + (f", which allows {allows}" if allows else ""),
             ev,
         )
     else:
