@@ -23,6 +23,7 @@ import numpy as np
 from .. import masks as _masks
 from .adapters import CAPABILITIES, round_to
 from .cases import DTYPE_NAMES, Geom, random_mask
+from .interfaces import drawn_form
 from .minimal import Minimal, shrink_findings
 from .preflight import preflight, raised
 from .registry import ProbeAbort, ProbeSkip
@@ -89,7 +90,7 @@ class Session:
         self.returns_weights = False
         self.base_ok: dict[str, bool] = {}
         self.gqa_map = getattr(spec, "gqa_mapping", "interleave")
-        self.mask_form = getattr(spec, "mask_form", "full")
+        self.mask_form = drawn_form(getattr(spec, "mask_form", "full"))  # the form of the masks drawn
         self.compute = getattr(spec, "compute_dtype", "auto")
         self.lower_seen: str | None = None
         self.last: Outcome | None = None
