@@ -174,7 +174,7 @@ def test_a_mask_mod_that_matches_its_claim_has_no_finding():
     ids=["causal-backwards", "other-alignment", "window-off-by-one", "score-mod-scales-again"],
 )
 def test_a_mod_that_differs_from_its_claim_is_named(options, words):
-    report, mods = _mods(**options)
+    report, _ = _mods(**options)
     assert report.codes == ("mod-mismatch",), report.to_text()
     f = report.findings[0]
     assert words in f.message, f.message
@@ -219,7 +219,8 @@ def test_the_command_line_takes_mods_from_the_targets_file(tmp_path, capsys):
     )
     claims = tmp_path / "rules.py"
     claims.write_text(
-        "from attnlab import masks\n\ndef window3(n_q, n_k):\n    return masks.window(n_q, n_k, left=3, align='top_left')\n"
+        "from attnlab import masks\n\n\ndef window3(n_q, n_k):\n"
+        "    return masks.window(n_q, n_k, left=3, align='top_left')\n"
     )
     status = main(
         ["check", f"{target}:attention", "--mask-mod", "window", "--claims", f"{claims}:window3", "--probes", "mods"]

@@ -103,7 +103,8 @@ def run_session(
         allowance = COMPILE_TIMEOUT if getattr(backend.resolved, "compiles", False) else 0.0
     resolved = backend.resolved.spec  # as the adapter resolved it (in a worker: without the parent-only options)
     if resolved is not None:
-        resolved = replace(resolved, **{name: getattr(spec, name) for name in PARENT_ONLY})
+        parent: dict[str, Any] = {name: getattr(spec, name) for name in PARENT_ONLY}
+        resolved = replace(resolved, **parent)
     session = Session(
         backend,
         (resolved or spec) if isinstance(strategy, Outputs) else spec,

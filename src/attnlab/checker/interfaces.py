@@ -264,7 +264,8 @@ class Flex(Interface):
             return flex_score_mod(fw.torch, t)
         from torch.nn.attention.flex_attention import create_block_mask
 
-        return create_block_mask(flex_mask_mod(t), *t.shape, device=fw.device)
+        b, h, n_q, n_k = t.shape
+        return create_block_mask(flex_mask_mod(t), b, h, n_q, n_k, device=fw.device)
 
     def structural(self, *, has_causal_flag: bool, causal_only: bool) -> dict[str, str]:
         return {"rank": "flex_attention takes 4-D inputs [B, h, n, d]"}

@@ -404,5 +404,6 @@ def _for_worker(spec: Any) -> Any:
     if isinstance(inner, Spec):
         return replace(spec, spec=_for_worker(inner))
     if isinstance(spec, Spec):
-        return replace(spec, **dict.fromkeys(PARENT_ONLY))
+        none: dict[str, Any] = dict.fromkeys(PARENT_ONLY)
+        return replace(spec, **none)
     return spec

@@ -135,7 +135,7 @@ def describe(mod: np.ndarray, rule: np.ndarray, what: str = "mask_mod", claims: 
     if (m == ~r).all():
         return f"the {what} is the claimed rule inverted (True where the rule blocks){at}"
     parts = []
-    for pos, verb in ((extra, "allows {n} entries the claimed rule blocks"), (missing, "blocks {n} it allows")):
+    for pos, verb in ((extra, "allows {n} entries the claimed rule blocks"), (missing, "blocks {n} entries it allows")):
         if len(pos):
             d = _diagonals(pos)
             on = f", all on the diagonal kv_idx - q_idx = {d[0]}" if len(d) == 1 and len(pos) > 1 else ""
@@ -168,7 +168,7 @@ def _kept_scores(s: Session, got: np.ndarray, scores: np.ndarray, keep: np.ndarr
         )
     else:
         how = f"changes the scores it keeps by up to {float(np.max(np.abs(g - x))):.3g} (the claimed rule is a mask)"
-    s.bug("mod-mismatch", f"your score_mod {how}", f"geometry B, h, n_q, n_k = {shape}; claims={_name(s)}")
+    s.bug("mod-mismatch", f"your score_mod {how}", f"geometry B, h, n_q, n_k = {shape}; claims={_name(s)}", calls=False)
     return False
 
 
@@ -215,6 +215,7 @@ def mods(s: Session) -> None:
                     f"your {what} cannot be evaluated as flex_attention evaluates it (torch.vmap over b, h, q_idx, "
                     f"kv_idx): {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}",
                     f"geometry B, h, n_q, n_k = {shape}",
+                    calls=False,
                 )
                 break
             if (got != rule).any():
@@ -224,6 +225,7 @@ def mods(s: Session) -> None:
                     f"your {what} differs from the rule it claims ({_name(s)}): {describe(got, rule, what, claims)}",
                     f"geometry B, h, n_q, n_k = {shape}; query {q} of b={b}, h={h}: {what} "
                     f"{_drawn(got[b, h], q)}, claimed {_drawn(rule[b, h], q)} (■ may attend)",
+                    calls=False,
                 )
                 break
             if scores is not None and not _kept_scores(s, out, scores, got & rule, shape):
