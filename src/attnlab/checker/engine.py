@@ -173,6 +173,8 @@ def run_detected(
 def run_check(fn: Any, target: str | None, spec: Spec, progress: Progress | None = None) -> Report:
     """:func:`attnlab.check` once the options are a valid :class:`Spec`."""
     selected = PROBES if spec.probes is None else spec.probes
+    if spec.probes is None and spec.claims is None:  # the mods probe has nothing to check: not listed
+        selected = tuple(p for p in selected if p != "mods")
     isolated = (target is not None if spec.isolate is None else spec.isolate) and available()
     if target is not None:
         try:
