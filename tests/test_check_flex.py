@@ -71,6 +71,8 @@ def test_flex_mask_form_needs_torch():
 
     with pytest.raises(UsageError, match="mask_form='flex' passes the mask as a torch BlockMask"):
         check(np_flex, framework="numpy")
+    with pytest.raises(UsageError, match="mask_convention: a flex block_mask / score_mod is built from a mask_mod"):
+        check(flex_attention, mask_form="flex", mask_convention="block")
 
 
 # ---------------------------------------------------------------------------------------------------------------

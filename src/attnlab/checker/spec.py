@@ -509,6 +509,11 @@ class Spec:
             object.__setattr__(self, "gqa", True)
         if self.mask_form in ("valid_lens", "kv_cache", "varlen") and self.mask_convention != "allow":
             raise UsageError("mask_convention: valid lengths have no convention; leave it 'allow'")
+        if self.mask_form == "flex" and self.mask_convention != "allow":
+            raise UsageError(
+                "mask_convention: a flex block_mask / score_mod is built from a mask_mod (True = may attend); leave "
+                "it 'allow'"
+            )
         if (self.mask_mod is not None or self.score_mod is not None) != (self.claims is not None):
             raise UsageError(
                 "claims: a mask_mod= or score_mod= is checked against the dense rule it claims; give both (e.g. "
