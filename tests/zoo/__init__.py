@@ -108,6 +108,9 @@ def assert_findings_minimal(report: Any, fn: Any = None) -> None:
         if f.code == "timeout":  # a hanging call is not shrunk (each call may take the whole time limit)
             assert m is not None and not m.shrunk and "time limit" in m.reason
             continue
+        if f.code == "mod-mismatch":  # about a declared mod, not a call: its evidence is the smallest geometry
+            assert m is None and f.evidence.startswith("geometry B, h, n_q, n_k = ")
+            continue
         assert m is not None and m.shrunk and not m.bounded, (f.code, report.to_text())
         assert textwrap.indent(m.reproduction, "    ").rstrip() in report.to_text()
         assert m.as_dict()["reproduction"] == m.reproduction

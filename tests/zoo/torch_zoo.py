@@ -6,6 +6,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
+
+from attnlab import masks
 
 from . import Entry
 
@@ -351,6 +354,21 @@ def out_like_q(q, k, v, mask=None):
     return out
 
 
+def causal_mod_backwards(b, h, q_idx, kv_idx):
+    """A flex mask_mod meant as causal that reads the rule the wrong way round (each query sees its future)."""
+    return kv_idx >= q_idx
+
+
+def window_mod_lt(b, h, q_idx, kv_idx):
+    """A sliding-window mask_mod meant to reach 3 keys back (attnlab.masks.window(left=3)) with ``<`` for ``<=``."""
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < 3)
+
+
+def window_3(n_q, n_k):
+    """The dense rule the window mod claims: 3 keys back, causal, top-left."""
+    return masks.window(n_q, n_k, left=3, align="top_left")
+
+
 ENTRIES = [
     Entry("torch-correct", correct),
     Entry("torch-sdpa", F.scaled_dot_product_attention, options={"gqa": True}),
@@ -415,4 +433,17 @@ ENTRIES = [
     Entry("torch-gqa-einops-tile", gqa_einops_tile, ("gqa-mapping",), options={"gqa": True}, subtle=True),
     Entry("torch-two-bugs", two_bugs, ("scale-wrong", "mask-after-softmax")),
     Entry("torch-out-like-q", out_like_q, ("crash",), subtle=True),
+    Entry(
+        "torch-flex-mask-mod-backwards",
+        flex_attention,
+        ("mod-mismatch",),
+        options={"mask_mod": causal_mod_backwards, "claims": "causal", "probes": ("mods",)},
+    ),
+    Entry(
+        "torch-flex-window-off-by-one",
+        flex_attention,
+        ("mod-mismatch",),
+        options={"mask_mod": window_mod_lt, "claims": window_3, "probes": ("mods",)},
+        subtle=True,
+    ),
 ]

@@ -62,6 +62,8 @@ _MASK_NAMES = (
     "valid_lengths",
     "cache_seqlens",
     "cu_seqlens_q",
+    "block_mask",
+    "score_mod",
 )
 #: A mask parameter with one of these names takes that mask form (when ``mask_form`` is left "full").
 _FORM_NAMES = {
@@ -70,6 +72,8 @@ _FORM_NAMES = {
     "valid_lengths": "valid_lens",
     "cache_seqlens": "kv_cache",
     "cu_seqlens_q": "varlen",
+    "block_mask": "flex",
+    "score_mod": "flex",
 }
 _CAUSAL_NAMES = ("is_causal", "causal")
 _SCALE_NAMES = ("scale", "softmax_scale", "sm_scale")
@@ -521,6 +525,7 @@ class Adapter:
         except ValueError as err:
             raise UsageError(str(err)) from None
         mode = prepared.module
+        own = prepared.fn  # the function itself, before a module mode wraps it
         if mode is None and spec.signature == "auto":
             from .modules import function_mode
 
@@ -556,6 +561,11 @@ class Adapter:
         if spec.mask_form == "full" and r.mask_arg in _FORM_NAMES and mode is None:
             spec = replace(spec, mask_form=_FORM_NAMES[r.mask_arg])
         self.spec = spec
+        if spec.mask_form == "flex" and r.framework != "torch":
+            raise UsageError(
+                f"mask_form='flex' passes the mask as a torch BlockMask or score_mod; a {r.framework} function "
+                "takes neither (declare framework='torch' if it is a torch function, or another mask_form)"
+            )
         self.fw = framework_strategy(r.framework, spec.device)
         if mode is not None and self.fw.device != "cpu":
             raise UsageError(
@@ -570,10 +580,10 @@ class Adapter:
             mode="" if mode is None else mode.family,
             spec=spec,
             device=self.fw.device,
-            compiles=compiles(self.fn, r.framework),
+            compiles=compiles(own, r.framework),
         )
         self.framework = self.resolved.framework
-        self.interface = interface(spec.mask_form)
+        self.interface = interface(spec.mask_form, r.mask_arg)
         self._unpack: Any = None
 
     # -- what the function can take at all (before trying) --------------------------------------------------

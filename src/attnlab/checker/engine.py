@@ -39,7 +39,7 @@ from .outputs import Outputs
 from .report import CORE_PROBES, PROBES, Finding, ProbeResult, Report, Unsupported
 from .runner import InProcessBackend, loaded_frameworks
 from .session import Session
-from .spec import COMPILE_TIMEOUT, Spec, UsageError, listed
+from .spec import COMPILE_TIMEOUT, PARENT_ONLY, Spec, UsageError, listed
 from .target import TargetError, load_target, parse_target
 
 __all__ = ["Run", "check_backward", "importable", "label_of", "run_check", "run_gradients"]
@@ -101,9 +101,13 @@ def run_session(
     allowance = spec.compile_timeout
     if allowance is None:
         allowance = COMPILE_TIMEOUT if getattr(backend.resolved, "compiles", False) else 0.0
+    resolved = backend.resolved.spec  # as the adapter resolved it (in a worker: without the parent-only options)
+    if resolved is not None:
+        parent: dict[str, Any] = {name: getattr(spec, name) for name in PARENT_ONLY}
+        resolved = replace(resolved, **parent)
     session = Session(
         backend,
-        (backend.resolved.spec or spec) if isinstance(strategy, Outputs) else spec,
+        (resolved or spec) if isinstance(strategy, Outputs) else spec,
         strategy,
         timeout=spec.timeout,
         seed=spec.seed,
@@ -169,6 +173,8 @@ def run_detected(
 def run_check(fn: Any, target: str | None, spec: Spec, progress: Progress | None = None) -> Report:
     """:func:`attnlab.check` once the options are a valid :class:`Spec`."""
     selected = PROBES if spec.probes is None else spec.probes
+    if spec.probes is None and spec.claims is None:  # the mods probe has nothing to check: not listed
+        selected = tuple(p for p in selected if p != "mods")
     isolated = (target is not None if spec.isolate is None else spec.isolate) and available()
     if target is not None:
         try:

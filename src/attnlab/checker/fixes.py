@@ -60,6 +60,10 @@ FIXES: dict[str, str] = {
     "timeout": "make sure the function returns for every input; the per-call limit is the timeout option",
     "output-type": "return an array of the library the inputs came in (torch.Tensor for tensors, numpy.ndarray for "
     "NumPy arrays), e.g. torch.from_numpy(out) or out.numpy(); never convert the result to another library",
+    "mod-mismatch": "make the mod return exactly the claimed mask (compare it with attnlab.masks.causal / window "
+    "drawn by attnlab.masks.to_string): q_idx >= kv_idx for top-left causal, kv_idx - q_idx <= n_k - n_q for "
+    "bottom-right, q_idx - kv_idx <= left for a window; a score_mod that masks returns the score unchanged where it "
+    "keeps it and -inf elsewhere",
 }
 
 #: Codes a named bug seen in the same case accounts for (``explained_by``).

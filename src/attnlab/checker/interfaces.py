@@ -9,7 +9,8 @@ an :class:`Interface` turns them into what the function takes (:meth:`Interface.
   the declared convention (:data:`CONVENTIONS`);
 * :class:`KeyPadding` ``[B, n_k]`` (True = a real key with ``allow``; True = padding with ``block``);
 * :class:`Lengths` ``[B]`` int: valid key lengths (``valid_lens``) or a KV cache's lengths (``kv_cache``);
-* :class:`Varlen`: packed sequences, ``q [total_q, h, d]`` with ``cu_seqlens_q/k`` and ``max_seqlen_q/k``.
+* :class:`Varlen`: packed sequences, ``q [total_q, h, d]`` with ``cu_seqlens_q/k`` and ``max_seqlen_q/k``;
+* :class:`Flex`: PyTorch's ``flex_attention``: the mask as a ``block_mask`` (or a ``score_mod``).
 
 Arrays are made by the framework strategy (:class:`attnlab.checker.adapters.Framework`): on its library and device.
 
@@ -31,6 +32,7 @@ from .. import masks as _masks
 __all__ = [
     "CONVENTIONS",
     "INTERFACES",
+    "Flex",
     "Form",
     "Full",
     "Inputs",
@@ -39,6 +41,9 @@ __all__ = [
     "Lengths",
     "PerBatch",
     "Varlen",
+    "drawn_form",
+    "flex_mask_mod",
+    "flex_score_mod",
     "interface",
 ]
 
@@ -232,6 +237,62 @@ class Varlen(Interface):
         return full
 
 
+class Flex(Interface):
+    """PyTorch's ``flex_attention(query, key, value, score_mod=None, block_mask=None, scale=None, ...)`` and
+    wrappers with its parameter names: the canonical mask, its causal part included, reaches the function as a
+    ``block_mask`` built by ``create_block_mask`` from a ``mask_mod`` that reads it (``arg="block_mask"``), or as a
+    ``score_mod`` that sets blocked scores to -inf (``arg="score_mod"``). A mask broadcast over batch elements or
+    heads (``[1, h, n_q, n_k]``, ``[B, 1, n_q, n_k]``) stays broadcast (a block mask with B or H = 1)."""
+
+    name = "flex"
+
+    def __init__(self, arg: str | None = None):
+        self.arg = arg or "block_mask"
+
+    def inputs(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, form: Form) -> Inputs:
+        if mask is not None:  # a block mask is n_q x n_k; its batch and head axes may stay 1 (broadcast)
+            m = np.asarray(mask, dtype=bool)
+            m = m.reshape((1,) * (4 - m.ndim) + m.shape) if m.ndim < 4 else m
+            mask = np.broadcast_to(m, (*m.shape[:-2], q.shape[-2], k.shape[-2]))
+        return super().inputs(q, k, v, mask, form)
+
+    def mask_argument(self, allowed: np.ndarray, *, convention: str, dtype: str, fw: Any) -> Any:
+        """``allowed [B, h, n_q, n_k]`` (True = may attend) as a ``BlockMask`` or a ``score_mod``, on ``fw``'s
+        device."""
+        t = fw.exact(np.array(allowed, dtype=bool))
+        if self.arg == "score_mod":
+            return flex_score_mod(fw.torch, t)
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        b, h, n_q, n_k = t.shape
+        return create_block_mask(flex_mask_mod(t), b, h, n_q, n_k, device=fw.device)
+
+    def structural(self, *, has_causal_flag: bool, causal_only: bool) -> dict[str, str]:
+        return {"rank": "flex_attention takes 4-D inputs [B, h, n, d]"}
+
+
+def flex_mask_mod(allowed: Any) -> Callable[..., Any]:
+    """A flex ``mask_mod(b, h, q_idx, kv_idx)`` reading ``allowed [B, h, n_q, n_k]`` (a bool tensor, True = may
+    attend; B or h may be 1, broadcast)."""
+    nb, nh = allowed.shape[0], allowed.shape[1]
+
+    def mask_mod(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return allowed[b % nb, h % nh, q_idx, kv_idx]
+
+    return mask_mod
+
+
+def flex_score_mod(torch: Any, allowed: Any) -> Callable[..., Any]:
+    """A flex ``score_mod(score, b, h, q_idx, kv_idx)`` that keeps the scores :func:`flex_mask_mod` allows and sets
+    the others to -inf."""
+    allows = flex_mask_mod(allowed)
+
+    def score_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return torch.where(allows(b, h, q_idx, kv_idx), score, -float("inf"))
+
+    return score_mod
+
+
 #: Each mask interface by name (the values of the spec's ``mask_form``, :data:`attnlab.checker.spec.MASK_FORMS`), with
 #: the strategy that builds its inputs and reads its output.
 INTERFACES: dict[str, Callable[[], Interface]] = {
@@ -241,9 +302,17 @@ INTERFACES: dict[str, Callable[[], Interface]] = {
     "valid_lens": lambda: Lengths("valid_lens"),
     "kv_cache": lambda: Lengths("kv_cache"),
     "varlen": Varlen,
+    "flex": Flex,
 }
 
 
-def interface(name: str) -> Interface:
-    """The strategy of mask form ``name`` (one of :data:`attnlab.checker.spec.MASK_FORMS`)."""
-    return INTERFACES[name]()
+def drawn_form(name: str) -> str:
+    """The mask form whose masks the probes draw for mask form ``name``: its own, except ``flex`` (a block mask
+    or score_mod holds any full mask ``[B, h, n_q, n_k]``: ``full``)."""
+    return "full" if name == "flex" else name
+
+
+def interface(name: str, mask_arg: str | None = None) -> Interface:
+    """The strategy of mask form ``name`` (one of :data:`attnlab.checker.spec.MASK_FORMS`); a flex function's
+    ``mask_arg`` (``block_mask`` or ``score_mod``) says which argument carries the mask."""
+    return Flex(mask_arg) if name == "flex" else INTERFACES[name]()

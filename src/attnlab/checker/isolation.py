@@ -26,12 +26,14 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from .adapters import Resolved, Spec, UsageError
 from .runner import CallError, CallRequest, CallResult, Captured
+from .spec import PARENT_ONLY
 
 __all__ = ["ImportFailure", "WorkerBackend", "available", "fork_is_safe"]
 
@@ -141,7 +143,7 @@ class WorkerBackend:
         for fd in self._pipes:
             os.set_blocking(fd, False)
             self._sel.register(fd, selectors.EVENT_READ, "pipe")
-        self._ready({"target": self.target, "spec": self.spec, "sys_path": self.sys_path})
+        self._ready({"target": self.target, "spec": _for_worker(self.spec), "sys_path": self.sys_path})
 
     def reconfigure(self, target: str, spec: Any) -> bool:
         """Serve ``target`` under ``spec`` (a :class:`Spec` or a gradient session's ``GradTarget``) from this
@@ -153,7 +155,7 @@ class WorkerBackend:
         self.target, self.spec = target, spec
         self.streams = {"stdout": Captured("stdout"), "stderr": Captured("stderr")}
         self.deaths = self.restarts = 0
-        self._ready(("adapter", {"target": target, "spec": spec}))
+        self._ready(("adapter", {"target": target, "spec": _for_worker(spec)}))
         return True
 
     def _ready(self, message: Any) -> None:
@@ -392,3 +394,16 @@ def _boot() -> str:
     from .worker import BOOT
 
     return BOOT
+
+
+def _for_worker(spec: Any) -> Any:
+    """``spec`` (a :class:`Spec` or a ``GradTarget`` holding one) without what only the parent reads: the declared
+    ``mask_mod`` / ``score_mod`` and their ``claims`` (the ``mods`` probe evaluates them there; a lambda does not
+    pickle)."""
+    inner = getattr(spec, "spec", None)
+    if isinstance(inner, Spec):
+        return replace(spec, spec=_for_worker(inner))
+    if isinstance(spec, Spec):
+        none: dict[str, Any] = dict.fromkeys(PARENT_ONLY)
+        return replace(spec, **none)
+    return spec

@@ -87,6 +87,7 @@ PROBES = (
     "call-order",
     "mask-space",
     "decode",
+    "mods",
 )
 
 #: The probes that must run (for what the function supports) before a report may say OK.
@@ -133,6 +134,7 @@ CODES: dict[str, str] = {
     "mutates-input": "the function writes into the caller's arrays",
     "timeout": "a call did not return within the time limit",
     "output-type": "the output is not an array of the function's own library (a torch function returned NumPy)",
+    "mod-mismatch": "a declared flex mask_mod / score_mod differs from the dense rule it claims",
 }
 
 

@@ -40,8 +40,8 @@ class CallWords:
     ``target``: Python code that binds ``fn`` (:func:`target_code`); ``framework`` (``numpy``, ``torch``,
     ``jax``) and ``device``; ``layout`` (``bhnd`` or ``bnhd``); the mask argument's name (``mask_positional``: it
     is the fourth positional argument), ``convention`` (``allow``, ``block``, ``keep``, ``additive``) and
-    ``mask_form`` (``full``, ``batch``, ``key_padding``, ``valid_lens``, ``kv_cache``, ``varlen``); the causal,
-    scale and GQA arguments' names; the GQA head mapping; ``returns`` (``output`` when the function returns the
+    ``mask_form`` (``full``, ``batch``, ``key_padding``, ``valid_lens``, ``kv_cache``, ``varlen``, ``flex``); the
+    causal, scale and GQA arguments' names; the GQA head mapping; ``returns`` (``output`` when the function returns the
     output alone); for the gradient side, ``backward`` (``plain``, ``flash`` or ``autograd``; ``""`` for a forward),
     ``lse_units``, the dropout keep mask's and the bias's argument names, and ``forward`` (code that binds ``fwd``,
     a flash backward's own forward; ``""``: the golden ``out`` and ``lse`` are passed)."""
@@ -226,7 +226,10 @@ def _mask_argument(w: CallWords, dtype: str) -> list[str]:
         "key_padding": "passed[:, 0, -1, :]  # [B, n_k]",
         "valid_lens": "passed[:, 0, -1, :].sum(axis=-1)  # [B] valid key lengths",
         "kv_cache": "passed[:, 0, -1, :].sum(axis=-1)  # [B] cache lengths",
+        "flex": "passed",
     }[w.mask_form]
+    if w.mask_form == "flex":
+        return list(_FLEX_SCORE_MOD if w.mask_arg == "score_mod" else _FLEX_BLOCK_MASK)
     lines = [f"    m = {reduce}"]
     if w.mask_form in ("valid_lens", "kv_cache"):
         return [*lines, "    m = E(m.astype(np.int64))"]
@@ -242,6 +245,24 @@ def _mask_argument(w: CallWords, dtype: str) -> list[str]:
     return lines
 
 
+#: The reproduction script's flex mask: ``passed`` (``[B, h, n_q, n_k]``, True = may attend) as a ``block_mask``
+#: built from a ``mask_mod`` that reads it, or as a ``score_mod`` that sets blocked scores to -inf.
+_FLEX_READ = (
+    "    p = passed.reshape((1,) * (4 - passed.ndim) + passed.shape)",
+    "    a = E(np.broadcast_to(p, (*p.shape[:2], q.shape[-2], k.shape[-2])))  # [B, h, n_q, n_k], True = may attend",
+    "    nb, nh = a.shape[:2]  # 1: broadcast",
+    "    mask_mod = lambda b, h, i, j: a[b % nb, h % nh, i, j]  # noqa: E731",
+)
+_FLEX_BLOCK_MASK = (
+    "    from torch.nn.attention.flex_attention import create_block_mask",
+    "",
+    *_FLEX_READ,
+    "    m = create_block_mask(mask_mod, *a.shape, device=a.device)",
+)
+_FLEX_SCORE_MOD = (
+    *_FLEX_READ,
+    "    m = lambda s, b, h, i, j: torch.where(mask_mod(b, h, i, j), s, -float('inf'))  # noqa: E731",
+)
 #: The reproduction script's varlen call, up to its ``max_seqlen`` arguments: the rows the mask lets through give
 #: each sequence's query and key lengths, q, k, v ``[B, h, n, d]`` are packed to ``[sum(n), h, d]``.
 _VARLEN_PACK = (

@@ -422,7 +422,9 @@ class Runner:
             kind = {"allow": "bool", "block": "bool", "keep": "int64"}.get(conv, case.dtype)
             form = getattr(r.spec or getattr(self.backend, "spec", None), "mask_form", "full")
             shape = arr(case.mask)
-            if form != "full" and case.mask.ndim >= 4:
+            if form == "flex":
+                kind = "BlockMask" if r.mask_arg != "score_mod" else "score_mod of bool"
+            elif form != "full" and case.mask.ndim >= 4:
                 b, n_q, n_k = case.mask.shape[0], case.mask.shape[-2], case.mask.shape[-1]
                 shape = {
                     "batch": f"[{b}, 1, {n_q}, {n_k}]",

@@ -23,6 +23,7 @@ import numpy as np
 from .. import masks as _masks
 from .adapters import CAPABILITIES, round_to
 from .cases import DTYPE_NAMES, Geom, random_mask
+from .interfaces import drawn_form
 from .minimal import Minimal, shrink_findings
 from .preflight import preflight, raised
 from .registry import ProbeAbort, ProbeSkip
@@ -95,7 +96,7 @@ class Session:
         self.returns_weights = False
         self.base_ok: dict[str, bool] = {}
         self.gqa_map = getattr(spec, "gqa_mapping", "interleave")
-        self.mask_form = getattr(spec, "mask_form", "full")
+        self.mask_form = drawn_form(getattr(spec, "mask_form", "full"))  # the form of the masks drawn
         self.compute = getattr(spec, "compute_dtype", "auto")
         self.lower_seen: str | None = None
         self.last: Outcome | None = None
@@ -117,12 +118,13 @@ class Session:
         self.runner = Runner(backend, timeout=timeout, request=strategy.request, compile_timeout=compile_timeout)
 
     # ------------------------------------------------------------------------------------------------ findings
-    def bug(self, code: str, message: str, evidence: str, *, case: str | None = None) -> None:
-        """Record that ``code`` was seen in ``case`` (default: the case being worked on)."""
+    def bug(self, code: str, message: str, evidence: str, *, case: str | None = None, calls: bool = True) -> None:
+        """Record that ``code`` was seen in ``case`` (default: the case being worked on); ``calls=False``: a finding
+        about something declared (a mod), not about a call, so no call of the function is shrunk for it."""
         f = Finding(code, message, evidence, self.strategy.fixes[code], self.current)
         self.obs.append(Observation(f, case or self.case_key or self.current))
         self.findings.setdefault(code, f)
-        if code not in self.failing:  # the calls it may be about: the one compared, then the latest ones
+        if calls and code not in self.failing:  # the calls it may be about: the one compared, then the latest ones
             seen = [self.examined[1]] if self.examined is not None and self.examined[0] == self.case_key else []
             self.failing[code] = seen + [o for o in self.runner.outcomes[-4:][::-1] if all(o is not x for x in seen)]
         if code not in self.probe_codes:

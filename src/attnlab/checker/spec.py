@@ -34,11 +34,13 @@ from .report import PROBES
 
 __all__ = [
     "CAPABILITIES",
+    "CLAIMS",
     "COMPILE_TIMEOUT",
     "DTYPES",
     "MASKED_ROWS",
     "MASK_FORMS",
     "MAX_TIMEOUT",
+    "PARENT_ONLY",
     "Option",
     "Spec",
     "UsageError",
@@ -68,11 +70,18 @@ GQA_MAPPINGS = ("interleave", "tile")
 #: ``[B]`` int cache lengths of a decode kernel (the n_q new queries are the last positions of each sequence; causal
 #: is bottom-right per sequence, as ``flash_attn_with_kvcache``'s ``cache_seqlens``); ``varlen``: packed
 #: variable-length batches, ``q [total_q, h, d]`` with ``cu_seqlens_q/k`` and ``max_seqlen_q/k`` (flash-attn's
-#: varlen functions; causal bottom-right per sequence).
-MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen")
+#: varlen functions; causal bottom-right per sequence); ``flex``: PyTorch's ``flex_attention`` (the mask, its causal
+#: part included, as a ``block_mask`` from ``create_block_mask``, or as a ``score_mod`` with ``mask_arg="score_mod"``).
+MASK_FORMS = ("full", "batch", "key_padding", "valid_lens", "kv_cache", "varlen", "flex")
 #: Fully-masked-row policies a function may promise: ``any`` documented one (an error, zeros, the uniform average;
 #: NaN is a bug), or exactly one of them (``nan`` makes NaN the promise, as ``nn.MultiheadAttention``'s).
 MASKED_ROWS = ("any", "raise", "zeros", "uniform", "nan")
+#: The rules a declared ``mask_mod`` / ``score_mod`` may claim by name (``claims=``): causal, top-left (as
+#: ``q_idx >= kv_idx``, PyTorch's ``is_causal``) unless the alignment is named; any other rule is a callable.
+CLAIMS = ("causal", "causal:top_left", "causal:bottom_right")
+#: Options only the checking process reads (the ``mods`` probe evaluates them there): a worker process is sent the
+#: spec without them (a lambda does not pickle).
+PARENT_ONLY = ("mask_mod", "score_mod", "claims")
 #: ``timeout`` and ``import_timeout`` at most, in seconds (a day).
 MAX_TIMEOUT = 86400.0
 #: The default allowance of a compiling function's first call of each shape, in seconds (``compile_timeout``).
@@ -224,6 +233,21 @@ def _backward(name: str, value: Any) -> Any:
     raise OptionError(f"{name}: expected True, a backward callable or a target string 'file.py:NAME', got {value!r}")
 
 
+def _callable(name: str, value: Any) -> Any:
+    if value is None or callable(value) or (isinstance(value, str) and value.strip()):
+        return value
+    raise OptionError(f"{name}: expected a callable, a target string 'file.py:NAME' or None, got {value!r}")
+
+
+def _claims(name: str, value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("causal") and value not in CLAIMS:
+        raise OptionError(
+            f"{name}: expected one of {', '.join(map(repr, CLAIMS))}, a callable rule(n_q, n_k) or a "
+            f"target string, got {value!r}"
+        )
+    return _callable(name, value)
+
+
 def _probes(name: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -368,9 +392,40 @@ class Spec:
         "full",
         "the mask interface: ``full`` ``[B, h, n_q, n_k]``, ``batch`` ``[B, 1, n_q, n_k]``, ``key_padding`` "
         "``[B, n_k]``, ``valid_lens`` ``[B]`` lengths, ``kv_cache`` ``[B]`` cache lengths of a decode kernel, "
-        "``varlen`` packed ``cu_seqlens`` (see ``MASK_FORMS``); the probes draw masks the form can express.",
+        "``varlen`` packed ``cu_seqlens``, ``flex`` a flex_attention ``block_mask`` (or ``score_mod`` with "
+        "``mask_arg='score_mod'``; selected by a ``block_mask`` parameter) (see ``MASK_FORMS``); the probes draw "
+        "masks the form can express.",
         "choice",
         choices=MASK_FORMS,
+    )
+    mask_mod: object = option(  # a callable, a target string or None
+        None,
+        "a flex_attention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` of yours (True = may attend), or a target "
+        "string ``file.py:NAME`` (command line: ``--mask-mod NAME``, a function in the target's file): the ``mods`` "
+        "probe evaluates it as flex does over the case space and compares it with the dense rule it ``claims`` "
+        "(a difference is ``mod-mismatch``, naming its kind: swapped arguments, the other alignment, one diagonal "
+        "off).",
+        "custom",
+        validate=_callable,
+        metavar="NAME",
+    )
+    score_mod: object = option(  # a callable, a target string or None
+        None,
+        "a flex_attention ``score_mod(score, b, h, q_idx, kv_idx)`` of yours that masks (-inf where blocked), "
+        "checked like ``mask_mod``; the scores it keeps must come back unchanged (flex applies ``scale`` itself).",
+        "custom",
+        validate=_callable,
+        metavar="NAME",
+    )
+    claims: object = option(  # a rule name, a callable, a target string or None
+        None,
+        "the dense rule the declared ``mask_mod`` / ``score_mod`` implements: ``causal`` (top-left, "
+        "``q_idx >= kv_idx``), ``causal:top_left``, ``causal:bottom_right``, or a callable ``rule(n_q, n_k)`` "
+        "returning a bool mask ``[n_q, n_k]`` (True = may attend; e.g. ``functools.partial(attnlab.masks.window, "
+        "left=3)``), or a target string.",
+        "custom",
+        validate=_claims,
+        metavar="RULE",
     )
     device: str | None = option(
         None,
@@ -462,6 +517,16 @@ class Spec:
             object.__setattr__(self, "gqa", True)
         if self.mask_form in ("valid_lens", "kv_cache", "varlen") and self.mask_convention != "allow":
             raise UsageError("mask_convention: valid lengths have no convention; leave it 'allow'")
+        if self.mask_form == "flex" and self.mask_convention != "allow":
+            raise UsageError(
+                "mask_convention: a flex block_mask / score_mod is built from a mask_mod (True = may attend); leave "
+                "it 'allow'"
+            )
+        if (self.mask_mod is not None or self.score_mod is not None) != (self.claims is not None):
+            raise UsageError(
+                "claims: a mask_mod= or score_mod= is checked against the dense rule it claims; give both (e.g. "
+                "mask_mod=my_mod, claims='causal')"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         """The ``function`` options (what the function is and supports), as the report's ``spec`` records them."""
@@ -474,6 +539,8 @@ class Spec:
                 value = sorted(value)
             elif isinstance(value, tuple):
                 value = list(value)
+            elif callable(value):  # a declared mod or rule: by its name
+                value = f"{getattr(value, '__module__', '?')}:{getattr(value, '__qualname__', type(value).__name__)}"
             out[f.name] = value
         return out
 

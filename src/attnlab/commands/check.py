@@ -203,11 +203,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _same_file_backward(target: str, chosen: dict[str, Any]) -> dict[str, Any]:
-    """``--backward NAME`` alone names a function in the target's file or module (``file.py:NAME``)."""
-    b = chosen.get("backward")
-    if isinstance(b, str) and ":" not in b:
-        return {**chosen, "backward": f"{target.rpartition(':')[0]}:{b}"}
-    return chosen
+    """``--backward NAME`` (``--mask-mod``, ``--score-mod``, ``--claims``) alone names a function in the target's
+    file or module (``file.py:NAME``); a rule ``--claims`` names (``causal``) stays as it is."""
+    from ..checker.spec import CLAIMS
+
+    out = dict(chosen)
+    for key in ("backward", "mask_mod", "score_mod", "claims"):
+        b = chosen.get(key)
+        if isinstance(b, str) and ":" not in b and b not in CLAIMS:
+            out[key] = f"{target.rpartition(':')[0]}:{b}"
+    return out
 
 
 def _write(text: str) -> bool:

@@ -33,6 +33,7 @@ probe                     experiment                                            
 ``call-order``            A, B (one shape), C, D (another), A again: no state carried between calls    --
 ``mask-space``            padding anywhere, per batch element and head, masks passed broadcast         mask
 ``decode``                n_q = 1 with key padding, then with padding and causal                       mask/causal
+``mods``                  a declared flex ``mask_mod`` / ``score_mod`` against the rule it ``claims``  mask_mod=
 ========================  ===========================================================================  ===========
 
 ``crash``, ``timeout``, ``dtype`` (output dtype = input dtype), ``output-type`` (an array of the function's own
@@ -48,7 +49,7 @@ from __future__ import annotations
 from ..fixes import FIXES
 from ..registry import ProbeAbort, ProbeSkip, ordered, probe
 from ..report import GRAD_PROBES, PROBES
-from . import batch, causal, grad_masking, gradients, masked_rows, padding, precision, reference, space
+from . import batch, causal, grad_masking, gradients, masked_rows, mods, padding, precision, reference, space
 
 __all__ = ["FIXES", "GRAD_PROBE_FUNCTIONS", "PROBE_FUNCTIONS", "ProbeAbort", "ProbeSkip", "probe"]
 
@@ -57,4 +58,4 @@ PROBE_FUNCTIONS = ordered(PROBES)
 #: The gradient probes by name, in the order they run.
 GRAD_PROBE_FUNCTIONS = ordered(GRAD_PROBES)
 #: The modules that define them (imported for their registrations).
-MODULES = (reference, causal, padding, masked_rows, precision, batch, space, gradients, grad_masking)
+MODULES = (reference, causal, padding, masked_rows, precision, batch, space, mods, gradients, grad_masking)
