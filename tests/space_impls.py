@@ -20,10 +20,11 @@ def _scores(q, k):
 
 
 def sink_key0(q, k, v, mask=None):
-    """An "attention sink": key 0 is always visible, whatever the mask says (StreamingLLM-style BOS token)."""
+    """An "attention sink": key 0 is visible to every query that sees any key, whatever the mask says about key 0
+    (StreamingLLM-style BOS token); a fully masked row stays fully masked (zeros)."""
     if mask is not None:
         mask = np.array(np.broadcast_to(mask, (*q.shape[:-1], k.shape[-2])))
-        mask[..., 0] = True
+        mask[..., 0] |= mask.any(axis=-1)
     return _softmax(_scores(q, k), mask) @ v
 
 

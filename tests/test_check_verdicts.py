@@ -208,7 +208,7 @@ def test_registries_keep_the_public_names_and_every_code_has_a_fix():
     assert (
         PROBES == tuple(PROBE_FUNCTIONS)
         and PROBES[0] == "reference"
-        and PROBES[-4:] == ("determinism", "call-order", "mask-space", "decode")
+        and PROBES[-5:] == ("determinism", "call-order", "mask-space", "decode", "mods")
     )
     codes = {part for h in HYPOTHESES for part in h.code.split("+")}
     assert codes <= set(FIXES)

@@ -251,7 +251,10 @@ _FLEX_READ = (
     "    p = passed.reshape((1,) * (4 - passed.ndim) + passed.shape)",
     "    a = E(np.broadcast_to(p, (*p.shape[:2], q.shape[-2], k.shape[-2])))  # [B, h, n_q, n_k], True = may attend",
     "    nb, nh = a.shape[:2]  # 1: broadcast",
-    "    mask_mod = lambda b, h, i, j: a[b % nb, h % nh, i, j]  # noqa: E731",
+    "",
+    "    def mask_mod(b, h, i, j):",
+    "        return a[b % nb, h % nh, i, j]",
+    "",
 )
 _FLEX_BLOCK_MASK = (
     "    from torch.nn.attention.flex_attention import create_block_mask",
@@ -261,7 +264,8 @@ _FLEX_BLOCK_MASK = (
 )
 _FLEX_SCORE_MOD = (
     *_FLEX_READ,
-    "    m = lambda s, b, h, i, j: torch.where(mask_mod(b, h, i, j), s, -float('inf'))  # noqa: E731",
+    "    def m(s, b, h, i, j):",
+    "        return torch.where(mask_mod(b, h, i, j), s, -float('inf'))",
 )
 #: The reproduction script's varlen call, up to its ``max_seqlen`` arguments: the rows the mask lets through give
 #: each sequence's query and key lengths, q, k, v ``[B, h, n, d]`` are packed to ``[sum(n), h, d]``.

@@ -379,7 +379,7 @@ class Session:
             aborted = self.run_probe(name)
         self.case_key = None
         shrink_findings(self)
-        self.printed()
+        note_printed(self)
         self.incomplete.extend(self.strategy.completeness())
 
     def run_probe(self, name: str) -> bool:
@@ -413,18 +413,6 @@ class Session:
             return "not run: no dtype could be tested"
         return "not run"
 
-    def printed(self) -> None:
-        """What the function wrote to stdout and stderr, as a note with the text (start and end)."""
-        for name, cap in self.backend.output().items():
-            if cap.total:
-                self.current = "output"
-                self.note(
-                    "printed",
-                    f"your function wrote {cap.total} byte{'s' if cap.total != 1 else ''} to {name} (captured; shown "
-                    "here, not passed on)",
-                    cap.text(600),
-                )
-
     # ------------------------------------------------------------------------------------------------ results
     def unsupported_list(self) -> tuple[Unsupported, ...]:
         """The capabilities the function lacks (declared, structural, or crashed on), each with its reason."""
@@ -456,3 +444,16 @@ class Session:
             kind=backend.resolved.kind,
             **fields,
         )
+
+
+def note_printed(s: Session) -> None:
+    """What the function of session ``s`` wrote to stdout and stderr, as a note with the text (start and end)."""
+    for name, cap in s.backend.output().items():
+        if cap.total:
+            s.current = "output"
+            s.note(
+                "printed",
+                f"your function wrote {cap.total} byte{'s' if cap.total != 1 else ''} to {name} (captured; shown here, "
+                "not passed on)",
+                cap.text(600),
+            )

@@ -351,7 +351,9 @@ def _queries(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
 
 def _keys(case: Case, search: _Search, gqa: str, entries: bool) -> Case:
     def cut(c: Case, idx: np.ndarray) -> Case:
-        on_m = lambda x: _keep(x, -1, idx)  # noqa: E731
+        def on_m(x: Any) -> Any:
+            return _keep(x, -1, idx)
+
         return _take(c, None, on_m, k=np.take(c.k, idx, -2), v=np.take(c.v, idx, -2), mask=on_m(c.mask))
 
     return _shrink_axis(case, search, lambda c: c.k.shape[-2], cut, "key")

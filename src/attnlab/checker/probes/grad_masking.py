@@ -92,13 +92,8 @@ def grad_masked_keys(s: Session) -> None:
                 break
 
 
-@probe("grad-masked-rows")
-def grad_masked_rows(s: Session) -> None:
-    """Rows with no allowed key: finite gradients; their dQ is 0, and their d_out moves dK not at all and dV
-    not at all (zeros policy) or by d_out / n_k on every key (uniform policy). Measured as the difference
-    between two calls whose d_out differs only on those rows, so that a bug elsewhere does not show here."""
-    if "mask" not in s.caps:
-        raise ProbeSkip("needs a mask argument")
+def _rows_case(s: Session) -> tuple[GradCase, str]:
+    """The gradient case with fully masked rows (as the mask form can express them) and where they are."""
     g = Geom(2, 2, 5, 6, 8, 8)
     base = s.make(g, s.primary, label="masked rows", mask=True)
     assert base.mask is not None  # mask=True
@@ -113,7 +108,17 @@ def grad_masked_rows(s: Session) -> None:
         where = "query 1 of batch 0, head 0 and the last query of batch 1 have no allowed key"
         if s.mask_form == "batch":
             where = "the last query of batch 1 has no allowed key"
-    case = s.grads.grad_case(replace(base, mask=m))
+    return s.grads.grad_case(replace(base, mask=m)), where
+
+
+@probe("grad-masked-rows")
+def grad_masked_rows(s: Session) -> None:
+    """Rows with no allowed key: finite gradients; their dQ is 0, and their d_out moves dK not at all and dV
+    not at all (zeros policy) or by d_out / n_k on every key (uniform policy). Measured as the difference
+    between two calls whose d_out differs only on those rows, so that a bug elsewhere does not show here."""
+    if "mask" not in s.caps:
+        raise ProbeSkip("needs a mask argument")
+    case, where = _rows_case(s)
     s.case_key = s.key(case)
     out = s.call(case)
     policy = s.spec.masked_rows

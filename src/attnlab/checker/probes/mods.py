@@ -130,7 +130,7 @@ def describe(mod: np.ndarray, rule: np.ndarray, what: str = "mask_mod", claims: 
         )
     if isinstance(claims, str) and n_q != n_k:
         other = "bottom_right" if claims.endswith("top_left") or claims == "causal" else "top_left"
-        if (m == _masks.causal(n_q, n_k, align=other)).all():  # type: ignore[arg-type]
+        if (m == _masks.causal(n_q, n_k, align=other)).all():  # type: ignore[arg-type]  # one of CLAIMS' alignments
             return f"the {what} is causal with the {other} alignment, not the claimed one (n_q != n_k){at}"
     if (m == ~r).all():
         return f"the {what} is the claimed rule inverted (True where the rule blocks){at}"
