@@ -171,6 +171,11 @@ def test_an_edit_marks_the_presets_text_as_the_original(page):
     page.wait_for_selector("[data-testid='al-item'][data-key='item-00'][data-stale='true']")
     page.wait_for_selector("[data-testid='al-stale']")
     assert page.locator("mark[data-testid='al-expect']").count() == 0  # 6.6976 no longer marked as current
+    # the output is its own cell: it may come a moment after the stale mark
+    page.wait_for_function(
+        "() => { const td = document.querySelector('#al-output td'); "
+        "return td !== null && Math.abs(parseFloat(td.dataset.value) - 66.9762) < 1e-4; }"
+    )
     out = page.eval_on_selector_all("#al-output td", "tds => tds.map(td => td.dataset.value)")
     assert abs(float(out[0]) - 66.9762) < 1e-4
 
