@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import grad_impls as G
 import numpy as np
-import pytest
+import torch  # the test install's CPU build (constraints.txt): these tests check torch functions
 
 import attnlab
 from attnlab.checker import check_backward
@@ -75,9 +75,6 @@ def test_check_backward_takes_comma_strings():
     assert r.ok, r.to_text()
     assert {"float16", "bias", "dropout"} <= {u.capability for u in r.unsupported}
     assert [p.name for p in r.probes] == ["grad-preflight", "grad-reference", "grad-masked-keys", "grad-masked-rows"]
-
-
-torch = pytest.importorskip("torch")
 
 
 def _sdpa_with_bias(q, k, v, attn_mask=None, is_causal=False, scale=None, bias=None):
