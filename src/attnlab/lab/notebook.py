@@ -468,7 +468,10 @@ def _(mo):
 
 @app.cell
 def _(LV, live_model, live_text, mo, set_views_ready):
-    _key, _text = live_model.value, live_text.value
+    # The views' cells read ``live_sentence``, so they run after this cell: a forward pass that ends between a view
+    # finding no result and this cell's look at the cache would otherwise start no thread and wake no view
+    live_sentence = (live_model.value, live_text.value)
+    _key, _text = live_sentence
     if _text and LV.cached("forward", _key, _text) is None:
 
         def _wait_views():
@@ -481,14 +484,14 @@ def _(LV, live_model, live_text, mo, set_views_ready):
                 set_views_ready((_key, _text))
 
         mo.Thread(target=_wait_views, daemon=True).start()
-    return
+    return (live_sentence,)
 
 
 @app.cell
-def _(LV, get_views_ready, lang, live_head, live_layer, live_model, live_text, mo, set_live_pick):
+def _(LV, get_views_ready, lang, live_head, live_layer, live_sentence, mo, set_live_pick):
     get_views_ready()  # re-run when a sentence's result arrives
-    _key = live_model.value
-    _r = LV.cached("forward", _key, live_text.value) if live_text.value else None
+    _key, _text = live_sentence
+    _r = LV.cached("forward", _key, _text) if _text else None
     live_pick = None
     _out = None
     if _r is not None:
@@ -542,15 +545,14 @@ def _(
     live_heads,
     live_key,
     live_layer,
-    live_model,
     live_query,
+    live_sentence,
     live_temp,
-    live_text,
     live_top,
     mo,
 ):
     get_views_ready()  # re-run when a sentence's result arrives
-    _r = LV.cached("forward", live_model.value, live_text.value) if live_text.value else None
+    _r = LV.cached("forward", *live_sentence) if live_sentence[1] else None
     if _r is None:
         _out = mo.md(T(lang, "*The model, head, neuron and block views appear when the sentence has run.*"))
     else:
