@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page
+from test_lab_browser_zh import shown_text
+from test_lab_zh import english_runs
 
 from attnlab.lab import i18n as I
 
@@ -129,7 +131,13 @@ def test_views_of_smollm2_on_english_and_chinese(page, tmp_path, capsys):
     assert "模块视图" in page.locator("[data-testid='al-block-view']").text_content()
     assert "合并成它们组成的 4 个字符" in page.locator("[data-testid='al-live']").inner_text()
     assert page.evaluate(FITS_JS, "[data-testid='al-views'] svg") == []
+    # no English in the Chinese page with the live views shown: marimo's table chrome ("30 rows, 10 columns", "No
+    # selection", "Columns", "Explore") is hidden by the lab's style sheet (src/attnlab/lab/lab.css)
+    assert english_runs(shown_text(page)) == [], english_runs(shown_text(page))
+    for chrome in ("rows,", "No selection", "Explore"):
+        assert chrome not in shown_text(page)
     shot(page.locator("[data-testid='al-views']"), tmp_path, "views-zh-ui")
+    shot(page.locator("[data-testid='al-model-view']"), tmp_path, "views-zh-model")
     with capsys.disabled():
         print(f"\nlab views: English sentence to every view {first:.1f} s (load included); click -> head {click:.2f} s")
 

@@ -23,14 +23,18 @@ pytestmark = pytest.mark.xdist_group("lab_browser_zh")
 
 WAIT_MS = 30_000
 
-#: Texts a person sees that DEEP_TEXT_JS does not walk: hover texts (SVG <title>, title=, aria-label=).
+#: Texts a person sees that DEEP_TEXT_JS does not walk: hover texts (SVG <title>, title=, aria-label=) of what is
+#: drawn (an element under ``display: none`` has no box: nobody hovers it, and a screen reader skips it).
 HOVER_JS = """
 () => {
   const out = [];
+  const drawn = (n) => n.getClientRects().length > 0;
   const walk = (node) => {
     for (const n of node.querySelectorAll('*')) {
-      if (n.tagName.toLowerCase() === 'title' && n.closest('svg')) out.push(n.textContent);
-      for (const a of ['title', 'aria-label']) if (n.getAttribute && n.getAttribute(a)) out.push(n.getAttribute(a));
+      const tip = n.tagName.toLowerCase() === 'title' && n.closest('svg');
+      if (tip) { if (drawn(n.parentElement)) out.push(n.textContent); }
+      else if (drawn(n))
+        for (const a of ['title', 'aria-label']) if (n.getAttribute && n.getAttribute(a)) out.push(n.getAttribute(a));
       if (n.shadowRoot) walk(n.shadowRoot);
     }
   };

@@ -466,9 +466,10 @@ def test_live_views_of_a_result():
     assert page.count('data-kind="masked"') == n * (n - 1) // 2  # the causal mask of the heatmap
     assert "第 1 层" in live.live_html(r, 1, 2, "zh")
     rows = live.model_view_rows(r, 1, 9, "zh")  # head 9 of 3: the last head outlined
-    assert [list(row) for row in rows] == [["", "h0", "h1", "h2"]] * 2 and rows[1][""] == "第 1 层"
-    assert rows[0][""].startswith("<style>.al-heads{") and rows[0][""].endswith("第 0 层")  # the sheet, once
-    assert "data-layer='1' data-head='2' data-selected='1'" in rows[1]["h2"]
+    assert [list(row) for row in rows] == [["", "h0", "h1", "h2"]] * 3 and rows[2][""] == "第 1 层"
+    assert rows[0][""].startswith("<style>.al-heads{") and rows[1][""] == "第 0 层"  # the sheet, once
+    assert [rows[0][f"h{j}"] for j in range(h)] == ["<b>h0</b>", "<b>h1</b>", "<b>h2</b>"]  # the heads' names
+    assert "data-layer='1' data-head='2' data-selected='1'" in rows[2]["h2"]
     assert sum("data-selected" in c for row in rows for c in row.values()) == 1
     grid = live.model_view(r, "<table>T</table>")
     assert 'data-layers="2" data-heads="3"' in grid and "<table>T</table>" in grid and "click a head" in grid

@@ -153,7 +153,8 @@ def test_the_model_views_table_click_names_a_head():
 
     from attnlab.lab.live import picked_head
 
-    assert picked_head([Cell(row="5", column="h2", value=None)], 9) == (5, 2)
-    assert picked_head([Cell(row="5", column="", value="layer 5")], 9) is None  # the row's name, not a head
+    assert picked_head([Cell(row="6", column="h2", value=None)], 9) == (5, 2)  # row 0 names the heads
+    assert picked_head([Cell(row="0", column="h2", value="h2")], 9) is None  # a head's name, not a head
+    assert picked_head([Cell(row="6", column="", value="layer 5")], 9) is None  # the row's name, not a head
     assert picked_head([Cell(row="5", column="h9", value=None)], 9) is None
     assert picked_head([], 9) is None and picked_head(None, 9) is None

@@ -563,31 +563,30 @@ def head_sheet(r: LiveResult) -> Any:
 
 
 def model_view_rows(r: LiveResult, layer: int, head: int, lang: str = "en") -> list[dict[str, str]]:
-    """The model view's table, one row per layer: ``{"": "layer i", "h0": cell, ...}`` (HTML), each cell the head's
-    square of :func:`head_sheet` (:func:`attnlab.lab.views.model_view_cells`), the head shown above outlined; the
-    first row's name holds the sheet's style (:meth:`attnlab.lab.views.HeadSheet.style_html`: inside the table, so
-    inside its shadow root)."""
+    """The model view's table: first the heads' names (``{"": "", "h0": "h0", ...}``: the lab's style sheet hides
+    marimo's header row, whose sort buttons are English), then one row per layer, ``{"": "layer i", "h0": cell,
+    ...}`` (HTML), each cell the head's square of :func:`head_sheet` (:func:`attnlab.lab.views.model_view_cells`),
+    the head shown above outlined. The first row's name holds the sheet's style
+    (:meth:`attnlab.lab.views.HeadSheet.style_html`: inside the table, so inside its shadow root)."""
     from .views import model_view_cells
 
     L, h = r.weights.shape[:2]
     sheet = head_sheet(r)
     cells = model_view_cells(sheet, selected=(min(max(int(layer), 0), L - 1), min(max(int(head), 0), h - 1)))
-    return [
-        {
-            "": (sheet.style_html() if li == 0 else "") + html.escape(t(lang, "layer {i}", i=li)),
-            **{f"h{hj}": cells[li][hj] for hj in range(h)},
-        }
-        for li in range(L)
+    names = {"": sheet.style_html(), **{f"h{hj}": f"<b>h{hj}</b>" for hj in range(h)}}
+    return [names] + [
+        {"": html.escape(t(lang, "layer {i}", i=li)), **{f"h{hj}": cells[li][hj] for hj in range(h)}} for li in range(L)
     ]
 
 
 def picked_head(selection: Any, heads: int) -> tuple[int, int] | None:
-    """(layer, head) of the cell clicked in the model view's table: ``selection`` is the table's value, a list of
-    cells with ``row`` (the row's index, a str) and ``column`` (``"h2"``); None when no head cell is selected."""
+    """(layer, head) of the cell clicked in the model view's table (:func:`model_view_rows`): ``selection`` is the
+    table's value, a list of cells with ``row`` (the row's index, a str: row 0 names the heads, row ``i + 1`` is
+    layer ``i``) and ``column`` (``"h2"``); None when no head cell is selected."""
     for cell in selection or ():
         col, row = str(getattr(cell, "column", "")), str(getattr(cell, "row", ""))
-        if col[:1] == "h" and col[1:].isdigit() and int(col[1:]) < heads and row.isdigit():
-            return int(row), int(col[1:])
+        if col[:1] == "h" and col[1:].isdigit() and int(col[1:]) < heads and row.isdigit() and int(row) > 0:
+            return int(row) - 1, int(col[1:])
     return None
 
 

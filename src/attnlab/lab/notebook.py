@@ -1,7 +1,7 @@
 import marimo
 
 __generated_with = "0.25.2"
-app = marimo.App(width="full", app_title="attnlab: attention by hand")
+app = marimo.App(width="full", app_title="attnlab: attention by hand", css_file="lab.css")
 
 
 @app.cell
