@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
-from test_lab_browser import table_values
+from test_lab_browser import click_on, table_values
 
 from attnlab.lab import i18n as I
 from attnlab.lab import logic, presets, svg
@@ -111,20 +111,20 @@ def test_every_article_item_is_a_preset_with_the_articles_numbers(page):
 
 def test_a_prediction_is_committed_at_the_reveal_and_counted(page, tmp_path):
     page.wait_for_selector("[data-testid='al-score'][data-total='0']")
-    page.get_by_text("the weights get sharper", exact=True).click()  # wrong
-    page.get_by_role("switch").first.click()  # reveal: the prediction is locked
+    click_on(page.get_by_role("radio", name="the weights get sharper", exact=True))  # wrong
+    click_on(page.get_by_role("switch").first)  # reveal: the prediction is locked
     page.wait_for_selector("[data-testid='al-feedback'][data-verdict='wrong']")
     page.wait_for_selector("[data-testid='al-score'][data-right='0'][data-total='1']")
-    page.get_by_text("the weights stay the same", exact=True).click()  # switched after the reveal
+    click_on(page.get_by_role("radio", name="the weights stay the same", exact=True))  # switched after the reveal
     fb = page.wait_for_selector("[data-testid='al-feedback'][data-verdict='wrong-changed']")
     assert "Your prediction was right" not in page.content()
     assert "You changed your answer" in fb.inner_text()
     page.wait_for_selector("[data-testid='al-score'][data-right='0'][data-total='1']")
-    page.get_by_text("each row gets flatter over its legal keys", exact=True).click()  # experiment 2, right
-    page.get_by_role("switch").nth(1).click()
+    click_on(page.get_by_role("radio", name="each row gets flatter over its legal keys", exact=True))  # exp. 2, right
+    click_on(page.get_by_role("switch").nth(1))
     page.wait_for_selector("[data-testid='al-score'][data-right='1'][data-total='2']")
-    page.get_by_text("yes, keys with a larger bias gain weight", exact=True).click()  # self-test part 2
-    page.get_by_role("switch").nth(5).click()
+    click_on(page.get_by_role("radio", name="yes, keys with a larger bias gain weight", exact=True))  # self-test 2
+    click_on(page.get_by_role("switch").nth(5))
     page.wait_for_selector("[data-testid='al-bias-diff']")
     page.wait_for_selector("[data-testid='al-score'][data-right='2'][data-total='3']")
     assert float(page.get_by_test_id("al-bias-diff").inner_text()) > 0.1
@@ -321,11 +321,11 @@ def test_the_chinese_view_leaves_no_english(page, tmp_path):
     page.wait_for_selector("[data-testid='al-item'][data-key='item-00']")
     page.get_by_text(I.t("zh", "Every step, by hand (scores, scale, mask, max, exp, sums, weights, output)")).click()
     page.wait_for_selector(".al-steps")
-    page.get_by_text(I.t("zh", "the weights get sharper"), exact=True).click()  # a committed, wrong prediction
-    page.get_by_role("switch").first.click()
+    click_on(page.get_by_role("radio", name=I.t("zh", "the weights get sharper"), exact=True))  # committed, wrong
+    click_on(page.get_by_role("switch").first)
     page.wait_for_selector("[data-testid='al-feedback'][data-verdict='wrong']")
     for i in range(1, 6):
-        page.get_by_role("switch").nth(i).click()  # revealed without a prediction: "predict first"
+        click_on(page.get_by_role("switch").nth(i))  # revealed without a prediction: "predict first"
     page.wait_for_function("document.querySelectorAll(\"[data-testid='al-feedback']\").length === 6")
     text = page.evaluate(DEEP_TEXT_JS)
     missing = [w for w in ("揭晓", "查询", "键", "值", "因果遮罩", "温度") if w not in text]

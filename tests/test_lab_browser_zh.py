@@ -13,6 +13,7 @@ import time
 
 import pytest
 from playwright.sync_api import expect
+from test_lab_browser import click_on
 from test_lab_browser_lessons import DEEP_TEXT_JS, open_lab, shot
 from test_lab_zh import english_runs
 
@@ -121,10 +122,10 @@ def use_every_control(page, lang: str, runs: dict[str, str]) -> None:
     page.keyboard.press("ArrowRight")
     page.wait_for_selector("#al-weights[data-temperature='1.1']")
     chinese_runs(page, "controls", runs)
-    page.get_by_text(t(lang, "the weights get sharper"), exact=True).click()
+    click_on(page.get_by_role("radio", name=t(lang, "the weights get sharper"), exact=True))
     switches = page.get_by_role("switch")
     for i in range(switches.count()):
-        switches.nth(i).click()
+        click_on(switches.nth(i))
     page.wait_for_function(f"document.querySelectorAll(\"[data-testid='al-feedback']\").length === {switches.count()}")
     chinese_runs(page, "reveals", runs)
     q_box = page.locator("[data-testid='al-input-q'] textarea")

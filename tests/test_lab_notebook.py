@@ -517,6 +517,24 @@ def test_server_command_is_local_and_headless():
     assert 1024 <= free_port() <= 65535
 
 
+def test_a_port_is_in_use_only_while_something_listens_on_it():
+    """``attnlab lab --port P`` right after the last server on P stopped: the connections it closed wait in TIME_WAIT,
+    and marimo (uvicorn, SO_REUSEADDR) can bind the port, so the lab must not call it in use."""
+    import socket
+
+    listener = socket.create_server((HOST, 0))
+    port = listener.getsockname()[1]
+    with pytest.raises(OSError, match=f"port {port} on 127.0.0.1 is in use"):
+        free_port(HOST, port)
+    client = socket.create_connection((HOST, port))
+    conn, _ = listener.accept()
+    conn.close()  # the server side closes first: its end of the connection waits in TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    assert free_port(HOST, port) == port
+
+
 def test_lab_server_starts_answers_on_localhost_and_stops():
     with start() as lab:
         lab.wait_ready(60)

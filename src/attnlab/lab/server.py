@@ -50,6 +50,9 @@ def free_port(host: str = HOST, port: int = 0) -> int:
     ``port=0`` (the default): the OS picks one.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as marimo's server binds (uvicorn sets SO_REUSEADDR): a port whose last server stopped a moment ago, with
+        # connections still in TIME_WAIT, is free for it, and only a port something listens on is in use
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as err:
