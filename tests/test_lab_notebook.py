@@ -416,6 +416,29 @@ def test_live_thread_shows_a_load_error_with_its_install_hint(monkeypatch):
     assert stopped == []
 
 
+def test_the_live_thread_says_when_the_heatmap_is_shown(monkeypatch):
+    """The views' cell waits for ``heatmap_shown`` so that the heatmap reaches the page first: it is set once the
+    heatmap was shown, and not when the cell re-ran meanwhile."""
+    from attnlab.lab import live
+
+    n = 3
+    allowed = np.tril(np.ones((n, n), dtype=bool))
+    w = np.where(allowed, 1.0, 0.0)[None, None] / allowed.sum(-1, keepdims=True)
+    r = live.LiveResult("SmolLM2-135M", "x y z", ("x", "Ġy", "Ġz"), w, allowed, 0.1)
+    loaded = live.Loader("smollm2", lambda key: object())
+    monkeypatch.setitem(live._LOADERS, "smollm2", loaded)
+    monkeypatch.setattr(live, "run", lambda key, text: r)
+    assert not live.heatmap_shown("smollm2", "x y z").is_set()
+    live.show_live("smollm2", "x y z", 0, 0, "en", lambda h: None, lambda: True)  # the cell re-ran: not shown
+    assert not live.heatmap_shown("smollm2", "x y z").is_set()
+    assert live.after_heatmap("smollm2", "x y z", timeout=0.01) is False  # not shown: the views go ahead
+    shown: list[str] = []
+    live.show_live("smollm2", "x y z", 0, 0, "en", shown.append, lambda: False)
+    assert 'data-testid="al-live-heatmap"' in shown[-1]
+    assert live.heatmap_shown("smollm2", "x y z").is_set()
+    assert live.after_heatmap("smollm2", "x y z", timeout=0.01) is True
+
+
 def test_live_status_shows_the_load_every_second_until_it_is_done(monkeypatch):
     """Before a sentence is run: the page opened, the model loads (every second a new status with the note), then
     one last status says it is loaded, in both languages; never the stale "loads when you press run"."""

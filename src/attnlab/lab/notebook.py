@@ -459,8 +459,8 @@ def _(LV, T, lang, live_head, live_layer, live_model, live_text, mo):
 
 @app.cell
 def _(mo):
-    # The live model's views (attnlab.lab.views): the result of a sentence arriving (set from a thread) and the
-    # head a click in the model view opened
+    # The live model's views (attnlab.lab.views): the (model, sentence) they show, set by the cell below once its
+    # forward pass is done, and the head a click in the model view opened
     get_views_ready, set_views_ready = mo.state(None)
     get_live_pick, set_live_pick = mo.state(None)
     return get_live_pick, get_views_ready, set_live_pick, set_views_ready
@@ -468,29 +468,33 @@ def _(mo):
 
 @app.cell
 def _(LV, live_model, live_text, mo, set_views_ready):
-    # The views' cells read ``live_sentence``, so they run after this cell: a forward pass that ends between a view
-    # finding no result and this cell's look at the cache would otherwise start no thread and wake no view
-    live_sentence = (live_model.value, live_text.value)
-    _key, _text = live_sentence
-    if _text and LV.cached("forward", _key, _text) is None:
+    # Which sentence the views show: set at once when its forward pass is cached (or there is no sentence), else by
+    # a thread when the pass is done and its heatmap shown. The views read only this state, so they keep the last
+    # sentence's pictures while the next one runs (the model view is not torn down at every press, which held the
+    # next heatmap back), and no pass can end unseen between a view's look and this cell's
+    _sentence = (live_model.value, live_text.value)
+    if not _sentence[1] or LV.cached("forward", *_sentence) is not None:
+        set_views_ready(_sentence)
+    else:
 
         def _wait_views():
             me = mo.current_thread()
             try:
-                LV.run(_key, _text)  # the live cell's forward pass (one cached Future): waits for it
-            except Exception:  # the live cell shows the error
-                return
+                LV.run(*_sentence)  # the live cell's forward pass (one cached Future): waits for it
+            except Exception:  # the live cell shows the error; the views their placeholder
+                pass
+            else:
+                LV.after_heatmap(*_sentence)  # the heatmap goes to the page first, then the views
             if not me.should_exit:
-                set_views_ready((_key, _text))
+                set_views_ready(_sentence)
 
         mo.Thread(target=_wait_views, daemon=True).start()
-    return (live_sentence,)
+    return
 
 
 @app.cell
-def _(LV, get_views_ready, lang, live_head, live_layer, live_sentence, mo, set_live_pick):
-    get_views_ready()  # re-run when a sentence's result arrives
-    _key, _text = live_sentence
+def _(LV, get_views_ready, lang, live_head, live_layer, mo, set_live_pick):
+    _key, _text = get_views_ready() or ("", "")
     _r = LV.cached("forward", _key, _text) if _text else None
     live_pick = None
     _out = None
@@ -546,13 +550,12 @@ def _(
     live_key,
     live_layer,
     live_query,
-    live_sentence,
     live_temp,
     live_top,
     mo,
 ):
-    get_views_ready()  # re-run when a sentence's result arrives
-    _r = LV.cached("forward", *live_sentence) if live_sentence[1] else None
+    _key, _text = get_views_ready() or ("", "")
+    _r = LV.cached("forward", _key, _text) if _text else None
     if _r is None:
         _out = mo.md(T(lang, "*The model, head, neuron and block views appear when the sentence has run.*"))
     else:
