@@ -1,12 +1,5 @@
-"""The fourth held-out set for ``attnlab check`` (issue 20): attention implementations rebuilt from bugs people
-reported in public, and correct real-world-shaped ones, forward and gradient.
-
-Every case is one file: ``fwd_*`` (forward, buggy), ``ok_*`` (forward, correct), ``bwd_*`` (hand-written backward or
-custom autograd Function, buggy) and ``okbwd_*`` (backward, correct). Each file names its public source (``SOURCE``),
-its kind, the finding code a correct checker should name first (``EXPECTED``, ``None`` for a correct case), other
-codes that would also be a right primary name (``ALSO_OK``), the options a user would pass (``CHECK``) and the
-callable to check (``TARGET``). The set was written without reading the checker; ``verify_set.py`` checks each case
-against an independent float64 reference, without the checker.
+"""Held-out set 4 for ``attnlab check`` (issue 20): the package of its case files (``fwd_*``, ``ok_*``, ``bwd_*``,
+``okbwd_*``, read by ``tests/heldout_files.py``) and of ``verify_set.py``, which checks them without the checker.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ SOURCE = "https://github.com/huggingface/optimum-neuron/pull/264"
 KIND = "forward"
 EXPECTED = "padding-leak"
 ALSO_OK = ()
-CHECK = {"layout": "bnhd", "causal_align": "bottom_right"}
+CHECK = {"layout": "bnhd", "causal_align": "bottom_right", "ranks": (4,)}
 TARGET = "attention"
 
 

@@ -14,7 +14,7 @@ SOURCE = "https://github.com/hyprstream/hyprstream/pull/1521"
 KIND = "forward"
 EXPECTED = None
 ALSO_OK = ()
-CHECK = {"layout": "bnhd", "causal_align": "bottom_right"}
+CHECK = {"layout": "bnhd", "causal_align": "bottom_right", "ranks": (4,)}
 TARGET = "attention"
 
 

@@ -23,7 +23,7 @@ B_K = 16
 
 
 def _full_mask(mask, q, k):
-    """The mask broadcast to ``q``'s batch shape: ``[..., n_q, n_k]`` (masks may come as ``[n_k]``, ``[B, 1, 1, n_k]``)."""
+    """The mask broadcast to ``[..., n_q, n_k]`` with q's batch shape (it may come as ``[n_k]``, ``[B, 1, 1, n_k]``)."""
     return None if mask is None else np.broadcast_to(mask, (*q.shape[:-2], q.shape[-2], k.shape[-2]))
 
 

@@ -142,6 +142,13 @@ def ref_grads(q, k, v, d_out, allow=None, scale=None, keep=None, p=0.0):
     return tq.grad.numpy(), tk.grad.numpy(), tv.grad.numpy()
 
 
+def block_logits():
+    """One query against 8 keys, d = 1: logits 1000 in the first key block of 4 and -1000 in the second."""
+    q = np.ones((1, 1, 1, 1))
+    k = np.array([1000.0, 999, 998, 997, -1000, -999, -998, -997])[None, None, :, None]
+    return q, k, np.arange(8.0)[None, None, :, None]
+
+
 def T(x):
     """A float64 (or bool / int) torch tensor of a NumPy array."""
     return torch.tensor(np.asarray(x))
@@ -214,9 +221,7 @@ def w_fwd_online_softmax_block_max_reset():
     fn = case("fwd_online_softmax_block_max_reset").attention
     q, k, v = qkv(n_k=11)
     m = allow_mask((*q.shape[:-1], 11), empty_row=True)
-    ql = np.ones((1, 1, 1, 1))
-    kl = np.array([1000.0, 999, 998, 997, -1000, -999, -998, -997])[None, None, :, None]
-    vl = np.arange(8.0)[None, None, :, None]
+    ql, kl, vl = block_logits()
     return [
         same("ordinary, 3 key blocks, masked", fn(q, k, v, m), ref(q, k, v, m)),
         differ("logits ±1000 over two key blocks", fn(ql, kl, vl), ref(ql, kl, vl)),
@@ -452,9 +457,7 @@ def w_ok_tiled_online_softmax_running_max():
     fn = case("ok_tiled_online_softmax_running_max").attention
     q, k, v = qkv(n_k=11)
     m = allow_mask((*q.shape[:-1], 11), empty_row=True)
-    ql = np.ones((1, 1, 1, 1))
-    kl = np.array([1000.0, 999, 998, 997, -1000, -999, -998, -997])[None, None, :, None]
-    vl = np.arange(8.0)[None, None, :, None]
+    ql, kl, vl = block_logits()
     return [
         same("3 key blocks, masked, an empty row", fn(q, k, v, m), ref(q, k, v, m)),
         same("logits ±1000 over two key blocks", fn(ql, kl, vl), ref(ql, kl, vl)),
