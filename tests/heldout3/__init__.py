@@ -11,110 +11,21 @@ against an independent float64 reference, without the checker.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import pathlib
-import types
-from collections.abc import Mapping
-from typing import Any
+
+import heldout_files
+from heldout_files import PREFIXES, Case, kind_of
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-#: File-name prefixes of the case files, with the kind and whether the cases are correct.
-PREFIXES = {
-    "fwd_": ("forward", False),
-    "ok_": ("forward", True),
-    "bwd_": ("backward", False),
-    "okbwd_": ("backward", True),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One held-out implementation.
-
-    Attributes:
-        name: the file's stem (``fwd_gqa_tile_instead_of_repeat``).
-        path: the file.
-        kind: ``"forward"`` or ``"backward"``.
-        expected: the primary finding code, or ``None`` for a correct implementation.
-        also_ok: other codes that would also be a right primary name.
-        check: the keyword options a user would pass to ``attnlab.check`` (read-only; ``backward`` as written in the
-            file: the name of the backward function in the same file, or ``True`` for autograd).
-        target: the object to check (the forward: a function or a callable instance).
-        backward: the hand-written backward named by ``check["backward"]``, ``True`` (autograd through a custom
-            ``torch.autograd.Function``), or ``None`` for forward cases.
-        source: the URL of the public report or code the case was rebuilt from.
-    """
-
-    name: str
-    path: pathlib.Path
-    kind: str
-    expected: str | None
-    also_ok: tuple[str, ...]
-    check: Mapping[str, Any]
-    target: Any
-    backward: Any
-    source: str
-
-    @property
-    def buggy(self) -> bool:
-        """True when the case has a bug (an ``expected`` code)."""
-        return self.expected is not None
-
-    @property
-    def target_string(self) -> str:
-        """``path/to/file.py:TARGET``, the form ``attnlab check`` takes on the command line."""
-        return f"{self.path}:{self.check_target_name}"
-
-    @property
-    def check_target_name(self) -> str:
-        """The name of the checked callable in its file."""
-        return _module(self.name).TARGET
-
-    def check_options(self) -> dict[str, Any]:
-        """The keyword options for ``attnlab.check(case.target, **options)``, ``backward`` resolved to the callable."""
-        options = dict(self.check)
-        if "backward" in options:
-            options["backward"] = self.backward
-        return options
-
-
-def _module(stem: str) -> types.ModuleType:
-    return importlib.import_module(f"{__name__}.{stem}")
+__all__ = ["HERE", "PREFIXES", "Case", "case_names", "kind_of", "load_cases"]
 
 
 def case_names() -> list[str]:
     """The stems of every case file, sorted."""
-    return sorted(p.stem for p in HERE.glob("*.py") if p.stem.startswith(tuple(PREFIXES)))
-
-
-def kind_of(stem: str) -> tuple[str, bool]:
-    """``(kind, correct)`` from a case file's prefix (the longest matching prefix wins: ``okbwd_`` over ``ok_``)."""
-    prefix = max((p for p in PREFIXES if stem.startswith(p)), key=len)
-    return PREFIXES[prefix]
+    return heldout_files.case_names(HERE)
 
 
 def load_cases() -> list[Case]:
     """Import every case file and return its record, sorted by name."""
-    cases = []
-    for stem in case_names():
-        mod = _module(stem)
-        check = dict(mod.CHECK)
-        backward = check.get("backward")
-        if isinstance(backward, str):
-            backward = getattr(mod, backward)
-        cases.append(
-            Case(
-                name=stem,
-                path=HERE / f"{stem}.py",
-                kind=mod.KIND,
-                expected=mod.EXPECTED,
-                also_ok=tuple(mod.ALSO_OK),
-                check=types.MappingProxyType(check),
-                target=getattr(mod, mod.TARGET),
-                backward=backward,
-                source=mod.SOURCE,
-            )
-        )
-    return cases
+    return heldout_files.load_cases(__name__, HERE)
