@@ -4,9 +4,9 @@ the checker, in-process, with what was expected, what was found and the verdict,
 Run: ``PYTHONPATH=src python benchmarks/check_acceptance.py`` (the forward set; ``--backward`` the held-out backward
 passes of ``tests/heldout/backward_passes.py``; ``--set 2`` the second held-out sets, ``tests/heldout2/`` and
 ``tests/heldout2_backward/``, written later by other authors; ``--set 3`` the third set, ``tests/heldout3/``, forward
-and gradient cases rebuilt from public bug reports by an author who never read the checker (issue 20); ``--json``
-for machine-readable rows). Exit status 0
-when the acceptance rule holds, 1 when it does not.
+and gradient cases rebuilt from public bug reports by an author who never read the checker (issue 20); ``--set 4``
+the fourth, ``tests/heldout4/``, made the same way from other reports; ``--json`` for machine-readable rows). Exit
+status 0 when the acceptance rule holds, 1 when it does not.
 """
 
 from __future__ import annotations
@@ -104,15 +104,16 @@ def backward_rows(cases: list) -> list[dict]:
     return out
 
 
-def set3_rows() -> list[dict]:
-    """The third held-out set (``tests/heldout3/``, forward and backward cases in one table), as :func:`rows`: a
-    buggy case passes when its ``EXPECTED`` code (or one of its ``ALSO_OK`` codes) is among the findings."""
-    from heldout3 import load_cases
+def file_set_rows(which: int) -> list[dict]:
+    """A held-out set of case files (``tests/heldout3/``, ``tests/heldout4/``: forward and backward cases in one
+    table), as :func:`rows`: a buggy case passes when its ``EXPECTED`` code (or one of its ``ALSO_OK`` codes) is
+    among the findings."""
+    import importlib
 
     import attnlab
 
     out = []
-    for case in load_cases():
+    for case in importlib.import_module(f"heldout{which}").load_cases():
         t0 = time.perf_counter()
         try:
             report = attnlab.check(case.target, isolate=False, name=case.name, **case.check_options())
@@ -168,11 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows and the summary as JSON")
     ap.add_argument("--backward", action="store_true", help="the held-out backward passes instead of the forward set")
-    ap.add_argument("--set", type=int, choices=(1, 2, 3), default=1, help="the held-out set: 1 (default), 2 or 3")
+    ap.add_argument("--set", type=int, choices=(1, 2, 3, 4), default=1, help="the held-out set: 1 (default) to 4")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    if args.set == 3:  # one table: its forward and backward cases
-        table = set3_rows()
+    if args.set >= 3:  # one table: its forward and backward cases
+        table = file_set_rows(args.set)
     else:
         table = backward_rows(backward_cases(args.set)) if args.backward else rows(forward_cases(args.set))
     s = summary(table)

@@ -187,6 +187,7 @@ def test_correct_entry_matches_autograd_everywhere(entry):
 # "raises" = the entry raises on that case; "nan" = non-finite gradients there
 BEHAVIOUR: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "bwd-np-jacobian-missing": ((), {"self": "dq dk"}),
+    "bwd-np-jacobian-diagonal": ((), {"self": "dq dk", "cross": "dq dk"}),
     "bwd-fa2-no-delta": ((), {"cross": "dq dk"}),
     "bwd-torch-jacobian-missing": ((), {"cross": "dq dk"}),
     "bwd-np-delta-rowsum-dp": ((), {"self": "dq dk"}),
@@ -216,6 +217,7 @@ BEHAVIOUR: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "bwd-fa2-dq-overwritten": (("tiny",), {"cross": "dq"}),
     "bwd-torch-chunked-dq-overwritten": (("tiny",), {"cross": "dq"}),
     "bwd-np-causal-off-by-one": (("self", "cross", "pad", "row"), {"causal": "dq dk dv"}),
+    "bwd-np-causal-flag-not-read": (("causal",), {"self": "dq dk dv", "cross": "dq dk dv", "pad": "dq dk dv"}),
     "bwd-fa2-causal-strict": (("self", "cross", "pad", "row"), {"causal": "dq dk dv"}),
     "bwd-torch-causal-triu0": (("self", "cross", "pad", "row"), {"causal": "dq dk dv"}),
     "bwd-np-dropout-dp-forgotten": (("self", "cross", "pad", "row"), {"dropout": "dq dk"}),

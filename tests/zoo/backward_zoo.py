@@ -282,6 +282,26 @@ def np_causal_off_by_one(q, k, v, d_out, mask=None, scale=None, causal=False):
     return _finish(q, k, v, ds @ k_ * sc, _t(ds) @ q_ * sc, _t(p) @ do)
 
 
+def np_causal_flag_not_read(q, k, v, d_out, mask=None, scale=None, causal=False):
+    """grad-causal: the backward always rebuilds P under the causal triangle (its ``causal`` flag is never read),
+    while the forward honours the flag: right for causal calls, wrong for every other one with n_q > 1."""
+    _, q_, k_, v_, do, sc, _ = _setup(q, k, v, d_out, mask, scale)
+    shape = (*np.broadcast_shapes(q_.shape[:-2], k_.shape[:-2]), q.shape[-2], k.shape[-2])
+    p = _softmax(q_ @ _t(k_) * sc, _allowed(mask, True, shape))
+    dp = do @ _t(v_)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    return _finish(q, k, v, ds @ k_ * sc, _t(ds) @ q_ * sc, _t(p) @ do)
+
+
+def np_jacobian_diagonal(q, k, v, d_out, mask=None, scale=None):
+    """grad-jacobian: each weight differentiated as if it depended on its own score only, ``dS = P (1 - P) dP``
+    (the elementwise derivative of a sigmoid), the off-diagonal ``-P_ij P_ik`` terms of the softmax Jacobian lost."""
+    _, q_, k_, v_, do, sc, allowed = _setup(q, k, v, d_out, mask, scale)
+    p = _softmax(q_ @ _t(k_) * sc, allowed)
+    ds = p * (1 - p) * (do @ _t(v_))
+    return _finish(q, k, v, ds @ k_ * sc, _t(ds) @ q_ * sc, _t(p) @ do)
+
+
 def np_dropout_dp_forgotten(q, k, v, d_out, mask=None, scale=None, dropout_mask=None, dropout_p=0.0):
     """grad-dropout: dV uses the dropped weights, but dP = dO Vᵀ is not multiplied by keep / (1-p)."""
     cdt, q_, k_, v_, do, sc, allowed = _setup(q, k, v, d_out, mask, scale)
@@ -1320,6 +1340,7 @@ CORRECT = [
 BROKEN = [
     # softmax Jacobian
     Entry("bwd-np-jacobian-missing", np_jacobian_missing, ("grad-jacobian",), doc=np_jacobian_missing.__doc__),
+    Entry("bwd-np-jacobian-diagonal", np_jacobian_diagonal, ("grad-jacobian",), doc=np_jacobian_diagonal.__doc__),
     Entry(
         "bwd-fa2-no-delta",
         fa2_bwd_no_delta,
@@ -1477,6 +1498,9 @@ BROKEN = [
     ),
     # causal in the backward only
     Entry("bwd-np-causal-off-by-one", np_causal_off_by_one, ("grad-causal",), doc=np_causal_off_by_one.__doc__),
+    Entry(
+        "bwd-np-causal-flag-not-read", np_causal_flag_not_read, ("grad-causal",), doc=np_causal_flag_not_read.__doc__
+    ),
     Entry(
         "bwd-fa2-causal-strict",
         fa2_bwd_causal_shifted,

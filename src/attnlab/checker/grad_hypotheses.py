@@ -12,7 +12,7 @@ matches what the function returned.
 >>> rng = np.random.default_rng(0)
 >>> q, k, v, do = (rng.standard_normal((1, 1, 3, 2)) for _ in range(4))
 >>> g = attention_grads(q, k, v, do)
->>> bad = attention_grads(q, k, v, do, variant=Variant(jacobian=False))
+>>> bad = attention_grads(q, k, v, do, variant=Variant(jacobian="none"))
 >>> bool(np.allclose(g["dv"], bad["dv"])), bool(np.allclose(g["dq"], bad["dq"]))
 (True, False)
 """
@@ -42,7 +42,9 @@ class Variant:
     """One wrong (or, with the defaults, the right) backward pass.
 
     Attributes:
-        jacobian: subtract ``delta`` in ``dS = P ∘ (dP - delta)`` (False: ``dS = P ∘ dP``).
+        jacobian: the softmax Jacobian in dS: ``"full"`` (right, ``dS = P ∘ (dP - delta)``), ``"none"`` (``dS = P ∘
+            dP``: the ``- delta`` term dropped), ``"diagonal"`` (``dS = P ∘ (1 - P) ∘ dP``: each weight
+            differentiated as if it depended on its own score only).
         delta: ``"dodo"`` ``rowsum(dO ∘ O)`` (right), ``"dp"`` ``rowsum(dP)``, ``"p"`` ``rowsum(P)``, ``"do"``
             ``rowsum(dO)``, ``"dp-allowed"`` (``rowsum(dP)`` over the allowed keys), ``"self"``
             ``rowsum(dP ∘ P)`` from the backward's own (possibly wrong) P and dP: the same as ``"dodo"`` unless P or
@@ -56,6 +58,8 @@ class Variant:
             (key j allowed for query i when ``j <= i + offset + shift``, offset 0 top-left, ``n_k - n_q``
             bottom-right; alignment ``"none"``: no causal mask at all, the user mask only), with ``p_norm``
             ``"lse"`` (``exp(s - lse)``, the forward's lse) or ``"softmax"``.
+        causal_added: with ``p_causal``, the forward has no causal mask and the backward adds this one (a causal
+            flag the backward does not read, or reads as always on).
         p_where: where the wrong P is used: ``"all"``, ``"dv"`` (only in dV = Pᵀ dO) or ``"ds"`` (only in dS).
         lse: the lse the backward's P comes from: ``"right"``, ``"nomax"`` (``log(sum exp(s - m))``, the max not
             added back), ``"log2"`` (a log2-units lse read as nats), ``"nats-as-log2"`` (the reverse), ``"axis"``
@@ -74,13 +78,14 @@ class Variant:
         default_scale: dQ and dK use 1/sqrt(d_k) where the forward was given another ``scale``.
     """
 
-    jacobian: bool = True
+    jacobian: str = "full"
     delta: str = "dodo"
     scale_dq: int = 1
     scale_dk: int = 1
     transposed: frozenset[str] = frozenset()
     p_mask: str = "mask"
     p_causal: tuple[str, int] | None = None
+    causal_added: bool = False
     p_norm: str = "lse"
     p_where: str = "all"
     lse: str = "right"
@@ -237,7 +242,12 @@ def attention_grads(
         if dp_drop is not None:
             dp = r(dp * dp_drop)
         delta = r(_delta(var.delta, dp, p_ds, ok, do, out))
-        ds = r(p_ds * (dp - delta)) if var.jacobian else r(p_ds * dp)
+        if var.jacobian == "full":
+            ds = r(p_ds * (dp - delta))
+        elif var.jacobian == "diagonal":
+            ds = r(r(p_ds * (1 - p_ds)) * dp)
+        else:
+            ds = r(p_ds * dp)
         ds = np.where(np.isfinite(ds), ds, np.nan)
     ds_q, ds_k = ds, ds
     if var.accumulate is not None:
@@ -359,7 +369,17 @@ def _scores_and_causal(
 ) -> list[tuple[str, str, Variant]]:
     """The hypotheses on the Jacobian, delta, the scale, transposed factors and the causal mask."""
     out = [
-        ("grad-jacobian", "the softmax-Jacobian term is missing: dS = P ∘ dP, without - delta", Variant(jacobian=False))
+        (
+            "grad-jacobian",
+            "the softmax-Jacobian term is missing: dS = P ∘ dP, without - delta",
+            Variant(jacobian="none"),
+        ),
+        (
+            "grad-jacobian",
+            "only the softmax Jacobian's diagonal is used: dS = P ∘ (1 - P) ∘ dP, as if each weight depended on its "
+            "own score alone (the -P_ij P_ik terms dropped)",
+            Variant(jacobian="diagonal"),
+        ),
     ]
     wrong = [("dp", "rowsum(dP)"), ("p", "rowsum(P) (= 1)"), ("do", "rowsum(dO)")]
     for d, what in wrong + ([("dp-allowed", "rowsum(dP) over the allowed keys")] if masked else []):
@@ -397,6 +417,19 @@ def _scores_and_causal(
                 Variant(transposed=frozenset({"dv", "dk"})),
             )
         )
+    if causal is None and n_q > 1:  # a causal mask in the backward that the forward does not have
+        aligns = ["top_left", "bottom_right"] if n_q != n_k else ["top_left"]
+        for align in aligns:
+            for norm in ("lse", "softmax"):
+                text = "the backward recomputes P under a causal mask the forward does not have"
+                where = f" ({align.replace('_', '-')})" if n_q != n_k else ""
+                out.append(
+                    (
+                        "grad-causal",
+                        f"{text}{where}: its causal flag is not read, or read as always on",
+                        Variant(p_causal=(align, 0), causal_added=True, p_norm=norm),
+                    )
+                )
     if causal is not None:  # before the mask's: a causal case's P without its causal mask is grad-causal
         other = "bottom_right" if causal == "top_left" else "top_left"
         shifts = [

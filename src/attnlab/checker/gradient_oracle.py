@@ -108,7 +108,7 @@ LSE_UNITS = ("nats", "log2")
 #: The backward finding codes, with their meaning in a few words (docs/checker.md, "Backward", explains each).
 BACKWARD_CODES: dict[str, str] = {
     "grad-mismatch": "gradients differ from the float64 golden and no named mistake explains it",
-    "grad-jacobian": "the softmax-Jacobian term is missing (dS = P ∘ dP without - delta)",
+    "grad-jacobian": "the softmax Jacobian is incomplete (dS = P ∘ dP without - delta, or its diagonal alone)",
     "grad-delta": "delta is computed from the wrong quantity (rowsum(dP) or rowsum(P) instead of rowsum(dO ∘ O))",
     "grad-scale": "1/sqrt(d_k) is missing from dQ/dK, or applied twice",
     "grad-transposed": "dV, dK or dQ is computed with a transposed factor (P instead of Pᵀ, dS instead of dSᵀ)",
@@ -117,7 +117,8 @@ BACKWARD_CODES: dict[str, str] = {
     "grad-gqa-sum": "GQA dK/dV are not summed over the query heads of a group",
     "grad-lse": "the backward's P is recomputed from a wrong lse (no max, wrong units, wrong axis)",
     "grad-accumulate": "per-block accumulators (dK/dV/dQ) are overwritten instead of accumulated",
-    "grad-causal": "the backward's causal mask is off by one, or has the other alignment, unlike the forward's",
+    "grad-causal": "the backward's causal mask differs from the forward's (off by one, the other alignment, missing, "
+    "or added where the forward has none)",
     "grad-dropout": "the backward's dropout mask or 1/(1-p) differs from the forward's",
     "grad-batch-leak": "gradients mix batch elements or heads",
 }
@@ -139,7 +140,7 @@ GRAD_FIXES: dict[str, str] = {
     "grad-accumulate": "accumulate per-block contributions (dK_j += dSᵀ_ij Q_i, dV_j += Pᵀ_ij dO_i, "
     "dQ_i += dS_ij K_j); zero the accumulators once, before the loop",
     "grad-causal": "use exactly the forward's causal mask in the backward (key j allowed for query i when j <= i, "
-    "+ n_k - n_q bottom-right)",
+    "+ n_k - n_q bottom-right), and none when the forward had none (read the same causal flag)",
     "grad-dropout": "reuse the forward's keep mask in the backward and scale by 1/(1-p) once: dV = (P ∘ keep/(1-p))ᵀ "
     "dO and dP = (dO Vᵀ) ∘ keep/(1-p)",
     "grad-batch-leak": "keep batch and head axes separate in the backward (no reshape across them, no sums over "

@@ -452,8 +452,8 @@ def diagnose_grads(
     for code, text, var in cands:
         if var.transposed and n_q != n_k:
             continue
-        if var.p_causal is not None and case.causal is None:
-            continue
+        if var.p_causal is not None and var.causal_added != (case.causal is None):
+            continue  # a causal hypothesis for a causal case, an added causal mask for one without
         alt = s.grads.case_grads(case, var)
         ok = True
         err = 0.0
