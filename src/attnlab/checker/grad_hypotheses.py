@@ -20,6 +20,7 @@ matches what the function returned.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -242,12 +243,7 @@ def attention_grads(
         if dp_drop is not None:
             dp = r(dp * dp_drop)
         delta = r(_delta(var.delta, dp, p_ds, ok, do, out))
-        if var.jacobian == "full":
-            ds = r(p_ds * (dp - delta))
-        elif var.jacobian == "diagonal":
-            ds = r(r(p_ds * (1 - p_ds)) * dp)
-        else:
-            ds = r(p_ds * dp)
+        ds = _jacobian(var.jacobian, p_ds, dp, delta, r)
         ds = np.where(np.isfinite(ds), ds, np.nan)
     ds_q, ds_k = ds, ds
     if var.accumulate is not None:
@@ -309,6 +305,16 @@ def _recomputed(
     with np.errstate(over="ignore", invalid="ignore"):
         p = np.where(mask & fin, np.exp(np.where(mask, s, 0.0) - np.where(fin, lse_used, 0.0)), 0.0)
     return p
+
+
+def _jacobian(how: str, p: np.ndarray, dp: np.ndarray, delta: np.ndarray, r: Callable) -> np.ndarray:
+    """dS from P and dP ``[..., n_q, n_k]`` and delta ``[..., n_q, 1]`` under :attr:`Variant.jacobian` ``how``; ``r``
+    rounds each step to the working dtype."""
+    if how == "full":
+        return r(p * (dp - delta))
+    if how == "diagonal":
+        return r(r(p * (1 - p)) * dp)
+    return r(p * dp)
 
 
 def _block_range(n: int, block: int, which: str) -> slice:
@@ -417,19 +423,8 @@ def _scores_and_causal(
                 Variant(transposed=frozenset({"dv", "dk"})),
             )
         )
-    if causal is None and n_q > 1:  # a causal mask in the backward that the forward does not have
-        aligns = ["top_left", "bottom_right"] if n_q != n_k else ["top_left"]
-        for align in aligns:
-            for norm in ("lse", "softmax"):
-                text = "the backward recomputes P under a causal mask the forward does not have"
-                where = f" ({align.replace('_', '-')})" if n_q != n_k else ""
-                out.append(
-                    (
-                        "grad-causal",
-                        f"{text}{where}: its causal flag is not read, or read as always on",
-                        Variant(p_causal=(align, 0), causal_added=True, p_norm=norm),
-                    )
-                )
+    if causal is None:
+        out += _added_causal(n_q, n_k)
     if causal is not None:  # before the mask's: a causal case's P without its causal mask is grad-causal
         other = "bottom_right" if causal == "top_left" else "top_left"
         shifts = [
@@ -448,6 +443,20 @@ def _scores_and_causal(
                         Variant(p_causal=pc, p_norm=norm),
                     )
                 )
+    return out
+
+
+def _added_causal(n_q: int, n_k: int) -> list[tuple[str, str, Variant]]:
+    """The hypotheses on a causal mask in the backward that the forward does not have (either alignment)."""
+    if n_q == 1:
+        return []
+    out = []
+    for align in ["top_left", "bottom_right"] if n_q != n_k else ["top_left"]:
+        where = f" ({align.replace('_', '-')})" if n_q != n_k else ""
+        text = f"the backward recomputes P under a causal mask{where} the forward does not have: its causal flag is "
+        for norm in ("lse", "softmax"):
+            var = Variant(p_causal=(align, 0), causal_added=True, p_norm=norm)
+            out.append(("grad-causal", text + "not read, or read as always on", var))
     return out
 
 
