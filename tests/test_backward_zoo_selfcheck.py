@@ -188,6 +188,7 @@ def test_correct_entry_matches_autograd_everywhere(entry):
 BEHAVIOUR: dict[str, tuple[tuple[str, ...], dict[str, object]]] = {
     "bwd-np-jacobian-missing": ((), {"self": "dq dk"}),
     "bwd-np-jacobian-diagonal": ((), {"self": "dq dk", "cross": "dq dk"}),
+    "bwd-np-dv-weights-unnormalised": ((), {"self": "dv", "cross": "dv"}),
     "bwd-fa2-no-delta": ((), {"cross": "dq dk"}),
     "bwd-torch-jacobian-missing": ((), {"cross": "dq dk"}),
     "bwd-np-delta-rowsum-dp": ((), {"self": "dq dk"}),

@@ -11,7 +11,7 @@ import numpy as np
 SOURCE = "https://github.com/triton-lang/triton/issues/1934"
 KIND = "backward"
 EXPECTED = "grad-mismatch"
-ALSO_OK = ()
+ALSO_OK = ("grad-lse",)  # more specific, added when the checker learnt it: the P of dV from a wrong lse, fitted
 CHECK = {"backward": "attention_bwd"}
 TARGET = "attention"
 

@@ -302,6 +302,19 @@ def np_jacobian_diagonal(q, k, v, d_out, mask=None, scale=None):
     return _finish(q, k, v, ds @ k_ * sc, _t(ds) @ q_ * sc, _t(p) @ do)
 
 
+def np_dv_weights_unnormalised(q, k, v, d_out, mask=None, scale=None):
+    """grad-lse: dV is computed from the weights before the division by their row sum, ``exp(s - max)`` (a port of
+    a kernel whose dO came pre-divided by the denominator); dQ and dK use the normalised P and are right."""
+    _, q_, k_, v_, do, sc, allowed = _setup(q, k, v, d_out, mask, scale)
+    s = np.where(allowed, q_ @ _t(k_) * sc, -np.inf)
+    m = np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    p = _softmax(q_ @ _t(k_) * sc, allowed)
+    dp = do @ _t(v_)
+    ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+    return _finish(q, k, v, ds @ k_ * sc, _t(ds) @ q_ * sc, _t(e) @ do)
+
+
 def np_dropout_dp_forgotten(q, k, v, d_out, mask=None, scale=None, dropout_mask=None, dropout_p=0.0):
     """grad-dropout: dV uses the dropped weights, but dP = dO Vᵀ is not multiplied by keep / (1-p)."""
     cdt, q_, k_, v_, do, sc, allowed = _setup(q, k, v, d_out, mask, scale)
@@ -1341,6 +1354,12 @@ BROKEN = [
     # softmax Jacobian
     Entry("bwd-np-jacobian-missing", np_jacobian_missing, ("grad-jacobian",), doc=np_jacobian_missing.__doc__),
     Entry("bwd-np-jacobian-diagonal", np_jacobian_diagonal, ("grad-jacobian",), doc=np_jacobian_diagonal.__doc__),
+    Entry(
+        "bwd-np-dv-weights-unnormalised",
+        np_dv_weights_unnormalised,
+        ("grad-lse",),
+        doc=np_dv_weights_unnormalised.__doc__,
+    ),
     Entry(
         "bwd-fa2-no-delta",
         fa2_bwd_no_delta,

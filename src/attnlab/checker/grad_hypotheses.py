@@ -30,7 +30,7 @@ from .. import masks as _masks
 from .adapters import round_to
 from .tolerance import expand_kv
 
-__all__ = ["BLOCKS", "Variant", "attention_grads", "fitted_lse", "hypotheses", "reduce_kv"]
+__all__ = ["BLOCKS", "Variant", "attention_grads", "fitted_dv_lse", "fitted_lse", "hypotheses", "reduce_kv"]
 
 #: Block sizes a tiled backward may use (the accumulate hypotheses try each one smaller than the sequence).
 BLOCKS = (*range(1, 17), 20, 24, 32, 48, 64, 96, 128)
@@ -194,7 +194,7 @@ def attention_grads(
     dtype: str = "float64",
     variant: Variant | None = None,
 ) -> dict[str, Any]:
-    """Gradients ``{"dq", "dk", "dv", "dbias", "out"}`` of attention for the upstream gradient ``d_out``.
+    """Gradients ``{"dq", "dk", "dv", "dbias", "out", "p"}`` (``p``: the forward's weights) for ``d_out``.
 
     Shapes: ``q [..., h, n_q, d_k]``, ``k [..., h_kv, n_k, d_k]``, ``v [..., h_kv, n_k, d_v]``,
     ``d_out [..., h, n_q, d_v]``, ``allowed``/``bias``/``keep`` broadcastable to ``[..., h, n_q, n_k]``
@@ -257,7 +257,7 @@ def attention_grads(
     dbias = None
     if bias is not None:
         dbias = _sum_to(ds, np.shape(bias))
-    return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias, "out": out}
+    return {"dq": dq, "dk": dk, "dv": dv, "dbias": dbias, "out": out, "p": p_fwd}
 
 
 def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -579,6 +579,42 @@ def fitted_lse(golden_dq: np.ndarray, dq: np.ndarray, rows: np.ndarray) -> list[
     var = Variant(lse="shifted", lse_shift=_nested(-np.log(c)[..., None]))
     text = "the backward's P comes from a wrong lse: each row of P is off by a factor (fitted per row from dQ)"
     return [("grad-lse", text, var), ("grad-lse", text, replace(var, delta="self"))]
+
+
+def fitted_dv_lse(p: np.ndarray, d_out: np.ndarray, dv: np.ndarray, rows: np.ndarray) -> list[tuple[str, str, Variant]]:
+    """The wrong-lse hypothesis fitted to a function's ``dv`` alone, for a backward whose dQ and dK are right: the P
+    of ``dV = Pᵀ dO`` is ``exp(s - lse')`` (unnormalised ``exp(s - m)``, a stale lse) while dS uses the right P.
+    Each row of that P is off by ``c_i = exp(lse_i - lse'_i)``, so ``dV_j = Σ_i c_i P_ij dO_i``: ``c`` is fitted by
+    least squares per batch element and head, and the hypothesis then tested like every other. Empty when the
+    rows are not scaled copies (``c`` <= 0, 1 everywhere, or more rows than equations) or with GQA (K/V heads
+    shared). Shapes: ``p [..., h, n_q, n_k]``, ``d_out [..., h, n_q, d_v]``, ``dv [..., h, n_k, d_v]``, ``rows
+    [..., h, n_q]`` the rows that may attend."""
+    p, do, a = (np.asarray(x, dtype=np.float64) for x in (p, d_out, dv))
+    n_q, n_k, d_v = p.shape[-2], p.shape[-1], do.shape[-1]
+    lead = np.broadcast_shapes(p.shape[:-2], do.shape[:-2])
+    if a.shape != (*lead, n_k, d_v) or not np.all(np.isfinite(a)) or n_k * d_v < 2 * n_q:
+        return []
+    cols = np.einsum(
+        "...ij,...ie->...jei", np.broadcast_to(p, (*lead, n_q, n_k)), np.broadcast_to(do, (*lead, n_q, d_v))
+    )
+    cols = cols.reshape(-1, n_k * d_v, n_q)
+    want = a.reshape(-1, n_k * d_v)
+    use = np.broadcast_to(rows, (*lead, n_q)).reshape(-1, n_q)
+    c = np.ones_like(use, dtype=np.float64)
+    for i in range(cols.shape[0]):  # one small least-squares problem per batch element and head
+        sel = use[i] & (np.abs(cols[i]).max(axis=0) > 0)
+        if sel.any():
+            c[i, sel] = np.linalg.lstsq(cols[i][:, sel], want[i], rcond=None)[0]
+    c = c.reshape(*lead, n_q)
+    usable = np.broadcast_to(rows, c.shape)
+    if np.any(c[usable] <= 0) or np.allclose(c, 1.0, rtol=1e-6, atol=0):
+        return []
+    var = Variant(lse="shifted", lse_shift=_nested(-np.log(np.where(usable, c, 1.0))[..., None]), p_where="dv")
+    text = (
+        "the P of dV = Pᵀ dO comes from a wrong lse (not normalised, as exp(s - m), or stale): each of its rows is "
+        "off by a factor (fitted per row from dV); dQ and dK are right"
+    )
+    return [("grad-lse", text, var)]
 
 
 def _nested(x: np.ndarray) -> tuple:

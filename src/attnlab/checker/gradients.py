@@ -18,7 +18,7 @@ import numpy as np
 
 from .adapters import round_to
 from .depends import wrong_entries
-from .grad_hypotheses import Variant, attention_grads, fitted_lse, hypotheses
+from .grad_hypotheses import Variant, attention_grads, fitted_dv_lse, fitted_lse, hypotheses
 from .gradient_oracle import (
     BACKWARD_CODES,
     GRAD_CAPABILITIES,
@@ -448,6 +448,8 @@ def diagnose_grads(
     if refit and grads.get("dq") is not None:  # a wrong lse of any kind: fitted from dq, row by row
         right = s.grads.case_grads(case)
         cands = [*cands, *fitted_lse(right["dq"], grads["dq"], rows)]
+        if "dq" not in bad and "dv" in bad and case.keep is None and case.k.shape[-3] == case.q.shape[-3]:
+            cands = [*cands, *fitted_dv_lse(right["p"], case.d_out, grads["dv"], rows)]  # only dV's P wrong
     worst = max(c.max_error for c in bad.values() if c.max_error < math.inf) if bad else 0.0
     for code, text, var in cands:
         if var.transposed and n_q != n_k:
