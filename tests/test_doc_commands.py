@@ -184,9 +184,13 @@ def _serve(cmd: Command, cwd: Path, env: dict, log: Path) -> str | None:
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
+                ps = subprocess.run(
+                    ["ps", "-o", "pid,pgid,stat,wchan:20,args", "-g", str(proc.pid)], capture_output=True, text=True
+                ).stdout
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                return "did not stop on Ctrl-C (SIGINT)"
+                tail = log.read_text(errors="replace")[-1500:]
+                return f"did not stop on Ctrl-C (SIGINT); its processes then:\n{ps}\nits output:\n{tail}"
     text = log.read_text(errors="replace")
     if "Traceback" in text:
         return f"traceback: {text[-3000:]}"

@@ -12,6 +12,7 @@ import re
 import time
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 from test_lab_browser import click_on
 from test_lab_browser_lessons import DEEP_TEXT_JS, open_lab, shot
@@ -124,9 +125,17 @@ def use_every_control(page, lang: str, runs: dict[str, str]) -> None:
     chinese_runs(page, "controls", runs)
     click_on(page.get_by_role("radio", name=t(lang, "the weights get sharper"), exact=True))
     switches = page.get_by_role("switch")
-    for i in range(switches.count()):
-        click_on(switches.nth(i))
-    page.wait_for_function(f"document.querySelectorAll(\"[data-testid='al-feedback']\").length === {switches.count()}")
+    every = f"document.querySelectorAll(\"[data-testid='al-feedback']\").length === {switches.count()}"
+    for attempt in range(3):  # a switch the page redrew as off while the next one was clicked is clicked again
+        for i in range(switches.count()):
+            if switches.nth(i).get_attribute("aria-checked") != "true":
+                click_on(switches.nth(i))
+        try:
+            page.wait_for_function(every, timeout=20_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
     chinese_runs(page, "reveals", runs)
     q_box = page.locator("[data-testid='al-input-q'] textarea")
     for typed in ("1, 0\n0, x", "1, 0\n0"):
