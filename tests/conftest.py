@@ -204,7 +204,46 @@ def pytest_collection_finish(session):
 _THREAD_LIMITS = pytest.StashKey[object]()
 
 
+#: JAX's compilation cache, one folder per test run shared by its processes (the pytest-xdist workers and every
+#: process a test starts: checker workers, documented commands), so an XLA program compiled in one process (one per
+#: operation and shape for a JAX function run op by op, ~50 ms each on 2 cores) is read back in the others instead
+#: of being compiled again. The cached program is the compiled one, byte for byte: results do not change.
+_JAX_CACHE = {
+    "JAX_COMPILATION_CACHE_DIR": "",  # set in pytest_configure
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every program (JAX's default keeps those over 1 s only)
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+_JAX_CACHE_DIR = pytest.StashKey[str]()
+
+
+def _share_jax_compilations(config) -> None:
+    """Point this run's processes at one JAX compilation cache (:data:`_JAX_CACHE`), unless one is set already (by
+    the user, or by the process that started this one: the workers inherit the controller's environment)."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="attnlab-jax-cache-")
+    config.stash[_JAX_CACHE_DIR] = folder  # this process made it: removed at the end (pytest_unconfigure)
+    for name, value in _JAX_CACHE.items():
+        os.environ.setdefault(name, value or folder)
+    if "jax" in sys.modules:  # imported already (by a plugin): its configuration has read the environment
+        jax = sys.modules["jax"]
+        jax.config.update("jax_compilation_cache_dir", folder)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    folder = config.stash.get(_JAX_CACHE_DIR, None)
+    if folder is not None:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def pytest_configure(config):
+    _share_jax_compilations(config)
     config.addinivalue_line(  # pytest-xdist's own, named here too so that --strict-markers holds without it
         "markers", "xdist_group(name): tests of one group run in one pytest-xdist worker (--dist loadgroup)"
     )
