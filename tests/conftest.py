@@ -212,6 +212,9 @@ _JAX_CACHE = {
     "JAX_COMPILATION_CACHE_DIR": "",  # set in pytest_configure
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # every program (JAX's default keeps those over 1 s only)
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    # a size limit (never reached: a few hundred MB a run) turns on JAX's file lock, so that no process reads an
+    # entry that another is still writing
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 << 30),
 }
 _JAX_CACHE_DIR = pytest.StashKey[str]()
 
@@ -232,6 +235,7 @@ def _share_jax_compilations(config) -> None:
         jax.config.update("jax_compilation_cache_dir", folder)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        jax.config.update("jax_compilation_cache_max_size", 8 << 30)
 
 
 def pytest_unconfigure(config):
