@@ -86,11 +86,12 @@ def kill_all(pids: set[int]) -> None:
                 os.kill(p, signal.SIGKILL)
 
 
-def with_default_sigint(cmd: list[str]) -> list[str]:
+def with_default_sigint(cmd: list[str], python: str | None = None) -> list[str]:
     """``cmd`` (``cmd[0]`` an absolute path) run with SIGINT at its default, as from a terminal.
 
     A process started in the background by a non-interactive shell ignores SIGINT, and so would its children (an
-    ignored signal stays ignored through exec); this wrapper undoes that before exec'ing ``cmd``.
+    ignored signal stays ignored through exec); this wrapper undoes that before exec'ing ``cmd``. The wrapper runs in
+    ``python`` (default ``cmd[0]``, for a Python command).
     """
     code = "import os,signal,sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
-    return [cmd[0], "-c", code, *cmd]
+    return [python or cmd[0], "-c", code, *cmd]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from procs import with_default_sigint
 
 import attnlab
 
@@ -164,8 +166,13 @@ def _normal(text: str) -> str:
 def _serve(cmd: Command, cwd: Path, env: dict, log: Path) -> str | None:
     """Start a server command, wait for its URL, fetch it, stop it with SIGINT. Returns what went wrong, or None."""
     with open(log, "w") as out:
-        proc = subprocess.Popen(
-            ["bash", "-c", cmd.text], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        proc = subprocess.Popen(  # Ctrl-C as from a terminal, even when the suite runs in the background (`... &`)
+            with_default_sigint([shutil.which("bash") or "/bin/bash", "-c", cmd.text], python=sys.executable),
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     url, t0 = None, time.monotonic()
     try:
